@@ -1,0 +1,48 @@
+# cosyserve: two commands do all the set-up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.cosyserve-setup
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+
+.PHONY: setup run test test-unit test-integration loadtest bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements/engine.txt requirements/nodeps.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q --no-deps -r requirements/nodeps.txt
+	# PyPI torchaudio is CUDA-linked: drop its compiled extensions, the pure-Python parts we use then import.
+	rm -f $(VENV)/lib/python3.11/site-packages/torchaudio/lib/*.so
+	$(PIP) install -q -r requirements/engine.txt
+	$(PIP) install -q -e '.[dev]'
+	$(PY) -c "import torch, torchaudio, cosyvoice, matcha, whisper, av, fastapi; print('setup ok: torch', torch.__version__)"
+	touch $(STAMP)
+
+run: setup
+	$(VENV)/bin/cosyserve serve --config config.yaml --host $(HOST) --port $(PORT)
+
+test: setup
+	$(PY) -m pytest -q
+
+test-unit: setup
+	$(PY) -m pytest -q tests/unit tests/api
+
+test-integration: setup
+	$(PY) -m pytest -q tests/integration
+
+loadtest: setup
+	$(PY) -m bench.loadtest
+
+bench: setup
+	$(PY) -m bench.run
+
+lint: setup
+	$(VENV)/bin/ruff check app tests bench locustfiles
+
+clean:
+	rm -rf $(VENV) .pytest_cache reports

@@ -1,0 +1,134 @@
+"""THE error table: domain error -> HTTP status, error code and JSON envelope.
+
+Every error response has one shape::
+
+    {"error": {"code": "...", "message": "...", "request_id": "..."}}
+
+The OpenAI surface renders the same table in OpenAI's error object shape
+(``{"error": {"message", "type", "param", "code"}}``). Unexpected exceptions
+never leak their text: they become a generic 500 and are logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.audio.formats import UnsupportedFormat
+from app.engines.base import EngineFailure, InvalidInput
+from app.serving.errors import DeadlineExceeded, Draining, NotReady, Overloaded, QueueTimeout, ServingError
+
+log = logging.getLogger("cosyserve.api")
+
+
+class ApiError(Exception):
+    """An error raised by the HTTP layer itself (bad upload, unknown voice, conflict...)."""
+
+    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.param = status, code, message, param
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    status: int
+    code: str
+    message: str
+    retry_after_s: float | None = None
+    param: str | None = None
+
+
+# (exception type, status, code); the first match wins, so subclasses come first.
+ERROR_TABLE: tuple[tuple[type[BaseException], int, str], ...] = (
+    (InvalidInput, 400, "invalid_input"),
+    (UnsupportedFormat, 400, "unsupported_format"),
+    (Overloaded, 503, "overloaded"),
+    (QueueTimeout, 503, "queue_timeout"),
+    (Draining, 503, "draining"),
+    (NotReady, 503, "not_ready"),
+    (DeadlineExceeded, 504, "deadline_exceeded"),
+    (EngineFailure, 500, "engine_failure"),
+)
+
+OPENAI_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 409: "invalid_request_error",
+                413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error",
+                503: "server_overloaded", 504: "timeout", 500: "server_error"}
+
+
+def classify(exc: BaseException) -> ErrorInfo:
+    if isinstance(exc, ApiError):
+        return ErrorInfo(exc.status, exc.code, exc.message, param=exc.param)
+    for exc_type, status, code in ERROR_TABLE:
+        if isinstance(exc, exc_type):
+            message = exc.message if isinstance(exc, ServingError) else str(exc)
+            if isinstance(exc, EngineFailure):
+                message = "the engine failed to synthesise this request"
+            retry = exc.retry_after_s if isinstance(exc, ServingError) else None
+            return ErrorInfo(status, code, message or code, retry_after_s=retry)
+    return ErrorInfo(500, "internal_error", "internal server error")
+
+
+def request_id_of(request: Request) -> str:
+    return request.scope.get("cosyserve", {}).get("request_id", "")
+
+
+def is_openai_route(request: Request) -> bool:
+    path = request.url.path
+    return path.startswith("/v1/audio/") or path.startswith("/v1/models")
+
+
+def render(request: Request, info: ErrorInfo) -> JSONResponse:
+    headers = {}
+    if info.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(info.retry_after_s)))
+    rid = request_id_of(request)
+    if is_openai_route(request):
+        body = {"error": {"message": info.message, "type": OPENAI_TYPES.get(info.status, "invalid_request_error"),
+                          "param": info.param, "code": info.code}}
+    else:
+        body = {"error": {"code": info.code, "message": info.message, "request_id": rid}}
+    state = request.scope.setdefault("cosyserve", {})
+    state["error_code"] = info.code
+    return JSONResponse(body, status_code=info.status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    parts, param = [], None
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "form")]
+        where = ".".join(loc) or "body"
+        param = param or (loc[-1] if loc else None)
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request", param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_known(request: Request, exc: Exception) -> JSONResponse:
+        info = classify(exc)
+        if info.status >= 500 and info.status not in (503, 504):
+            log.error("request %s failed: %s", request_id_of(request), type(exc).__name__, exc_info=exc)
+        return render(request, info)
+
+    async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return render(request, ErrorInfo(422 if not is_openai_route(request) else 400, "validation_error", message, param=param))
+
+    async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return render(request, ErrorInfo(exc.status_code, code, str(exc.detail)))
+
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error in request %s", request_id_of(request), exc_info=exc)
+        return render(request, ErrorInfo(500, "internal_error", "internal server error"))
+
+    for exc_type in (ApiError, ServingError, InvalidInput, EngineFailure, UnsupportedFormat):
+        app.add_exception_handler(exc_type, on_known)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_unexpected)

@@ -1,0 +1,80 @@
+"""The ``cosyserve`` command: serve, make-tiny-model."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from app.config import ConfigError, load_settings
+
+    server: dict = {}
+    if args.host:
+        server["host"] = args.host
+    if args.port is not None:
+        server["port"] = args.port
+    overrides: dict = {"server": server} if server else {}
+    if args.workers is not None:
+        overrides["pool"] = {"workers": args.workers}
+    try:
+        settings = load_settings(args.config, **overrides)
+    except ConfigError as exc:
+        print(f"cosyserve: {exc}", file=sys.stderr)
+        return 2
+    _setup_logging(settings.server.log_level)
+    from app.server import run
+
+    run(settings)
+    return 0
+
+
+def cmd_make_tiny_model(args: argparse.Namespace) -> int:
+    _setup_logging("info")
+    from app.engines.tiny import build_tiny_model, tiny_version_available
+
+    ok, why = tiny_version_available(args.version)
+    if not ok:
+        print(f"cosyserve: cannot build a tiny CosyVoice{args.version} model: {why}", file=sys.stderr)
+        return 2
+    try:
+        path = build_tiny_model(args.out, args.version, long=args.long, instruct=args.instruct, seed=args.seed)
+    except (FileExistsError, ValueError, RuntimeError) as exc:
+        print(f"cosyserve: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cosyserve", description="A production inference server for CosyVoice TTS.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("serve", help="run the HTTP server")
+    p.add_argument("--config", help="config.yaml (default: $COSYSERVE_CONFIG, else built-in defaults)")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--workers", type=int, help="engine slots (pool.workers)")
+    p.set_defaults(func=cmd_serve)
+    t = sub.add_parser("make-tiny-model", help="write a tiny random-weight CosyVoice model dir (for tests)")
+    t.add_argument("--version", type=int, choices=(1, 2, 3), default=2)
+    t.add_argument("--long", action="store_true", help="generate many speech tokens (streaming yields several chunks)")
+    t.add_argument("--instruct", action="store_true", help="v1 only: mark the dir as an -Instruct model")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("out", help="output dir (must not exist or be empty)")
+    t.set_defaults(func=cmd_make_tiny_model)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

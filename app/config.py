@@ -1,0 +1,152 @@
+"""Settings: config.yaml, overridden by COSYSERVE_* environment variables.
+
+Nesting uses ``__``: ``COSYSERVE_POOL__WORKERS=2`` sets ``pool.workers``. The
+file is chosen by ``cosyserve serve --config PATH`` or ``COSYSERVE_CONFIG``.
+Only the composition root (lifespan / cli) reads settings; everything below
+receives plain values.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cosyserve"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerSettings(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    access_log: bool = True
+    drain_delay_s: float = Field(0.0, ge=0)
+    drain_timeout_s: float = Field(30.0, ge=0)
+    max_upload_mb: float = Field(20.0, gt=0)
+    max_text_chars: int = Field(4096, ge=1)
+
+
+class EngineSettings(_Section):
+    kind: Literal["cosyvoice", "fake"] = "cosyvoice"
+    model_dir: str | None = None
+    cosyvoice_path: str | None = None
+    fp16: bool = False
+    torch_threads: int = Field(1, ge=1, le=256)
+    prompt_cache_size: int = Field(32, ge=0)
+    tiny_version: Literal[1, 2, 3] = 2
+    tiny_cache_dir: str = str(DEFAULT_CACHE / "models")
+    name: str | None = None
+
+    @field_validator("tiny_cache_dir", "model_dir", "cosyvoice_path")
+    @classmethod
+    def _expand(cls, v: str | None) -> str | None:
+        return os.path.expanduser(v) if v else v
+
+
+def _default_workers() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+class PoolSettings(_Section):
+    workers: int = Field(default_factory=_default_workers, ge=1, le=256)
+    max_queue: int = Field(8, ge=0)
+    queue_timeout_s: float = Field(30.0, gt=0)
+    request_timeout_s: float = Field(300.0, ge=0)
+    share_engine: bool = False
+    stream_buffer_chunks: int = Field(4, ge=1, le=1024)
+
+
+class VoicesSettings(_Section):
+    dir: str = str(DEFAULT_CACHE / "voices")
+    max_voices: int = Field(1000, ge=1)
+
+    @field_validator("dir")
+    @classmethod
+    def _expand(cls, v: str) -> str:
+        return os.path.expanduser(v)
+
+
+class MetricsSettings(_Section):
+    enabled: bool = True
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="COSYSERVE_", env_nested_delimiter="__", extra="forbid")
+
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    pool: PoolSettings = Field(default_factory=PoolSettings)
+    voices: VoicesSettings = Field(default_factory=VoicesSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+
+    @field_validator("engine")
+    @classmethod
+    def _model_dir_exists(cls, v: EngineSettings) -> EngineSettings:
+        if v.model_dir and not Path(v.model_dir).expanduser().is_dir():
+            raise ValueError(f"engine.model_dir {v.model_dir!r} is not a directory")
+        return v
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings)
+
+
+class ConfigError(Exception):
+    """Invalid configuration; the message is meant for the operator."""
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections")
+    return data
+
+
+def _merge_env(data: dict[str, Any]) -> dict[str, Any]:
+    """Environment beats the file: drop file values that an env var overrides, per key."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for name in os.environ:
+        if not name.startswith("COSYSERVE_") or name == "COSYSERVE_CONFIG":
+            continue
+        parts = name[len("COSYSERVE_"):].lower().split("__")
+        if len(parts) == 2 and isinstance(out.get(parts[0]), dict):
+            out[parts[0]].pop(parts[1], None)
+        elif len(parts) == 1:
+            out.pop(parts[0], None)
+    return out
+
+
+def load_settings(path: str | os.PathLike | None = None, **overrides: Any) -> Settings:
+    """Load settings from ``path`` (or $COSYSERVE_CONFIG), env overrides on top; raise ConfigError."""
+    path = path or os.environ.get("COSYSERVE_CONFIG")
+    data = _merge_env(_read_yaml(Path(path))) if path else {}
+    for section, values in overrides.items():
+        data.setdefault(section, {}).update(values)
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "config"
+            lines.append(f"  {where}: {err['msg']}")
+        raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from exc

@@ -1,0 +1,151 @@
+"""The engine contract: what the serving layer may assume about a TTS engine.
+
+Engines are synchronous on purpose: the pool owns the threads. Every method is
+called from the engine's own slot thread (``load``/``warmup``/``close`` once,
+``synthesize`` once per request). Engines raise only the domain errors defined
+here, never HTTP errors.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Iterator, Literal, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+Mode = Literal["sft", "zero_shot", "cross_lingual", "instruct", "instruct2", "vc"]
+MODES: tuple[str, ...] = ("sft", "zero_shot", "cross_lingual", "instruct", "instruct2", "vc")
+
+
+class EngineError(Exception):
+    """Base class for errors an engine may raise."""
+
+
+class InvalidInput(EngineError):
+    """The request cannot be served as asked; the message says what to change."""
+
+
+class EngineFailure(EngineError):
+    """The engine failed while serving a valid request (a server-side fault)."""
+
+
+class Cancelled(EngineError):
+    """Raised by an engine that noticed its cancel flag (optional; engines may also just stop)."""
+
+
+@dataclass(frozen=True)
+class PromptAudio:
+    """Prompt audio as mono float32 samples in [-1, 1] at ``sample_rate``."""
+
+    samples: np.ndarray
+    sample_rate: int
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.samples) / float(self.sample_rate)
+
+
+@dataclass
+class SynthesisRequest:
+    """One synthesis job, already validated at the HTTP layer for shape and ranges."""
+
+    text: str = ""
+    mode: Mode = "sft"
+    speaker: str | None = None
+    prompt_text: str | None = None
+    prompt_audio: PromptAudio | None = None
+    instruct_text: str | None = None
+    source_audio: PromptAudio | None = None  # vc: the speech to convert
+    voice: object | None = None  # a stored voice's engine-ready features (voices library)
+    speed: float = 1.0
+    stream: bool = False
+    request_id: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """Mono int16 PCM at the engine's native sample rate."""
+
+    pcm: np.ndarray  # dtype int16, shape (n,)
+    sample_rate: int
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.pcm) / float(self.sample_rate)
+
+    def to_bytes(self) -> bytes:
+        return np.ascontiguousarray(self.pcm, dtype="<i2").tobytes()
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an engine can do; used for validation, /v1/models and readiness detail."""
+
+    name: str
+    family: str  # "cosyvoice1" | "cosyvoice2" | "cosyvoice3" | "fake"
+    sample_rate: int
+    modes: tuple[str, ...]
+    tiny: bool = False
+
+
+@runtime_checkable
+class Engine(Protocol):
+    sample_rate: int
+
+    def info(self) -> EngineInfo: ...
+
+    def load(self) -> None: ...
+
+    def warmup(self) -> None: ...
+
+    def voices(self) -> Sequence[str]: ...
+
+    def synthesize(self, req: SynthesisRequest, cancel: threading.Event) -> Iterator[AudioChunk]: ...
+
+    def health_check(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def float_to_int16(samples: np.ndarray) -> np.ndarray:
+    """Clip float audio in [-1, 1] to int16 PCM, mapping NaN/inf to silence/limits."""
+    x = np.nan_to_num(np.asarray(samples, dtype=np.float32).reshape(-1), nan=0.0, posinf=1.0, neginf=-1.0)
+    return (np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+def check_mode_inputs(req: SynthesisRequest, modes: Sequence[str], speakers: Sequence[str]) -> None:
+    """Validation shared by engines: the checks that need to know what the model can do."""
+    if req.mode not in MODES:
+        raise InvalidInput(f"unknown mode {req.mode!r}; use one of {', '.join(MODES)}")
+    if req.mode not in modes:
+        raise InvalidInput(
+            f"mode {req.mode!r} is not supported by the loaded model; it supports: {', '.join(modes)}"
+        )
+    if req.mode != "vc" and not (req.text or "").strip():
+        raise InvalidInput("text is empty; send the text to speak in 'text'")
+    if not (0.25 <= req.speed <= 4.0):
+        raise InvalidInput("speed must be between 0.25 and 4.0")
+    if req.mode in ("sft", "instruct"):
+        if not req.speaker:
+            raise InvalidInput(f"mode {req.mode!r} needs a preset 'speaker'; known: {', '.join(speakers) or 'none'}")
+        if req.speaker not in speakers:
+            raise InvalidInput(
+                f"unknown speaker {req.speaker!r}; known speakers: {', '.join(speakers) or 'none'}"
+            )
+    if req.mode in ("instruct", "instruct2") and not (req.instruct_text or "").strip():
+        raise InvalidInput(f"mode {req.mode!r} needs 'instruct_text'")
+    needs_prompt = req.mode in ("zero_shot", "cross_lingual", "instruct2", "vc")
+    if needs_prompt and req.prompt_audio is None and req.voice is None:
+        raise InvalidInput(f"mode {req.mode!r} needs prompt audio (upload 'prompt_audio') or a registered voice")
+    if req.mode == "zero_shot" and req.voice is None and not (req.prompt_text or "").strip():
+        raise InvalidInput("mode 'zero_shot' needs 'prompt_text': the transcript of the prompt audio")
+    if req.mode == "vc" and req.source_audio is None:
+        raise InvalidInput("mode 'vc' needs 'source_audio': the speech to convert")
+    for name, audio in (("prompt audio", req.prompt_audio), ("source audio", req.source_audio)):
+        if audio is not None:
+            if audio.duration_s < 1.0:
+                raise InvalidInput(f"{name} is {audio.duration_s:.2f} s long; send 1 to 30 seconds of speech")
+            if audio.duration_s > 30.0:
+                raise InvalidInput(f"{name} is {audio.duration_s:.1f} s long; send 1 to 30 seconds of speech")

@@ -1,0 +1,103 @@
+"""Compatibility shims between CosyVoice distributions and this server.
+
+Everything here exists because of a defect or a process-wide hazard in a
+CosyVoice distribution, and is confined to this module so the adapter stays
+clean. An upstream checkout needs only the process-wide parts (mel cache).
+
+* ``prepare_imports``: matcha's ``matcha/utils/__init__.py`` imports training-only
+  packages (lightning, hydra, rich, ...). Inference needs only
+  ``matcha.utils.audio``; when those packages are missing we register
+  ``matcha.utils`` as a bare package so its submodules import without them.
+* ``add_source_path``: put a user's upstream checkout (and its bundled
+  Matcha-TTS) first on ``sys.path``.
+* ``attach_llm``: PyPI ``cosyvoice-minicpmo`` never assigns ``llm`` in
+  ``CosyVoice2Model.__init__`` and never loads ``llm.pt``; we build and load it
+  ourselves in every case, then make sure the model object holds it.
+* ``SafeMelExtractor``: matcha's ``mel_spectrogram`` caches its window and mel
+  basis keyed only by fmax and device, so a v1 and a v2 model in one process
+  corrupt each other's features. We serialise calls and reset the cache when
+  the parameters change.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import os
+import sys
+import threading
+import types
+from pathlib import Path
+from typing import Any, Callable
+
+log = logging.getLogger("cosyserve.engine")
+
+_imports_lock = threading.Lock()
+_imports_ready = False
+
+
+def add_source_path(cosyvoice_path: str | os.PathLike | None) -> None:
+    """Prefer a user's upstream CosyVoice checkout over any installed copy."""
+    if not cosyvoice_path:
+        return
+    root = Path(cosyvoice_path).expanduser().resolve()
+    if not (root / "cosyvoice").is_dir():
+        raise FileNotFoundError(f"engine.cosyvoice_path={root} does not contain a 'cosyvoice' package")
+    for p in (root / "third_party" / "Matcha-TTS", root):
+        if p.is_dir() and str(p) not in sys.path:
+            sys.path.insert(0, str(p))
+
+
+def prepare_imports(cosyvoice_path: str | os.PathLike | None = None) -> None:
+    """Make ``cosyvoice`` and ``matcha`` importable for inference (idempotent)."""
+    global _imports_ready
+    with _imports_lock:
+        if _imports_ready:
+            return
+        add_source_path(cosyvoice_path)
+        try:
+            importlib.import_module("matcha.utils")
+        except ImportError as exc:
+            spec = importlib.util.find_spec("matcha")
+            if spec is None or not spec.submodule_search_locations:
+                raise ImportError("CosyVoice's 'matcha' package is not installed; run `make setup`") from exc
+            sys.modules.pop("matcha.utils", None)
+            pkg = types.ModuleType("matcha.utils")
+            pkg.__path__ = [str(Path(list(spec.submodule_search_locations)[0]) / "utils")]
+            pkg.__package__ = "matcha.utils"
+            sys.modules["matcha.utils"] = pkg
+            log.debug("matcha.utils registered without its training-only imports (%s)", exc)
+        _imports_ready = True
+
+
+_mel_lock = threading.Lock()
+_mel_last_key: tuple | None = None
+
+
+class SafeMelExtractor:
+    """Wraps a CosyVoice ``feat_extractor`` so that models of different families can share a process."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        kw = getattr(fn, "keywords", {}) or {}
+        self.key = tuple(sorted((k, repr(v)) for k, v in kw.items()))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        global _mel_last_key
+        with _mel_lock:
+            if _mel_last_key != self.key:
+                audio = sys.modules.get("matcha.utils.audio")
+                if audio is not None:
+                    for name in ("mel_basis", "hann_window"):
+                        cache = getattr(audio, name, None)
+                        if isinstance(cache, dict):
+                            cache.clear()
+                _mel_last_key = self.key
+            return self.fn(*args, **kwargs)
+
+
+def attach_llm(model: Any, llm: Any) -> None:
+    """Ensure ``model.llm`` is the loaded LLM (minicpmo's CosyVoice2Model never sets it)."""
+    if getattr(model, "llm", None) is not llm:
+        model.llm = llm

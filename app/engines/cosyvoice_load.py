@@ -1,0 +1,126 @@
+"""Loading CosyVoice model dirs with the real CosyVoice classes.
+
+We build the frontend and the model object ourselves instead of going through
+``cosyvoice.cli.cosyvoice.CosyVoice*``: that way every supported distribution
+gets the same, fully loaded result (llm, flow and hift weights loaded strictly
+and in eval mode), nothing is downloaded, and ``modelscope`` is not needed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.engines.base import EngineFailure
+from app.engines.cosyvoice_compat import SafeMelExtractor, attach_llm, prepare_imports
+
+log = logging.getLogger("cosyserve.engine")
+
+CONFIG_FILES = {1: "cosyvoice.yaml", 2: "cosyvoice2.yaml", 3: "cosyvoice3.yaml"}
+TOKENIZER_FILES = {1: "speech_tokenizer_v1.onnx", 2: "speech_tokenizer_v2.onnx", 3: "speech_tokenizer_v3.onnx"}
+MODEL_CLASSES = {1: "CosyVoiceModel", 2: "CosyVoice2Model", 3: "CosyVoice3Model"}
+
+
+@dataclass
+class LoadedModel:
+    version: int
+    frontend: Any
+    model: Any
+    sample_rate: int
+    instruct: bool
+    tiny: bool
+    model_dir: Path
+
+
+def detect_version(model_dir: Path) -> int:
+    found = [v for v, name in CONFIG_FILES.items() if (model_dir / name).is_file()]
+    if not found:
+        raise EngineFailure(
+            f"{model_dir} is not a CosyVoice model dir: none of {', '.join(CONFIG_FILES.values())} found"
+        )
+    return max(found)
+
+
+def read_tiny_marker(model_dir: Path) -> dict:
+    marker = model_dir / "cosyserve_tiny.json"
+    if not marker.is_file():
+        return {}
+    try:
+        return json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _torch_load(path: Path, device: Any) -> dict:
+    import torch
+
+    if not path.is_file():
+        raise EngineFailure(f"missing model file {path}")
+    return torch.load(str(path), map_location=device, weights_only=True)
+
+
+def load_model_dir(model_dir: str | os.PathLike, *, fp16: bool = False, cosyvoice_path: str | None = None) -> LoadedModel:
+    """Build frontend + model for the CosyVoice version found in ``model_dir``."""
+    prepare_imports(cosyvoice_path)
+    import torch
+    from hyperpyyaml import load_hyperpyyaml
+
+    from cosyvoice.cli import model as cv_model
+    from cosyvoice.cli.frontend import CosyVoiceFrontEnd
+
+    model_dir = Path(model_dir).expanduser().resolve()
+    if not model_dir.is_dir():
+        raise EngineFailure(f"model dir {model_dir} does not exist")
+    version = detect_version(model_dir)
+    model_cls = getattr(cv_model, MODEL_CLASSES[version], None)
+    if model_cls is None:
+        raise EngineFailure(
+            f"{model_dir} is a CosyVoice{version} model, but the installed CosyVoice "
+            f"({Path(cv_model.__file__).parent.parent}) has no {MODEL_CLASSES[version]}; "
+            "set engine.cosyvoice_path to an upstream CosyVoice checkout"
+        )
+    overrides = {}
+    if version >= 2:
+        overrides["qwen_pretrain_path"] = str(model_dir / "CosyVoice-BlankEN")
+    with open(model_dir / CONFIG_FILES[version], encoding="utf-8") as f:
+        configs = load_hyperpyyaml(f, overrides=overrides or None)
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if fp16 and device.type != "cuda":
+        log.warning("engine.fp16 is set but no CUDA device is available: using fp32")
+        fp16 = False
+    llm, flow, hift = configs["llm"], configs["flow"], configs["hift"]
+    # transformers 5 loads Qwen2 with dtype="auto" (bf16 for the real BlankEN config); pin fp32.
+    llm.float()
+    llm.load_state_dict(_torch_load(model_dir / "llm.pt", device), strict=True)
+    flow.load_state_dict(_torch_load(model_dir / "flow.pt", device), strict=True)
+    hift_state = {k.replace("generator.", ""): v for k, v in _torch_load(model_dir / "hift.pt", device).items()}
+    hift.load_state_dict(hift_state, strict=True)
+    for module in (llm, flow, hift):
+        module.to(device).eval()
+
+    frontend = CosyVoiceFrontEnd(
+        configs["get_tokenizer"],
+        SafeMelExtractor(configs["feat_extractor"]),
+        str(model_dir / "campplus.onnx"),
+        str(model_dir / TOKENIZER_FILES[version]),
+        str(model_dir / "spk2info.pt"),
+        configs["allowed_special"],
+    )
+    model = model_cls(llm, flow, hift, fp16)
+    attach_llm(model, llm)
+    marker = read_tiny_marker(model_dir)
+    instruct = "-Instruct" in model_dir.name or bool(marker.get("instruct"))
+    return LoadedModel(
+        version=version,
+        frontend=frontend,
+        model=model,
+        sample_rate=int(configs["sample_rate"]),
+        instruct=instruct and version == 1,
+        tiny=bool(marker.get("random_weights")),
+        model_dir=model_dir,
+    )

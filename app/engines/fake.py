@@ -1,0 +1,119 @@
+"""A deterministic engine for HTTP-layer and pool tests: no torch, no model.
+
+It speaks a sine tone whose length follows the text, in a fixed number of
+chunks, and can be told to be slow, to wait on a gate, or to fail at a given
+point, so tests can drive the serving layer into every state on purpose.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from app.engines.base import (
+    MODES,
+    AudioChunk,
+    EngineFailure,
+    EngineInfo,
+    SynthesisRequest,
+    check_mode_inputs,
+)
+
+
+@dataclass
+class FakeBehaviour:
+    """Knobs shared by every FakeEngine built from one factory (tests mutate them)."""
+
+    sample_rate: int = 24000
+    chunks: int = 3
+    chunk_s: float = 0.2  # audio seconds per chunk
+    first_chunk_delay_s: float = 0.0
+    chunk_delay_s: float = 0.0
+    load_delay_s: float = 0.0
+    gate: threading.Event | None = None  # when set to an Event, synthesis waits for it first
+    fail_on_load: bool = False
+    fail_at_chunk: int | None = None  # raise EngineFailure before yielding this chunk index
+    unhealthy: bool = False
+    speakers: tuple[str, ...] = ("fake_female", "fake_male")
+    modes: tuple[str, ...] = MODES
+    started: list[str] = field(default_factory=list)  # request ids that began synthesizing
+    cancelled: list[str] = field(default_factory=list)  # request ids that saw their cancel flag
+    finished: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class FakeEngine:
+    def __init__(self, behaviour: FakeBehaviour | None = None, name: str = "fake") -> None:
+        self.b = behaviour or FakeBehaviour()
+        self.name = name
+        self.sample_rate = self.b.sample_rate
+        self.loaded = False
+        self.warmed = False
+        self.closed = False
+        self.threads: set[str] = set()
+
+    def info(self) -> EngineInfo:
+        return EngineInfo(name=self.name, family="fake", sample_rate=self.sample_rate, modes=tuple(self.b.modes))
+
+    def load(self) -> None:
+        self.threads.add(threading.current_thread().name)
+        if self.b.load_delay_s:
+            time.sleep(self.b.load_delay_s)
+        if self.b.fail_on_load:
+            raise EngineFailure("fake engine told to fail on load")
+        self.loaded = True
+
+    def warmup(self) -> None:
+        self.threads.add(threading.current_thread().name)
+        self.warmed = True
+
+    def voices(self) -> Sequence[str]:
+        return list(self.b.speakers)
+
+    def health_check(self) -> None:
+        if self.b.unhealthy:
+            raise EngineFailure("fake engine told to be unhealthy")
+
+    def close(self) -> None:
+        self.closed = True
+
+    def _wait(self, seconds: float, cancel: threading.Event) -> bool:
+        """Sleep up to ``seconds``; True if cancelled meanwhile."""
+        return cancel.wait(seconds) if seconds > 0 else cancel.is_set()
+
+    def synthesize(self, req: SynthesisRequest, cancel: threading.Event) -> Iterator[AudioChunk]:
+        check_mode_inputs(req, self.b.modes, self.b.speakers)
+        self.threads.add(threading.current_thread().name)
+        with self.b.lock:
+            self.b.started.append(req.request_id)
+        try:
+            if self.b.gate is not None:
+                while not self.b.gate.wait(0.01):
+                    if cancel.is_set():
+                        self._mark_cancelled(req)
+                        return
+            n = max(1, self.b.chunks)
+            per_chunk = int(self.b.chunk_s * self.sample_rate / max(req.speed, 1e-3))
+            for i in range(n):
+                delay = self.b.first_chunk_delay_s if i == 0 else self.b.chunk_delay_s
+                if self._wait(delay, cancel):
+                    self._mark_cancelled(req)
+                    return
+                if self.b.fail_at_chunk is not None and i == self.b.fail_at_chunk:
+                    raise EngineFailure(f"fake engine told to fail at chunk {i}")
+                t = (np.arange(per_chunk) + i * per_chunk) / self.sample_rate
+                tone = 0.3 * np.sin(2 * np.pi * 220.0 * t)
+                yield AudioChunk(pcm=(tone * 32767).astype(np.int16), sample_rate=self.sample_rate)
+            with self.b.lock:
+                self.b.finished.append(req.request_id)
+        except GeneratorExit:
+            self._mark_cancelled(req)
+            raise
+
+    def _mark_cancelled(self, req: SynthesisRequest) -> None:
+        with self.b.lock:
+            self.b.cancelled.append(req.request_id)

@@ -1,0 +1,89 @@
+"""Composition root: build engines, load and warm them, yield the runtime, drain, close.
+
+The only place (with ``engine_factory``) that knows concrete engine classes.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+import anyio
+from fastapi import FastAPI
+
+from app.config import Settings
+from app.runtime import Runtime
+from app.serving.pool import EnginePool, PoolConfig
+
+log = logging.getLogger("cosyserve")
+
+EngineFactory = Callable[[int], Any]
+
+
+def resolve_model_dir(settings: Settings) -> tuple[str, bool]:
+    """The configured model dir, or the embedded tiny default (built once into the cache)."""
+    if settings.engine.model_dir:
+        return str(Path(settings.engine.model_dir).expanduser().resolve()), False
+    from app.engines.tiny import ensure_tiny_model
+
+    path = ensure_tiny_model(settings.engine.tiny_cache_dir, settings.engine.tiny_version)
+    log.warning(
+        "no engine.model_dir configured: serving the embedded TINY RANDOM-WEIGHT CosyVoice%d test model at %s. "
+        "It produces noise, not speech. Point engine.model_dir (env COSYSERVE_ENGINE__MODEL_DIR) at real "
+        "CosyVoice weights, e.g. a downloaded CosyVoice2-0.5B dir.",
+        settings.engine.tiny_version, path,
+    )
+    return str(path), True
+
+
+def engine_factory(settings: Settings) -> EngineFactory:
+    """Build the factory that creates one engine per slot (not loaded yet)."""
+    eng = settings.engine
+    if eng.kind == "fake":
+        from app.engines.fake import FakeBehaviour, FakeEngine
+
+        behaviour = FakeBehaviour()
+        return lambda index: FakeEngine(behaviour, name=eng.name or "fake")
+    from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
+
+    model_dir, _ = resolve_model_dir(settings)
+    cfg = CosyVoiceConfig(model_dir=model_dir, cosyvoice_path=eng.cosyvoice_path, fp16=eng.fp16,
+                          torch_threads=eng.torch_threads, prompt_cache_size=eng.prompt_cache_size)
+    return lambda index: CosyVoiceEngine(cfg, name=eng.name)
+
+
+def pool_config(settings: Settings) -> PoolConfig:
+    p = settings.pool
+    return PoolConfig(workers=p.workers, max_queue=p.max_queue, queue_timeout_s=p.queue_timeout_s,
+                      request_timeout_s=p.request_timeout_s, share_engine=p.share_engine,
+                      stream_buffer_chunks=p.stream_buffer_chunks)
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
+    runtime: Runtime = app.state.runtime
+    settings = runtime.settings
+    factory = app.state.engine_factory
+    if factory is None:
+        factory = await anyio.to_thread.run_sync(engine_factory, settings)
+    observer = runtime.metrics.pool_observer() if runtime.metrics is not None else None
+    pool = EnginePool(factory, pool_config(settings), observer=observer)
+    log.info("loading %d engine slot(s)...", settings.pool.workers)
+    await pool.start()
+    runtime.pool = pool
+    info = pool.engine_info()
+    if runtime.voices is not None:
+        await runtime.voices.start(pool)
+    log.info("ready: model %s (%s, %d Hz), %d worker(s), queue %d", info.name, info.family, info.sample_rate,
+             settings.pool.workers, settings.pool.max_queue)
+    try:
+        yield {"runtime": runtime}
+    finally:
+        runtime.draining = True
+        await pool.begin_drain()
+        if not await pool.wait_idle(settings.server.drain_timeout_s):
+            log.warning("drain timeout (%.0fs) reached with work in flight; cancelling it", settings.server.drain_timeout_s)
+        await pool.close()
+        log.info("engine pool closed")

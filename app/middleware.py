@@ -1,0 +1,72 @@
+"""Plain ASGI middleware: request id in and out, one access-log line per request.
+
+Handlers record what they know (time to first audio, audio seconds) in
+``scope["cosyserve"]``; this middleware logs it once the response is done,
+streams included, with counters in ``try/finally``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from typing import Any, Awaitable, Callable
+
+log = logging.getLogger("cosyserve.access")
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
+
+_VALID_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+class RequestContextMiddleware:
+    def __init__(self, app: ASGIApp, access_log: bool = True, on_done: Callable[[Scope, dict], None] | None = None) -> None:
+        self.app = app
+        self.access_log = access_log
+        self.on_done = on_done
+
+    async def __call__(self, scope: Scope, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = ""
+        for name, value in scope.get("headers", ()):
+            if name == b"x-request-id":
+                incoming = value.decode("latin-1")
+                break
+        rid = incoming if _VALID_ID.match(incoming or "") else uuid.uuid4().hex
+        state = scope.setdefault("cosyserve", {})
+        state["request_id"] = rid
+        started = time.perf_counter()
+        status = {"code": 0, "completed": False}
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+                headers = list(message.get("headers", ()))
+                headers.append((b"x-request-id", rid.encode("latin-1")))
+                message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                status["completed"] = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            elapsed = time.perf_counter() - started
+            state["latency_s"] = elapsed
+            state["status"] = status["code"] or 500
+            state["completed"] = status["completed"]
+            if self.on_done is not None:
+                self.on_done(scope, state)
+            if self.access_log and not scope.get("path", "").startswith("/health"):
+                ttfa = state.get("ttfa_s")
+                log.info(
+                    "%s %s %s %d %.1fms ttfa=%s audio=%.2fs%s",
+                    rid, scope.get("method", ""), scope.get("path", ""), state["status"], elapsed * 1000,
+                    f"{ttfa * 1000:.1f}ms" if ttfa is not None else "-", state.get("audio_s", 0.0),
+                    "" if status["completed"] else " aborted",
+                )

@@ -1,0 +1,68 @@
+"""Run the app under uvicorn with a graceful drain on SIGTERM / SIGINT.
+
+On the first signal: readiness turns 503 and new synthesis requests get 503 at
+once, while the server keeps listening (and answering probes) for
+``server.drain_delay_s`` so load balancers notice; then it stops accepting
+connections, lets in-flight requests and streams finish (up to
+``server.drain_timeout_s``), closes the engines and exits 0. A second SIGINT
+forces an immediate exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from types import FrameType
+
+import uvicorn
+
+from app.config import Settings
+from app.main import create_app
+from app.runtime import Runtime
+
+log = logging.getLogger("cosyserve")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, runtime: Runtime) -> None:
+        super().__init__(config)
+        self.runtime = runtime
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain_task: asyncio.Task | None = None
+
+    async def serve(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._drain_task is not None or self._loop is None or self.runtime.pool is None:
+            if sig == signal.SIGINT and self.should_exit:
+                self.force_exit = True
+            self.should_exit = True
+            return
+        self._loop.call_soon_threadsafe(self._start_drain, sig)
+
+    def _start_drain(self, sig: int) -> None:
+        if self._drain_task is None:
+            self._drain_task = asyncio.ensure_future(self._drain(sig))
+
+    async def _drain(self, sig: int) -> None:
+        settings = self.runtime.settings.server
+        log.info("received %s: draining (delay %.1fs, timeout %.1fs)", signal.Signals(sig).name,
+                 settings.drain_delay_s, settings.drain_timeout_s)
+        self.runtime.draining = True
+        await self.runtime.pool.begin_drain()
+        if settings.drain_delay_s > 0:
+            await asyncio.sleep(settings.drain_delay_s)
+        self.should_exit = True
+
+
+def run(settings: Settings) -> None:
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app, host=settings.server.host, port=settings.server.port, log_config=None,
+        access_log=False, timeout_graceful_shutdown=max(1, int(settings.server.drain_timeout_s)) or None,
+        lifespan="on",
+    )
+    DrainingServer(config, app.state.runtime).run()

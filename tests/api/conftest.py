@@ -1,0 +1,58 @@
+"""HTTP-layer fixtures: the real app with FakeEngines behind the real pool."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.config import Settings
+from app.engines.fake import FakeBehaviour, FakeEngine
+from app.main import create_app
+
+
+def make_settings(tmp_path, **pool) -> Settings:
+    pool_cfg = {"workers": 2, "max_queue": 2, "queue_timeout_s": 5.0, "request_timeout_s": 30.0}
+    pool_cfg.update(pool)
+    return Settings(
+        engine={"kind": "fake"},
+        pool=pool_cfg,
+        server={"access_log": True, "drain_timeout_s": 5},
+        voices={"dir": str(tmp_path / "voices")},
+    )
+
+
+@pytest.fixture
+def behaviour() -> FakeBehaviour:
+    return FakeBehaviour()
+
+
+@pytest.fixture
+def client_factory(tmp_path, behaviour) -> Iterator[Callable[..., TestClient]]:
+    clients: list[TestClient] = []
+
+    def make(**pool) -> TestClient:
+        app = create_app(make_settings(tmp_path, **pool), engine_factory=lambda i: FakeEngine(behaviour))
+        client = TestClient(app)
+        client.__enter__()
+        clients.append(client)
+        return client
+
+    yield make
+    for c in clients:
+        if behaviour.gate is not None:
+            behaviour.gate.set()
+        c.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client(client_factory) -> TestClient:
+    return client_factory()
+
+
+def hold(behaviour: FakeBehaviour) -> threading.Event:
+    """Make every synthesis wait until the returned event is set."""
+    behaviour.gate = threading.Event()
+    return behaviour.gate

@@ -1,0 +1,190 @@
+"""Native API over the real pool with FakeEngines: formats, errors, overload, deadlines, probes."""
+
+from __future__ import annotations
+
+import io
+import struct
+import threading
+import time
+
+import numpy as np
+import soundfile as sf
+
+from tests.api.conftest import hold
+
+
+def _wav(data: bytes) -> tuple[np.ndarray, int]:
+    audio, rate = sf.read(io.BytesIO(data), dtype="int16")
+    return audio, rate
+
+
+def test_tts_returns_a_valid_wav(client, behaviour):
+    r = client.post("/v1/tts", json={"text": "hello world"})
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"] == "audio/wav"
+    assert r.headers["x-sample-rate"] == "24000"
+    audio, rate = _wav(r.content)
+    assert rate == 24000
+    assert len(audio) == behaviour.chunks * int(behaviour.chunk_s * 24000)
+    riff, size, wave = struct.unpack("<4sI4s", r.content[:12])
+    assert (riff, wave) == (b"RIFF", b"WAVE") and size == len(r.content) - 8
+
+
+def test_stream_wav_has_unknown_length_header_and_all_audio(client, behaviour):
+    behaviour.chunks = 5
+    with client.stream("POST", "/v1/tts", json={"text": "hello", "stream": True}) as r:
+        assert r.status_code == 200
+        body = b"".join(r.iter_bytes())
+    assert struct.unpack("<I", body[4:8])[0] == 0xFFFFFFFF
+    assert struct.unpack("<I", body[40:44])[0] == 0xFFFFFFFF
+    pcm = np.frombuffer(body[44:], dtype="<i2")
+    assert len(pcm) == 5 * int(behaviour.chunk_s * 24000)
+
+
+def test_stream_pcm_reports_rate_and_is_raw(client, behaviour):
+    r = client.post("/v1/tts", json={"text": "hi", "stream": True, "format": "pcm"})
+    assert r.status_code == 200
+    assert r.headers["x-sample-rate"] == "24000"
+    assert len(r.content) == 2 * behaviour.chunks * int(behaviour.chunk_s * 24000)
+
+
+def test_speakers_lists_presets(client):
+    r = client.get("/v1/speakers")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["speakers"] == ["fake_female", "fake_male"]
+    assert body["sample_rate"] == 24000
+    assert "sft" in body["modes"]
+
+
+def test_request_id_is_echoed_or_generated(client):
+    r = client.post("/v1/tts", json={"text": "hi"}, headers={"X-Request-ID": "abc-123"})
+    assert r.headers["x-request-id"] == "abc-123"
+    r2 = client.post("/v1/tts", json={"text": "hi"})
+    assert len(r2.headers["x-request-id"]) == 32
+
+
+def test_bad_input_gets_4xx_envelope(client):
+    cases = [
+        ({"text": ""}, 400, "invalid_input"),
+        ({"text": "hi", "speaker": "nobody"}, 400, "unknown_voice"),
+        ({"text": "hi", "speed": 9}, 422, "validation_error"),
+        ({"text": "hi", "format": "ogg"}, 422, "validation_error"),
+        ({"text": "hi", "bogus": 1}, 422, "validation_error"),
+        ({"text": "hi", "mode": "zero_shot"}, 400, "invalid_input"),
+    ]
+    for body, status, code in cases:
+        r = client.post("/v1/tts", json=body, headers={"X-Request-ID": "rid-1"})
+        assert r.status_code == status, (body, r.text)
+        err = r.json()["error"]
+        assert err["code"] == code, (body, err)
+        assert err["request_id"] == "rid-1"
+        assert err["message"]
+    r = client.post("/v1/tts", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error"
+
+
+def test_too_long_text_is_rejected(client):
+    r = client.post("/v1/tts", json={"text": "a" * 5000})
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "text_too_long"
+
+
+def test_engine_failure_before_first_byte_is_500_without_details(client, behaviour):
+    behaviour.fail_at_chunk = 0
+    r = client.post("/v1/tts", json={"text": "hi", "stream": True})
+    assert r.status_code == 500
+    err = r.json()["error"]
+    assert err["code"] == "engine_failure"
+    assert "told to fail" not in err["message"]
+
+
+def test_engine_failure_after_first_byte_aborts_the_stream(client, behaviour):
+    behaviour.fail_at_chunk = 2
+    behaviour.chunks = 4
+    got = b""
+    try:
+        with client.stream("POST", "/v1/tts", json={"text": "hi", "stream": True, "format": "pcm"}) as r:
+            assert r.status_code == 200
+            for part in r.iter_bytes():
+                got += part
+    except Exception:
+        pass  # the transport sees an aborted body
+    assert 0 < len(got) < 2 * 4 * int(behaviour.chunk_s * 24000)
+    # the slot was released: a healthy request still works
+    behaviour.fail_at_chunk = None
+    assert client.post("/v1/tts", json={"text": "ok"}).status_code == 200
+
+
+def test_overload_is_503_with_retry_after_at_once(client_factory, behaviour):
+    client = client_factory(workers=1, max_queue=1)
+    gate = hold(behaviour)
+    results: list[int] = []
+
+    def call():
+        results.append(client.post("/v1/tts", json={"text": "held"}).status_code)
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 5
+    while len(behaviour.started) < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)  # let the second request take its queue place
+    t0 = time.perf_counter()
+    r = client.post("/v1/tts", json={"text": "rejected"})
+    elapsed = time.perf_counter() - t0
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "overloaded"
+    assert int(r.headers["retry-after"]) >= 1
+    assert elapsed < 1.0
+    gate.set()
+    for t in threads:
+        t.join(10)
+    assert results == [200, 200]
+
+
+def test_deadline_is_504_and_frees_the_slot(client_factory, behaviour):
+    client = client_factory(workers=1, max_queue=0, request_timeout_s=0.3)
+    behaviour.first_chunk_delay_s = 5.0
+    t0 = time.perf_counter()
+    r = client.post("/v1/tts", json={"text": "slow"})
+    assert r.status_code == 504
+    assert r.json()["error"]["code"] == "deadline_exceeded"
+    assert time.perf_counter() - t0 < 3.0
+    behaviour.first_chunk_delay_s = 0.0
+    assert client.post("/v1/tts", json={"text": "fast"}).status_code == 200
+
+
+def test_probes(client):
+    assert client.get("/health/live").json() == {"status": "alive"}
+    r = client.get("/health/ready")
+    assert r.status_code == 200
+    assert r.json()["status"] == "ready"
+    assert r.json()["slots"] == ["idle", "idle"]
+
+
+def test_readiness_fails_when_engine_unhealthy(client, behaviour):
+    behaviour.unhealthy = True
+    r = client.get("/health/ready")
+    assert r.status_code == 503
+    assert "engine health check failed" in r.json()["reasons"]
+
+
+def test_draining_refuses_new_work_and_readiness(client):
+    runtime = client.app.state.runtime
+    client.portal.call(runtime.pool.begin_drain)
+    runtime.draining = True
+    r = client.get("/health/ready")
+    assert r.status_code == 503 and "draining" in r.json()["reasons"]
+    r = client.post("/v1/tts", json={"text": "late"})
+    assert r.status_code == 503
+    assert r.json()["error"]["code"] == "draining"
+    assert "retry-after" in r.headers
+    assert client.get("/health/live").status_code == 200
+
+
+def test_unknown_route_uses_envelope(client):
+    r = client.get("/nope")
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "not_found"
