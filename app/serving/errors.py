@@ -1,0 +1,50 @@
+"""Domain errors of the serving layer.
+
+The HTTP layer maps them (one table in ``app/api/errors.py``): ``Overloaded``,
+``QueueTimeout``, ``Draining`` and ``NotReady`` become 503 with a ``Retry-After``
+header taken from ``retry_after_s``; ``DeadlineExceeded`` becomes 504.
+Engine errors (``InvalidInput``, ``EngineFailure``) are not wrapped: they pass
+through the pool unchanged.
+"""
+
+from __future__ import annotations
+
+
+class ServingError(Exception):
+    """Base class; ``retry_after_s`` is a whole number of seconds (>= 1) or None."""
+
+    default_retry_after_s: float | None = None
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        value = self.default_retry_after_s if retry_after_s is None else retry_after_s
+        self.retry_after_s: float | None = None if value is None else max(1.0, float(value))
+
+
+class Overloaded(ServingError):
+    """Admission refused at once: every slot is busy and the wait queue is full."""
+
+    default_retry_after_s = 1.0
+
+
+class QueueTimeout(ServingError):
+    """The request waited in the queue longer than ``queue_timeout_s``."""
+
+    default_retry_after_s = 1.0
+
+
+class DeadlineExceeded(ServingError):
+    """``request_timeout_s`` elapsed while the job was running; the engine job was cancelled."""
+
+
+class Draining(ServingError):
+    """The pool is draining or closed and takes no new work."""
+
+    default_retry_after_s = 1.0
+
+
+class NotReady(ServingError):
+    """The engine slots are not loaded (yet, or loading failed)."""
+
+    default_retry_after_s = 5.0

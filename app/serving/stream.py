@@ -1,0 +1,378 @@
+"""Bridge a blocking generator running in a slot thread to an async iterator.
+
+Design
+------
+``BlockingStream`` connects exactly one producer (the engine generator, pulled
+in the slot's own single-thread executor) to exactly one consumer (a coroutine
+on the event loop). No extra thread per stream is needed:
+
+* Producer -> buffer: the slot thread calls ``next(gen)`` and appends each item
+  to a bounded deque guarded by a ``threading.Condition``. When the deque holds
+  ``maxsize`` items the thread waits on the condition: the engine stops being
+  pulled (backpressure), so at most ``maxsize`` chunks are buffered plus the
+  one the thread holds. The wait is woken by the consumer taking an item or by
+  ``cancel()``; it also re-checks the cancel flag every ``poll_s`` in case the
+  flag was set by someone who did not notify.
+* Buffer -> consumer: ``__anext__`` takes an item under the lock (never held
+  for more than a few deque operations, so the loop is not blocked). When the
+  deque is empty it parks on an ``asyncio.Future`` and the producer resolves it
+  with ``loop.call_soon_threadsafe`` -- only when a consumer is actually parked,
+  so there is at most one cross-thread wake-up per wait, not one per chunk.
+* End, errors, cancel: ``StopIteration`` is caught in the slot thread (it never
+  crosses the thread boundary; one raised inside the generator body is turned
+  into ``RuntimeError`` by PEP 479 and transported like any error). Any other
+  exception from the engine is stored and raised to the consumer after the
+  chunks before it. ``cancel()`` sets the threading cancel flag (the same
+  ``threading.Event`` the engine receives) and wakes a blocked producer, which
+  then closes the generator (``gen.close()``, in its own thread) and returns.
+  ``abort(exc)`` does the same from the loop and makes the consumer see ``exc``
+  at once, dropping buffered chunks (deadline, shutdown).
+
+The future returned by ``start()`` completes when the slot thread has returned,
+which is the only moment its slot may be reused.
+
+``Job`` wraps one ``BlockingStream`` for the pool: the engine call, the
+request deadline (``loop.call_later`` -> ``abort(DeadlineExceeded)``), the
+client-cancel path (``CancelledError`` while reading sets the cancel flag and
+re-raises) and the release callbacks for the slot and the admission permit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
+from concurrent.futures import Executor
+from typing import Generic, Self, TypeVar
+
+from app.engines.base import AudioChunk, Cancelled
+from app.serving.errors import DeadlineExceeded
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+GeneratorFactory = Callable[[threading.Event], Iterable[T]]
+
+
+class BlockingStream(Generic[T]):
+    """One blocking producer in a thread -> one async consumer, bounded and cancellable."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        maxsize: int,
+        cancel_event: threading.Event | None = None,
+        poll_s: float = 0.1,
+    ) -> None:
+        if maxsize < 1:
+            raise ValueError("maxsize must be at least 1")
+        self._loop = loop
+        self._maxsize = maxsize
+        self._poll_s = poll_s
+        self.cancel_event = cancel_event if cancel_event is not None else threading.Event()
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
+        self._items: deque[T] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._finished = False  # the producer has stopped (end, error or cancel)
+        self._error: BaseException | None = None
+        self._abort: BaseException | None = None
+        self._delivered_end = False
+        # Observable by the owner (read on the loop, written by the producer).
+        self.exhausted = False  # the generator ran to its end
+        self.produced = 0  # items pulled from the generator
+        self.max_buffered = 0  # high-water mark of the buffer
+        self.first_item_at: float | None = None  # time.monotonic() of the first item
+
+    # -- owner side ------------------------------------------------------------------
+    def start(self, executor: Executor, open_gen: GeneratorFactory[T]) -> asyncio.Future[None]:
+        """Run the producer in ``executor``; the future completes when that thread returned."""
+        return self._loop.run_in_executor(executor, self.run, open_gen)
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception the generator raised, if any (set once the producer stopped)."""
+        return self._error
+
+    @property
+    def buffered(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def cancel(self) -> None:
+        """Ask the producer to stop; safe from any thread, idempotent."""
+        with self._space:
+            self.cancel_event.set()
+            self._space.notify_all()
+
+    def abort(self, exc: BaseException) -> None:
+        """From the loop: cancel the producer and make the consumer raise ``exc`` now."""
+        with self._space:
+            if self._abort is None and not self._delivered_end:
+                self._abort = exc
+            self._items.clear()
+            self.cancel_event.set()
+            self._space.notify_all()
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- producer side (slot thread) -------------------------------------------------------
+    def run(self, open_gen: GeneratorFactory[T]) -> None:
+        """Pull the generator into the buffer until it ends, fails or is cancelled."""
+        error: BaseException | None = None
+        gen: Iterable[T] | None = None
+        try:
+            if not self.cancel_event.is_set():
+                gen = open_gen(self.cancel_event)
+                it = iter(gen)
+                while not self.cancel_event.is_set():
+                    try:
+                        item = next(it)
+                    except StopIteration:
+                        # An engine may just stop when it sees the flag: that is not a full run.
+                        self.exhausted = not self.cancel_event.is_set()
+                        break
+                    self.produced += 1
+                    if not self._put(item):
+                        break
+        except BaseException as exc:  # noqa: BLE001 - the thread boundary: everything is transported
+            error = exc
+        if gen is not None:
+            close = getattr(gen, "close", None)
+            if close is not None:
+                try:
+                    close()
+                except BaseException as exc:  # noqa: BLE001 - a generator failing while closing
+                    error = error or exc
+        self._finish(error)
+
+    def _put(self, item: T) -> bool:
+        with self._space:
+            while len(self._items) >= self._maxsize:
+                if self.cancel_event.is_set():
+                    return False
+                self._space.wait(self._poll_s)
+            if self.cancel_event.is_set():
+                return False
+            self._items.append(item)
+            self.max_buffered = max(self.max_buffered, len(self._items))
+            if self.first_item_at is None:
+                self.first_item_at = time.monotonic()
+            waiter, self._waiter = self._waiter, None
+        self._wake(waiter)
+        return True
+
+    def _finish(self, error: BaseException | None) -> None:
+        with self._lock:
+            self._finished = True
+            self._error = error
+            waiter, self._waiter = self._waiter, None
+        self._wake(waiter)
+
+    def _wake(self, waiter: asyncio.Future[None] | None) -> None:
+        if waiter is None:
+            return
+        try:
+            self._loop.call_soon_threadsafe(_resolve, waiter)
+        except RuntimeError:  # the loop is closed: nobody is left to wake
+            pass
+
+    # -- consumer side (event loop) --------------------------------------------------------
+    def __aiter__(self) -> BlockingStream[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        while True:
+            with self._space:
+                if self._delivered_end:
+                    raise StopAsyncIteration
+                if self._abort is not None:
+                    self._delivered_end = True
+                    raise self._abort
+                if self._items:
+                    item = self._items.popleft()
+                    self._space.notify()
+                    return item
+                if self._finished:
+                    self._delivered_end = True
+                    if self._error is not None:
+                        raise self._error
+                    raise StopAsyncIteration
+                if self._waiter is not None:
+                    raise RuntimeError("BlockingStream supports one consumer at a time")
+                waiter: asyncio.Future[None] = self._loop.create_future()
+                self._waiter = waiter
+            try:
+                await waiter
+            finally:
+                with self._lock:
+                    if self._waiter is waiter:
+                        self._waiter = None
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+class Job:
+    """One running synthesis: an async iterator of AudioChunk that owns its slot lease.
+
+    Built by ``EnginePool.run``; it knows nothing about the pool except two
+    callbacks, each called once on the loop: ``on_thread_done(job)`` when the
+    slot thread has returned (outcome known, the slot may be reused) and
+    ``on_released(job)`` when, in addition, the consumer is done (end, error,
+    cancellation or ``aclose``): the admission permit may go.
+    """
+
+    def __init__(
+        self,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        executor: Executor,
+        open_gen: GeneratorFactory[AudioChunk],
+        request_id: str,
+        queue_wait_s: float,
+        slot_index: int,
+        buffer_chunks: int,
+        deadline_s: float,
+        on_thread_done: Callable[[Job], None],
+        on_released: Callable[[Job], None],
+    ) -> None:
+        self.request_id = request_id
+        self.queue_wait_s = queue_wait_s
+        self.slot_index = slot_index
+        self.time_to_first_chunk_s: float | None = None
+        self.audio_s = 0.0
+        self.outcome = "running"  # then ok | cancelled | error | timeout
+        self.service_s: float | None = None
+        self._deadline_s = deadline_s
+        self._on_thread_done_cb = on_thread_done
+        self._on_released_cb = on_released
+        self._timed_out = False
+        self._consumer_done = False
+        self._settled = False  # the thread-returned bookkeeping ran
+        self._released = False
+        self._pending_first: AudioChunk | None = None
+        self._stream: BlockingStream[AudioChunk] = BlockingStream(loop, buffer_chunks)
+        self._started_at = time.monotonic()
+        self._thread_done = self._stream.start(executor, open_gen)
+        self._thread_done.add_done_callback(self._on_thread_done)
+        self._timer = loop.call_later(deadline_s, self._on_deadline) if deadline_s > 0 else None
+
+    # -- consumer API -------------------------------------------------------------------------
+    async def first_chunk(self) -> AudioChunk | None:
+        """Wait for the first chunk (None if the engine yielded none); engine errors raise here."""
+        if self._pending_first is None:
+            self._pending_first = await self._next()
+        return self._pending_first
+
+    def __aiter__(self) -> AsyncIterator[AudioChunk]:
+        return self
+
+    async def __anext__(self) -> AudioChunk:
+        if self._pending_first is not None:
+            chunk, self._pending_first = self._pending_first, None
+            return chunk
+        chunk = await self._next()
+        if chunk is None:
+            raise StopAsyncIteration
+        return chunk
+
+    async def aclose(self) -> None:
+        """Idempotent: cancel if still running, wait until the slot thread returned, release."""
+        self._stream.cancel()
+        self._consumer_finished()
+        await asyncio.shield(self._thread_done)
+        self._settle()  # an await on a finished future resumes before its done callbacks run
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    @property
+    def done(self) -> bool:
+        """The slot thread has returned from the engine generator."""
+        return self._thread_done.done()
+
+    @property
+    def thread_returned(self) -> asyncio.Future[None]:
+        """Completes when the slot thread has returned; shield it before awaiting it."""
+        return self._thread_done
+
+    def abort(self, exc: BaseException) -> None:
+        """Cancel the engine job and make the consumer raise ``exc`` (used by pool.close)."""
+        if not self._thread_done.done():
+            self._stream.abort(exc)
+
+    def settle(self) -> None:
+        """Run the thread-returned bookkeeping now if the thread has returned (idempotent)."""
+        self._settle()
+
+    # -- internals -------------------------------------------------------------------------------
+    async def _next(self) -> AudioChunk | None:
+        if self._consumer_done:
+            return None
+        try:
+            chunk = await self._stream.__anext__()
+        except StopAsyncIteration:
+            self._consumer_finished()
+            return None
+        except asyncio.CancelledError:
+            self._stream.cancel()  # the client left: abort the engine job, then re-raise
+            self._consumer_finished()
+            raise
+        except BaseException:
+            self._consumer_finished()
+            raise
+        if self.time_to_first_chunk_s is None and self._stream.first_item_at is not None:
+            self.time_to_first_chunk_s = max(0.0, self._stream.first_item_at - self._started_at)
+        self.audio_s += chunk.duration_s
+        return chunk
+
+    def _on_deadline(self) -> None:
+        if not self._thread_done.done():
+            self._timed_out = True
+            self._stream.abort(DeadlineExceeded(f"the request did not finish within {self._deadline_s:g} s"))
+
+    def _on_thread_done(self, fut: asyncio.Future[None]) -> None:
+        if not fut.cancelled() and fut.exception() is not None:  # run() catches everything
+            log.error("slot thread failed outside the engine", exc_info=fut.exception())
+        self._settle()
+
+    def _settle(self) -> None:
+        if self._settled or not self._thread_done.done():
+            return
+        self._settled = True
+        if self._timer is not None:
+            self._timer.cancel()
+        self.service_s = time.monotonic() - self._started_at
+        error = self._stream.error
+        if self._timed_out:
+            self.outcome = "timeout"
+        elif error is not None and not (isinstance(error, Cancelled) and self._stream.cancel_event.is_set()):
+            self.outcome = "error"
+        elif self._stream.exhausted:
+            self.outcome = "ok"
+        else:
+            self.outcome = "cancelled"
+        self._on_thread_done_cb(self)
+        self._maybe_release()
+
+    def _consumer_finished(self) -> None:
+        if not self._consumer_done:
+            self._consumer_done = True
+            self._pending_first = None
+            self._maybe_release()
+
+    def _maybe_release(self) -> None:
+        if self._consumer_done and self._settled and not self._released:
+            self._released = True
+            self._on_released_cb(self)

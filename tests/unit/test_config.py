@@ -1,0 +1,76 @@
+import pytest
+
+from app.config import ConfigError, load_settings
+
+
+def test_defaults_and_file(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("pool:\n  workers: 3\n  max_queue: 5\nserver:\n  port: 9001\n")
+    s = load_settings(cfg)
+    assert (s.pool.workers, s.pool.max_queue, s.server.port) == (3, 5, 9001)
+    assert s.engine.kind == "cosyvoice"
+
+
+def test_env_overrides_file_per_key(tmp_path, monkeypatch):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("pool:\n  workers: 3\n  max_queue: 5\n")
+    monkeypatch.setenv("COSYSERVE_POOL__WORKERS", "2")
+    monkeypatch.setenv("COSYSERVE_ENGINE__KIND", "fake")
+    s = load_settings(cfg)
+    assert s.pool.workers == 2
+    assert s.pool.max_queue == 5
+    assert s.engine.kind == "fake"
+
+
+def test_cli_overrides_beat_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("COSYSERVE_SERVER__PORT", "7000")
+    s = load_settings(None, server={"port": 7100})
+    assert s.server.port == 7100
+
+
+def test_repo_config_yaml_is_valid_and_documents_every_key():
+    from pathlib import Path
+
+    import yaml
+
+    from app.config import Settings
+
+    path = Path(__file__).resolve().parents[2] / "config.yaml"
+    s = load_settings(path)
+    data = yaml.safe_load(path.read_text())
+    for section, model in Settings.model_fields.items():
+        sub = getattr(s, section)
+        missing = set(type(sub).model_fields) - set(data.get(section, {}))
+        assert not missing, f"config.yaml does not document {section}.{sorted(missing)}"
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("pool:\n  workers: 0\n", "pool.workers"),
+        ("pool:\n  wrokers: 2\n", "pool.wrokers"),
+        ("engine:\n  model_dir: /does/not/exist\n", "engine"),
+        ("server: [1, 2\n", "not valid YAML"),
+        ("- a\n- b\n", "mapping"),
+    ],
+)
+def test_invalid_config_is_a_clear_error(tmp_path, text, needle):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_settings(cfg)
+    assert needle in str(info.value)
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_settings(tmp_path / "nope.yaml")
+
+
+def test_cli_serve_exits_nonzero_on_bad_config(tmp_path, capsys):
+    from app.cli import main
+
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("pool:\n  workers: -1\n")
+    assert main(["serve", "--config", str(cfg)]) == 2
+    assert "pool.workers" in capsys.readouterr().err

@@ -1,0 +1,232 @@
+"""BlockingStream: a blocking generator in an executor thread -> async iterator."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from app.serving.stream import BlockingStream
+
+
+def run(coro, timeout: float = 10.0):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+async def wait_until(pred, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.001)
+
+
+async def with_executor(body):
+    executor = ThreadPoolExecutor(1, thread_name_prefix="stream-test")
+    try:
+        return await body(executor)
+    finally:
+        executor.shutdown(wait=True)
+
+
+def test_items_arrive_in_order_then_end() -> None:
+    async def main():
+        async def body(ex):
+            stream: BlockingStream[int] = BlockingStream(asyncio.get_running_loop(), 2)
+            done = stream.start(ex, lambda cancel: iter(range(10)))
+            items = [x async for x in stream]
+            await done
+            assert items == list(range(10))
+            assert stream.exhausted and stream.error is None
+            assert stream.max_buffered <= 2
+            with pytest.raises(StopAsyncIteration):
+                await stream.__anext__()
+
+        await with_executor(body)
+
+    run(main())
+
+
+def test_engine_error_is_transported_after_earlier_items() -> None:
+    def gen(cancel: threading.Event) -> Iterator[int]:
+        yield 1
+        yield 2
+        raise ValueError("engine broke")
+
+    async def main():
+        async def body(ex):
+            stream: BlockingStream[int] = BlockingStream(asyncio.get_running_loop(), 4)
+            done = stream.start(ex, gen)
+            got = []
+            with pytest.raises(ValueError, match="engine broke"):
+                async for x in stream:
+                    got.append(x)
+            await done
+            assert got == [1, 2]
+            assert not stream.exhausted
+            # The error is delivered once; afterwards the stream is simply over.
+            with pytest.raises(StopAsyncIteration):
+                await stream.__anext__()
+
+        await with_executor(body)
+
+    run(main())
+
+
+def test_stop_iteration_never_crosses_the_thread_boundary() -> None:
+    def bad(cancel: threading.Event) -> Iterator[int]:
+        yield 1
+        raise StopIteration  # noqa: PLR1708 - PEP 479: becomes RuntimeError inside the generator
+
+    async def main():
+        async def body(ex):
+            stream: BlockingStream[int] = BlockingStream(asyncio.get_running_loop(), 4)
+            done = stream.start(ex, bad)
+            with pytest.raises(RuntimeError):
+                async for _ in stream:
+                    pass
+            assert await done is None  # the thread function itself returned normally
+
+        await with_executor(body)
+
+    run(main())
+
+
+def test_factory_error_and_plain_iterables() -> None:
+    def explode(cancel: threading.Event) -> Iterator[int]:
+        raise KeyError("eager")
+
+    async def main():
+        async def body(ex):
+            loop = asyncio.get_running_loop()
+            s1: BlockingStream[int] = BlockingStream(loop, 1)
+            d1 = s1.start(ex, explode)
+            with pytest.raises(KeyError):
+                await s1.__anext__()
+            await d1
+            s2: BlockingStream[int] = BlockingStream(loop, 1)
+            d2 = s2.start(ex, lambda cancel: [])
+            assert [x async for x in s2] == []
+            await d2
+            assert s2.exhausted
+
+        await with_executor(body)
+
+    run(main())
+
+
+def test_cancel_wakes_a_producer_blocked_on_a_full_buffer_and_closes_the_generator() -> None:
+    closed_in: list[str] = []
+    pulled: list[int] = []
+
+    def gen(cancel: threading.Event) -> Iterator[int]:
+        try:
+            for i in range(1000):
+                pulled.append(i)
+                yield i
+        finally:
+            closed_in.append(threading.current_thread().name)
+
+    async def main():
+        async def body(ex):
+            stream: BlockingStream[int] = BlockingStream(asyncio.get_running_loop(), 3, poll_s=30.0)
+            done = stream.start(ex, gen)
+            await wait_until(lambda: len(pulled) == 4)  # 3 buffered + 1 held by the blocked thread
+            await asyncio.sleep(0.05)
+            assert len(pulled) == 4 and stream.buffered == 3
+            t0 = time.monotonic()
+            stream.cancel()  # notifies the condition: no waiting for the 30 s poll
+            await asyncio.wait_for(asyncio.shield(done), 2.0)
+            assert time.monotonic() - t0 < 1.0
+            assert closed_in and closed_in[0].startswith("stream-test")
+            assert not stream.exhausted and stream.error is None
+
+        await with_executor(body)
+
+    run(main())
+
+
+def test_abort_raises_at_once_and_drops_buffered_items() -> None:
+    gate = threading.Event()
+
+    def gen(cancel: threading.Event) -> Iterator[int]:
+        yield 1
+        yield 2
+        gate.wait(5)
+        yield 3
+
+    async def main():
+        async def body(ex):
+            stream: BlockingStream[int] = BlockingStream(asyncio.get_running_loop(), 4)
+            done = stream.start(ex, gen)
+            assert await stream.__anext__() == 1
+            await wait_until(lambda: stream.buffered == 1)
+            stream.abort(TimeoutError("deadline"))
+            with pytest.raises(TimeoutError, match="deadline"):
+                await stream.__anext__()
+            gate.set()
+            await done
+            assert stream.cancel_event.is_set()
+            with pytest.raises(StopAsyncIteration):
+                await stream.__anext__()
+
+        await with_executor(body)
+
+    run(main())
+
+
+def test_a_cancelled_consumer_can_read_again_and_slow_consumers_get_everything() -> None:
+    gate = threading.Event()
+
+    def gen(cancel: threading.Event) -> Iterator[int]:
+        gate.wait(5)
+        yield from range(20)
+
+    async def main():
+        async def body(ex):
+            stream: BlockingStream[int] = BlockingStream(asyncio.get_running_loop(), 1)
+            done = stream.start(ex, gen)
+            reader = asyncio.create_task(stream.__anext__())
+            await asyncio.sleep(0.01)
+            reader.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await reader
+            gate.set()
+            got = []
+            async for x in stream:
+                got.append(x)
+                await asyncio.sleep(0)  # slower than the producer: it keeps blocking on the buffer
+            await done
+            assert got == list(range(20)) and stream.max_buffered == 1
+
+        await with_executor(body)
+
+    run(main())
+
+
+def test_one_consumer_at_a_time() -> None:
+    gate = threading.Event()
+
+    def gen(cancel: threading.Event) -> Iterator[int]:
+        gate.wait(5)
+        yield 1
+
+    async def main():
+        async def body(ex):
+            stream: BlockingStream[int] = BlockingStream(asyncio.get_running_loop(), 1)
+            done = stream.start(ex, gen)
+            first = asyncio.create_task(stream.__anext__())
+            await asyncio.sleep(0.01)
+            with pytest.raises(RuntimeError, match="one consumer"):
+                await stream.__anext__()
+            gate.set()
+            assert await first == 1
+            await done
+
+        await with_executor(body)
+
+    run(main())

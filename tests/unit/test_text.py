@@ -1,0 +1,46 @@
+from app.engines.text import split_sentences
+
+
+def test_short_text_is_one_segment():
+    assert split_sentences("Hello world.") == ["Hello world."]
+
+
+def test_sentences_are_split_and_short_ones_merged():
+    text = "This is the first sentence of the text. This is the second one, a bit longer. Ok. And the last sentence here."
+    segs = split_sentences(text, max_len=60, min_len=20)
+    assert segs == [
+        "This is the first sentence of the text.",
+        "This is the second one, a bit longer.",
+        "Ok. And the last sentence here.",  # a short sentence joins the next one
+    ]
+
+
+def test_no_segment_exceeds_max_len_and_nothing_is_lost():
+    text = ("word " * 500).strip()
+    segs = split_sentences(text, max_len=100)
+    assert all(len(s) <= 100 for s in segs)
+    assert " ".join(segs).split() == text.split()
+
+
+def test_chinese_is_split_on_full_width_marks_without_spaces():
+    segs = split_sentences("你好，世界。今天天气很好！我们去公园吧？好的。", max_len=40, min_len=10)
+    assert "".join(segs) == "你好，世界。今天天气很好！我们去公园吧？好的。"
+    assert len(segs) >= 2
+    assert all(" " not in s for s in segs)
+
+
+def test_punctuation_only_and_empty_give_nothing():
+    assert split_sentences("") == []
+    assert split_sentences("  ... !! ") == []
+
+
+def test_long_sentence_without_marks_is_cut_at_commas_first():
+    text = ", ".join(["a clause with several words"] * 12)
+    segs = split_sentences(text, max_len=90)
+    assert all(len(s) <= 90 for s in segs)
+    assert all(s.endswith(",") or s == segs[-1] for s in segs)
+
+
+def test_newlines_separate_sentences():
+    segs = split_sentences("first line without a stop\nsecond line without a stop either", max_len=240, min_len=5)
+    assert segs == ["first line without a stop", "second line without a stop either"]
