@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 from fastapi import FastAPI
 
-from app.api import health, tts
+from app.api import compat, health, metrics, openai, tts, voices
 from app.api.errors import install_error_handlers
 from app.config import Settings
 from app.lifespan import lifespan
@@ -22,7 +22,7 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
                   description="A production inference server for CosyVoice text-to-speech.")
     app.state.runtime = runtime
     app.state.engine_factory = engine_factory
-    for module in (health, tts):
+    for module in (health, tts, openai, compat, voices, metrics):
         app.include_router(module.router)
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware, access_log=settings.server.access_log)

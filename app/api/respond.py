@@ -96,6 +96,7 @@ async def synthesize_response(
                 data = encoder.feed(chunk.pcm)
                 if data:
                     yield sink(data, False)
+            _note(request, audio_s=audio_s)  # a sink's final call may read it (OpenAI SSE usage)
             yield sink(encoder.finish(), True)
         except Exception as exc:
             _note(request, stream_error=type(exc).__name__)

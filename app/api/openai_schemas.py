@@ -1,0 +1,111 @@
+"""Request and response models of the OpenAI-compatible surface, and its pure checks.
+
+Follows OpenAI's API reference for ``POST /v1/audio/speech`` and ``/v1/models``.
+Type errors (``input`` not a string, ...) are pydantic's and render as 400 with
+``param``; range and vocabulary checks are done here so each has OpenAI's
+``param`` and a message that says what to send instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from app.api.errors import ApiError
+from app.audio.formats import FORMAT_NAMES
+
+# Model names accepted besides the served model's own name, so OpenAI apps work unchanged.
+MODEL_ALIASES: tuple[str, ...] = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "cosyvoice")
+
+# OpenAI's built-in voice names. When the loaded model has preset speakers, the i-th name
+# here speaks with preset ``i % len(presets)`` (presets in the engine's order), so the
+# mapping is deterministic and stable for a given model. A preset or library voice with
+# the same name wins over the alias.
+OPENAI_VOICES: tuple[str, ...] = (
+    "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "marin", "cedar",
+)
+
+MAX_INPUT_CHARS = 4096  # OpenAI's documented limit
+SPEED_RANGE = (0.25, 4.0)
+STREAM_FORMATS: tuple[str, ...] = ("audio", "sse")
+
+
+class VoiceRef(BaseModel):
+    """OpenAI's custom-voice object: ``{"id": "voice_1234"}``."""
+
+    id: str
+
+
+class SpeechRequest(BaseModel):
+    """``POST /v1/audio/speech``. Unknown fields are ignored, as OpenAI clients send extras."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    input: str
+    voice: str | VoiceRef
+    instructions: str | None = None
+    response_format: str = "mp3"
+    speed: float = 1.0
+    stream_format: str = "audio"
+
+    @field_validator("voice", mode="before")
+    @classmethod
+    def _voice_shape(cls, v: Any) -> Any:
+        # One clear error (param "voice") instead of pydantic's per-union-member ones.
+        if isinstance(v, str) or (isinstance(v, dict) and isinstance(v.get("id"), str)):
+            return v
+        raise ValueError('voice must be a voice name or an object like {"id": "voice_1234"}')
+
+    @property
+    def voice_name(self) -> str:
+        return (self.voice.id if isinstance(self.voice, VoiceRef) else self.voice).strip()
+
+
+def check_speech(body: SpeechRequest, max_chars: int = MAX_INPUT_CHARS) -> None:
+    """Range and vocabulary checks (everything that does not need the loaded model)."""
+    limit = min(MAX_INPUT_CHARS, max_chars)
+    if not body.input.strip():
+        raise ApiError(400, "empty_input", "input is empty; send the text to speak (1 to "
+                       f"{limit} characters)", param="input")
+    if len(body.input) > limit:
+        raise ApiError(400, "string_above_max_length", f"input is {len(body.input)} characters; "
+                       f"the maximum is {limit}", param="input")
+    if body.response_format not in FORMAT_NAMES:
+        raise ApiError(400, "unsupported_format", f"unsupported response_format {body.response_format!r}; "
+                       f"use one of: {', '.join(FORMAT_NAMES)}", param="response_format")
+    low, high = SPEED_RANGE
+    if not (low <= body.speed <= high):
+        raise ApiError(400, "invalid_speed", f"speed must be between {low} and {high}; got {body.speed}",
+                       param="speed")
+    if body.stream_format not in STREAM_FORMATS:
+        raise ApiError(400, "invalid_stream_format", f"unsupported stream_format {body.stream_format!r}; "
+                       f"use one of: {', '.join(STREAM_FORMATS)}", param="stream_format")
+    if not body.voice_name:
+        raise ApiError(400, "voice_required", "voice is empty; name a preset speaker or a registered voice",
+                       param="voice")
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "cosyserve"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class VoiceCard(BaseModel):
+    id: str
+    object: Literal["voice"] = "voice"
+    type: Literal["preset", "library", "openai_alias"]
+    speaker: str | None = Field(None, description="For an OpenAI alias: the preset speaker it speaks with.")
+
+
+class VoiceList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[VoiceCard]
