@@ -22,7 +22,7 @@ def library_voice(runtime: Runtime, name: str) -> Any | None:
     """Engine-ready features of a registered voice, or None if ``name`` is not one."""
     if runtime.voices is None:
         return None
-    return runtime.voices.features(name, runtime.pool.engine_info().family)
+    return runtime.voices.features(name, runtime.pool.engine_info().voice_family)
 
 
 def resolve_voice(runtime: Runtime, pool: Any, name: str | None) -> dict[str, Any]:

@@ -88,6 +88,7 @@ class EngineInfo:
     sample_rate: int
     modes: tuple[str, ...]
     tiny: bool = False
+    voice_family: str = ""  # stored voice features are only usable by engines with the same value
 
 
 @runtime_checkable
@@ -107,6 +108,17 @@ class Engine(Protocol):
     def health_check(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class VoiceCapable(Protocol):
+    """Engines that can turn a prompt into reusable zero-shot features (the voice library)."""
+
+    def compute_voice(self, prompt_text: str, audio: PromptAudio) -> object: ...
+
+    def export_voice(self, voice: object) -> bytes: ...
+
+    def import_voice(self, data: bytes) -> object: ...
 
 
 def float_to_int16(samples: np.ndarray) -> np.ndarray:

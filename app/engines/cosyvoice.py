@@ -66,6 +66,7 @@ class CosyVoiceEngine:
         self._prompt_lock = threading.Lock()
         self._initial_hop: int | None = None
         self.prompt_cache_hits = 0
+        self._voice_family: str | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -113,6 +114,22 @@ class CosyVoiceEngine:
     def family(self) -> str:
         return f"cosyvoice{self._loaded.version}" if self._loaded else "cosyvoice"
 
+    @property
+    def voice_family(self) -> str:
+        """Which stored voice features this engine can use: family + its frontend models' fingerprint."""
+        lm = self._require()
+        if self._voice_family is None:
+            from app.engines.cosyvoice_load import TOKENIZER_FILES
+
+            h = hashlib.sha256()
+            for name in ("campplus.onnx", TOKENIZER_FILES[lm.version]):
+                path = lm.model_dir / name
+                h.update(str(path.stat().st_size).encode())
+                with open(path, "rb") as f:
+                    h.update(f.read(1 << 20))
+            self._voice_family = f"{self.family}-{h.hexdigest()[:12]}"
+        return self._voice_family
+
     def modes(self) -> tuple[str, ...]:
         lm = self._require()
         modes = ["zero_shot", "cross_lingual", "vc"]
@@ -126,7 +143,8 @@ class CosyVoiceEngine:
 
     def info(self) -> EngineInfo:
         lm = self._require()
-        return EngineInfo(name=self.name, family=self.family, sample_rate=self.sample_rate, modes=self.modes(), tiny=lm.tiny)
+        return EngineInfo(name=self.name, family=self.family, sample_rate=self.sample_rate, modes=self.modes(),
+                          tiny=lm.tiny, voice_family=self.voice_family)
 
     def voices(self) -> Sequence[str]:
         lm = self._require()
@@ -154,31 +172,74 @@ class CosyVoiceEngine:
         feats = lm.frontend.frontend_zero_shot("", prompt_text, wav, self.sample_rate, "")
         feats.pop("text", None)
         feats.pop("text_len", None)
-        return VoiceFeatures(family=self.family, features=feats, prompt_text=prompt_text)
+        return VoiceFeatures(family=self.voice_family, features=feats, prompt_text=prompt_text)
 
-    def _voice_for(self, req: SynthesisRequest, prompt_text: str) -> VoiceFeatures:
-        if isinstance(req.voice, VoiceFeatures) and req.mode in ("zero_shot", "cross_lingual") and req.voice.prompt_text == prompt_text:
-            if req.voice.family != self.family:
-                raise InvalidInput(f"voice was made for {req.voice.family}, the loaded model is {self.family}")
+    def export_voice(self, voice: VoiceFeatures) -> bytes:
+        """Serialise features for the voice library (tensors only, loadable with weights_only)."""
+        import io
+
+        import torch
+
+        buf = io.BytesIO()
+        torch.save({"family": voice.family, "prompt_text": voice.prompt_text,
+                    "features": {k: v.detach().cpu() for k, v in voice.features.items()}}, buf)
+        return buf.getvalue()
+
+    def import_voice(self, data: bytes) -> VoiceFeatures:
+        import io
+
+        import torch
+
+        blob = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        device = getattr(self._require().frontend, "device", "cpu")
+        feats = {k: v.to(device) for k, v in blob["features"].items()}
+        return VoiceFeatures(family=str(blob["family"]), features=feats, prompt_text=str(blob["prompt_text"]))
+
+    def _audio_features(self, req: SynthesisRequest) -> VoiceFeatures:
+        """The prompt's audio features: the request's voice, or computed from its prompt audio (LRU-cached)."""
+        if req.prompt_audio is None:
+            if not isinstance(req.voice, VoiceFeatures):
+                raise InvalidInput(f"mode {req.mode!r} needs prompt audio or a registered voice")
+            if req.voice.family != self.voice_family:
+                raise InvalidInput(f"voice was made for {req.voice.family}; the loaded model needs {self.voice_family}")
             return req.voice
         audio = req.prompt_audio
-        if audio is None and isinstance(req.voice, VoiceFeatures):
-            raise InvalidInput(f"mode {req.mode!r} needs prompt audio")
-        key = hashlib.sha256(np.ascontiguousarray(audio.samples, dtype=np.float32).tobytes()).hexdigest()
-        key = f"{key}:{audio.sample_rate}:{prompt_text}"
+        digest = hashlib.sha256(np.ascontiguousarray(audio.samples, dtype=np.float32).tobytes()).hexdigest()
+        key = f"{digest}:{audio.sample_rate}"
         with self._prompt_lock:
             hit = self._prompt_cache.get(key)
             if hit is not None:
                 self._prompt_cache.move_to_end(key)
                 self.prompt_cache_hits += 1
                 return hit
-        voice = self.compute_voice(prompt_text, audio)
+        voice = self.compute_voice(req.prompt_text or "", audio)
         if self.config.prompt_cache_size > 0:
             with self._prompt_lock:
                 self._prompt_cache[key] = voice
                 while len(self._prompt_cache) > self.config.prompt_cache_size:
                     self._prompt_cache.popitem(last=False)
         return voice
+
+    def _prompt_inputs(self, req: SynthesisRequest) -> dict:
+        """Model inputs shared by every segment of a prompt-based request (everything but the text)."""
+        fe = self._require().frontend
+        voice = self._audio_features(req)
+        base = dict(voice.features)
+        if req.mode == "cross_lingual":
+            drop = _TEXT_PROMPT_KEYS + _LLM_PROMPT_KEYS
+        else:
+            if req.mode == "instruct2":
+                prompt_text = (req.instruct_text or "").strip() + "<|endofprompt|>"
+                drop = _LLM_PROMPT_KEYS
+            else:  # zero_shot: the request's transcript, else the registered voice's
+                prompt_text = (req.prompt_text or "").strip() or voice.prompt_text
+                drop = ()
+            if not prompt_text.strip():
+                raise InvalidInput("mode 'zero_shot' needs 'prompt_text': the transcript of the prompt audio")
+            base["prompt_text"], base["prompt_text_len"] = fe._extract_text_token(prompt_text)
+        for k in drop:
+            base.pop(k, None)
+        return base
 
     # -- synthesis --------------------------------------------------------------------------------
     def _model_inputs(self, req: SynthesisRequest) -> Iterator[dict]:
@@ -192,20 +253,7 @@ class CosyVoiceEngine:
         segments = split_sentences(req.text, max_len=self.config.max_segment_chars)
         if not segments:
             raise InvalidInput("text has nothing to speak (only punctuation or whitespace)")
-        base: dict | None = None
-        if req.mode == "zero_shot":
-            prompt_text = (req.voice.prompt_text if isinstance(req.voice, VoiceFeatures) and req.prompt_audio is None
-                           else (req.prompt_text or "").strip())
-            base = dict(self._voice_for(req, prompt_text).features)
-        elif req.mode == "cross_lingual":
-            base = dict(self._voice_for(req, "").features)
-            for k in _TEXT_PROMPT_KEYS + _LLM_PROMPT_KEYS:
-                base.pop(k, None)
-        elif req.mode == "instruct2":
-            suffix = "<|endofprompt|>"
-            base = dict(self._voice_for(req, (req.instruct_text or "").strip() + suffix).features)
-            for k in _LLM_PROMPT_KEYS:
-                base.pop(k, None)
+        base = self._prompt_inputs(req) if req.mode in ("zero_shot", "cross_lingual", "instruct2") else {}
         for seg in segments:
             if req.mode == "sft":
                 yield fe.frontend_sft(seg, req.speaker)
@@ -218,8 +266,6 @@ class CosyVoiceEngine:
     def synthesize(self, req: SynthesisRequest, cancel: threading.Event) -> Iterator[AudioChunk]:
         lm = self._require()
         check_mode_inputs(req, self.modes(), self.voices())
-        if isinstance(req.voice, VoiceFeatures) and req.voice.family != self.family:
-            raise InvalidInput(f"voice was made for {req.voice.family}; the loaded model is {self.family}")
         # Upstream streams only at speed 1.0; at other speeds we stream sentence by sentence.
         stream = req.stream and abs(req.speed - 1.0) < 1e-6
         try:

@@ -8,6 +8,7 @@ clean. An upstream checkout needs only the process-wide parts (mel cache).
   packages (lightning, hydra, rich, ...). Inference needs only
   ``matcha.utils.audio``; when those packages are missing we register
   ``matcha.utils`` as a bare package so its submodules import without them.
+  ``matcha.utils.pylogger`` imports lightning just for a logger: stubbed likewise.
 * ``add_source_path``: put a user's upstream checkout (and its bundled
   Matcha-TTS) first on ``sys.path``.
 * ``attach_llm``: PyPI ``cosyvoice-minicpmo`` never assigns ``llm`` in
@@ -67,7 +68,15 @@ def prepare_imports(cosyvoice_path: str | os.PathLike | None = None) -> None:
             pkg.__path__ = [str(Path(list(spec.submodule_search_locations)[0]) / "utils")]
             pkg.__package__ = "matcha.utils"
             sys.modules["matcha.utils"] = pkg
+            importlib.import_module("matcha").utils = pkg  # so pydoc.locate (hyperpyyaml) finds it
             log.debug("matcha.utils registered without its training-only imports (%s)", exc)
+        try:
+            importlib.import_module("matcha.utils.pylogger")
+        except ImportError:  # it imports lightning only for rank_zero_only; inference needs a logger
+            stub = types.ModuleType("matcha.utils.pylogger")
+            stub.get_pylogger = logging.getLogger  # type: ignore[attr-defined]
+            sys.modules["matcha.utils.pylogger"] = stub
+            sys.modules["matcha.utils"].pylogger = stub
         _imports_ready = True
 
 

@@ -7,6 +7,7 @@ point, so tests can drive the serving layer into every state on purpose.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ import numpy as np
 
 from app.engines.base import (
     MODES,
+    PromptAudio,
     AudioChunk,
     EngineFailure,
     EngineInfo,
@@ -38,12 +40,21 @@ class FakeBehaviour:
     fail_on_load: bool = False
     fail_at_chunk: int | None = None  # raise EngineFailure before yielding this chunk index
     unhealthy: bool = False
+    fail_on_voice: bool = False
+    voices_computed: int = 0
     speakers: tuple[str, ...] = ("fake_female", "fake_male")
     modes: tuple[str, ...] = MODES
     started: list[str] = field(default_factory=list)  # request ids that began synthesizing
     cancelled: list[str] = field(default_factory=list)  # request ids that saw their cancel flag
     finished: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass(frozen=True)
+class FakeVoice:
+    family: str
+    prompt_text: str
+    level: float
 
 
 class FakeEngine:
@@ -57,7 +68,24 @@ class FakeEngine:
         self.threads: set[str] = set()
 
     def info(self) -> EngineInfo:
-        return EngineInfo(name=self.name, family="fake", sample_rate=self.sample_rate, modes=tuple(self.b.modes))
+        return EngineInfo(name=self.name, family="fake", sample_rate=self.sample_rate, modes=tuple(self.b.modes),
+                          voice_family="fake-1")
+
+    # -- voice library support: a "voice" is the prompt's RMS level and transcript -------------
+    def compute_voice(self, prompt_text: str, audio: PromptAudio) -> FakeVoice:
+        if self.b.fail_on_voice:
+            raise EngineFailure("fake engine told to fail computing a voice")
+        with self.b.lock:
+            self.b.voices_computed += 1
+        rms = float(np.sqrt(np.mean(np.square(audio.samples)))) if len(audio.samples) else 0.0
+        return FakeVoice(family="fake-1", prompt_text=prompt_text, level=rms)
+
+    def export_voice(self, voice: FakeVoice) -> bytes:
+        return json.dumps({"family": voice.family, "prompt_text": voice.prompt_text, "level": voice.level}).encode()
+
+    def import_voice(self, data: bytes) -> FakeVoice:
+        d = json.loads(data.decode())
+        return FakeVoice(family=d["family"], prompt_text=d["prompt_text"], level=float(d["level"]))
 
     def load(self) -> None:
         self.threads.add(threading.current_thread().name)

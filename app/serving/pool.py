@@ -23,7 +23,8 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -422,6 +423,23 @@ class EnginePool:
     # -- running --------------------------------------------------------------------------------
     def run(self, lease: Lease, req: SynthesisRequest) -> Job:
         """Start engine.synthesize(req, cancel) in the lease's slot thread."""
+        return self._start(lease, lambda engine, cancel: engine.synthesize(req, cancel), req.request_id)
+
+    async def call(self, fn: Callable[[Engine], Any], request_id: str = "") -> Any:
+        """Run ``fn(engine)`` once in a slot's thread, under the same admission, queue and deadline.
+
+        For engine work that is not a stream (e.g. computing a voice's prompt features).
+        """
+
+        def one(engine: Engine, cancel: Any) -> Iterator[Any]:
+            yield fn(engine)
+
+        ticket = self.admit()
+        lease = await self.acquire(ticket)
+        async with self._start(lease, one, request_id) as job:
+            return await job.first_chunk()
+
+    def _start(self, lease: Lease, open_gen: Callable[[Engine, Any], Iterator[Any]], request_id: str) -> Job:
         if lease._pool is not self or lease._owned or not lease._slot_held:
             raise RuntimeError("run() needs a live lease from this pool's acquire()")
         if self._closed:
@@ -433,8 +451,8 @@ class EnginePool:
             job = Job(
                 loop=self._require_loop(),
                 executor=lease._slot.executor,
-                open_gen=lambda cancel: engine.synthesize(req, cancel),
-                request_id=req.request_id or uuid.uuid4().hex,
+                open_gen=lambda cancel: open_gen(engine, cancel),
+                request_id=request_id or uuid.uuid4().hex,
                 queue_wait_s=lease.queue_wait_s,
                 slot_index=lease.slot_index,
                 buffer_chunks=self.config.stream_buffer_chunks,

@@ -334,7 +334,7 @@ class Job:
             raise
         if self.time_to_first_chunk_s is None and self._stream.first_item_at is not None:
             self.time_to_first_chunk_s = max(0.0, self._stream.first_item_at - self._started_at)
-        self.audio_s += chunk.duration_s
+        self.audio_s += getattr(chunk, "duration_s", 0.0)
         return chunk
 
     def _on_deadline(self) -> None:

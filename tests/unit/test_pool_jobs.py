@@ -300,3 +300,35 @@ def test_close_gives_up_on_a_stuck_slot_thread_after_close_timeout() -> None:
         await wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("cosyserve-slot-")])
 
     run(main())
+
+
+def test_call_runs_a_function_in_a_slot_thread_and_frees_the_slot():
+    import asyncio
+    import threading
+
+    from app.engines.fake import FakeBehaviour, FakeEngine
+    from app.serving.pool import EnginePool, PoolConfig
+
+    async def main():
+        pool = EnginePool(lambda i: FakeEngine(FakeBehaviour()), PoolConfig(workers=1, max_queue=0))
+        await pool.start()
+        try:
+            name = await pool.call(lambda engine: (threading.current_thread().name, engine.sample_rate))
+            assert name == ("cosyserve-slot-0", 24000)
+
+            def boom(engine):
+                raise ValueError("bad")
+
+            try:
+                await pool.call(boom)
+            except ValueError as exc:
+                assert str(exc) == "bad"
+            else:
+                raise AssertionError("call() must re-raise")
+            stats = pool.stats()
+            assert stats["running"] == 0 and stats["in_flight"] == 0
+            assert await pool.call(lambda engine: 42) == 42
+        finally:
+            await pool.close()
+
+    asyncio.run(main())
