@@ -9,6 +9,8 @@ clean. An upstream checkout needs only the process-wide parts (mel cache).
   ``matcha.utils.audio``; when those packages are missing we register
   ``matcha.utils`` as a bare package so its submodules import without them.
   ``matcha.utils.pylogger`` imports lightning just for a logger: stubbed likewise.
+* ``_patch_qwen2_incremental_mask``: with transformers 5 CosyVoice2's cached LLM step
+  would attend to one position only (see the function).
 * ``add_source_path``: put a user's upstream checkout (and its bundled
   Matcha-TTS) first on ``sys.path``.
 * ``attach_llm``: PyPI ``cosyvoice-minicpmo`` never assigns ``llm`` in
@@ -77,7 +79,35 @@ def prepare_imports(cosyvoice_path: str | os.PathLike | None = None) -> None:
             stub.get_pylogger = logging.getLogger  # type: ignore[attr-defined]
             sys.modules["matcha.utils.pylogger"] = stub
             sys.modules["matcha.utils"].pylogger = stub
+        _patch_qwen2_incremental_mask()
         _imports_ready = True
+
+
+def _patch_qwen2_incremental_mask() -> None:
+    """transformers >= 5: make CosyVoice2's cached decoding step see its context again.
+
+    ``Qwen2Encoder.forward_one_step`` passes the last row of its causal mask as the
+    attention mask: one column per step, while the cache holds the whole prefix.
+    transformers 4.x ignored such a short mask; 5.x pads it with False, so every
+    cached step attends to the first position only and the LLM decodes blind (real
+    weights included). For batch size 1 without padding the mask carries no
+    information, so we drop it and let the model apply its causal mask.
+    """
+    try:
+        import transformers
+        from cosyvoice.llm.llm import Qwen2Encoder
+    except ImportError:
+        return
+    if int(transformers.__version__.split(".")[0]) < 5 or getattr(Qwen2Encoder, "_cosyserve_patched", False):
+        return
+
+    def forward_one_step(self: Any, xs: Any, masks: Any, cache: Any = None) -> tuple[Any, Any]:
+        outs = self.model(inputs_embeds=xs, output_hidden_states=True, return_dict=True, use_cache=True,
+                          past_key_values=cache)
+        return outs.hidden_states[-1], outs.past_key_values
+
+    Qwen2Encoder.forward_one_step = forward_one_step
+    Qwen2Encoder._cosyserve_patched = True
 
 
 _mel_lock = threading.Lock()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,11 @@ from app.engines.base import EngineFailure
 from app.engines.cosyvoice_compat import SafeMelExtractor, attach_llm, prepare_imports
 
 log = logging.getLogger("cosyserve.engine")
+
+# Building models is not thread-safe: transformers' from_pretrained constructs under a
+# process-wide meta-device context, which leaks into modules other threads build meanwhile
+# ("Cannot copy out of meta tensor"). Slots load one at a time; synthesis stays parallel.
+_BUILD_LOCK = threading.Lock()
 
 CONFIG_FILES = {1: "cosyvoice.yaml", 2: "cosyvoice2.yaml", 3: "cosyvoice3.yaml"}
 TOKENIZER_FILES = {1: "speech_tokenizer_v1.onnx", 2: "speech_tokenizer_v2.onnx", 3: "speech_tokenizer_v3.onnx"}
@@ -64,7 +70,12 @@ def _torch_load(path: Path, device: Any) -> dict:
 
 
 def load_model_dir(model_dir: str | os.PathLike, *, fp16: bool = False, cosyvoice_path: str | None = None) -> LoadedModel:
-    """Build frontend + model for the CosyVoice version found in ``model_dir``."""
+    """Build frontend + model for the CosyVoice version found in ``model_dir`` (one thread at a time)."""
+    with _BUILD_LOCK:
+        return _load_model_dir(model_dir, fp16=fp16, cosyvoice_path=cosyvoice_path)
+
+
+def _load_model_dir(model_dir: str | os.PathLike, *, fp16: bool, cosyvoice_path: str | None) -> LoadedModel:
     prepare_imports(cosyvoice_path)
     import torch
     from hyperpyyaml import load_hyperpyyaml

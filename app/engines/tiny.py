@@ -1,0 +1,383 @@
+"""Tiny random-weight CosyVoice model dirs, built from the real CosyVoice classes.
+
+Tests and local development need a model dir that the real loading code accepts
+(hyperpyyaml config, ``llm.pt``/``flow.pt``/``hift.pt`` state dicts, the two ONNX
+front-end models, ``spk2info.pt``, and for v2 a Qwen2 ``CosyVoice-BlankEN`` dir) but
+is small enough to build in seconds and run faster than real time on a CPU. The
+weights are random, so the audio is noise; the shapes, code paths and timing
+behaviour (streaming chunks, stop conditions) are the real ones.
+
+Random weights never emit end-of-speech, so the builder wires an exact stop
+controller into the random LLM (``tiny_stop.py``): short models stop right after the
+2x-text-tokens minimum, long ones at ~15x (v1) / ~9.5x (v2) the prefix length.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import importlib
+import importlib.util
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from app.engines import tiny_yaml as ty
+from app.engines.tiny_stop import StopPlan
+
+log = logging.getLogger("cosyserve.engine.tiny")
+
+SPEAKERS: tuple[str, ...] = ("tiny_female", "tiny_male")
+BUILDER = 2  # bump whenever the files written here change
+META_NAME = "cosyserve_tiny.json"
+QWEN_DIR = "CosyVoice-BlankEN"
+YAML_NAMES = {1: "cosyvoice.yaml", 2: "cosyvoice2.yaml", 3: "cosyvoice3.yaml"}
+SPEECH_TOKENIZER_NAMES = {
+    1: "speech_tokenizer_v1.onnx",
+    2: "speech_tokenizer_v2.onnx",
+    3: "speech_tokenizer_v3.onnx",
+}
+_TOKEN_STRIDE = {1: 2, 2: 4}  # mel frames (100 Hz) per speech token
+_SPEECH_VOCAB = {1: ty.V1_SPEECH_VOCAB, 2: ty.V2_SPEECH_VOCAB}
+# long=True: the LLM stops once context length / prefix length passes this. A 20-word
+# English sentence is 21 whisper tokens (v1) / ~37 tiny-BPE tokens (v2): ~336 / ~320
+# speech tokens. v2 streaming re-runs the flow over all tokens per chunk, so it gets less.
+_LONG_STOP_RATIO = {1: 15.0, 2: 9.5}
+
+# Special tokens CosyVoice2's QwenTokenizer adds; we put them in the trained vocab.
+_QWEN_SPECIALS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endofprompt|>",
+    "[breath]",
+    "<strong>",
+    "</strong>",
+    "[noise]",
+    "[laughter]",
+    "[cough]",
+    "[clucking]",
+    "[accent]",
+    "[quick_breath]",
+    "<laughter>",
+    "</laughter>",
+    "[hissing]",
+    "[sigh]",
+    "[vocalized-noise]",
+    "[lipsmack]",
+    "[mn]",
+)
+_BPE_VOCAB = 4096
+_BPE_CORPUS_WORDS = 8000
+
+
+# --------------------------------------------------------------------------- availability
+
+
+def _cosyvoice_location() -> str:
+    spec = importlib.util.find_spec("cosyvoice")
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    return str(next(iter(spec.submodule_search_locations)))
+
+
+def tiny_version_available(version: int) -> tuple[bool, str]:
+    """Whether this process can build (and run) a tiny model of CosyVoice ``version``."""
+    where = _cosyvoice_location()
+    if not where:
+        return (
+            False,
+            "CosyVoice is not installed (no importable 'cosyvoice' package); run `make setup`",
+        )
+    if version in (1, 2):
+        return True, ""
+    if version == 3:
+        _prepare()
+        try:
+            importlib.import_module("cosyvoice.llm.llm").CosyVoice3LM  # noqa: B018
+            importlib.import_module("cosyvoice.cli.model").CosyVoice3Model  # noqa: B018
+        except (ImportError, AttributeError):
+            return False, (
+                f"installed CosyVoice ({where}) has no CosyVoice3 classes; "
+                "point engine.cosyvoice_path at an upstream checkout"
+            )
+        return (
+            False,
+            f"the installed CosyVoice ({where}) has CosyVoice3, but building tiny CosyVoice3 models is not implemented",
+        )
+    return False, f"unknown CosyVoice version {version!r} (expected 1, 2 or 3)"
+
+
+def _prepare() -> None:
+    """Make cosyvoice/matcha importable (all shims live in ``cosyvoice_compat``)."""
+    from app.engines.cosyvoice_compat import prepare_imports
+
+    prepare_imports()
+
+
+# --------------------------------------------------------------------------- public API
+
+
+def build_tiny_model(
+    out_dir: str | os.PathLike,
+    version: int,
+    *,
+    long: bool = False,
+    instruct: bool = False,
+    seed: int = 0,
+) -> Path:
+    """Write a complete tiny CosyVoice model dir for ``version`` into ``out_dir``."""
+    if version == 3:
+        raise RuntimeError(tiny_version_available(3)[1])
+    if version not in (1, 2):
+        raise ValueError(f"unknown CosyVoice version {version!r} (expected 1, 2 or 3)")
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    if instruct and version != 1:
+        raise ValueError("instruct=True is only meaningful for CosyVoice v1 (CosyVoice-300M-Instruct)")
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"refusing to build a tiny model into non-empty {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    _prepare()
+    import torch
+
+    with _preserved_rng(), _torch_threads(2), _quiet_transformers():
+        torch.manual_seed(seed)
+        overrides = {}
+        if version == 2:
+            overrides["qwen_pretrain_path"] = str(out / QWEN_DIR)
+            _write_qwen_dir(out / QWEN_DIR, seed)
+        yaml_text = ty.render_yaml(version)
+        (out / YAML_NAMES[version]).write_text(yaml_text, encoding="utf-8")
+        from hyperpyyaml import load_hyperpyyaml
+
+        configs = load_hyperpyyaml(yaml_text, overrides=overrides or None)
+        llm, flow, hift = configs["llm"], configs["flow"], configs["hift"]
+        for i, module in enumerate((llm, flow, hift)):
+            _reseed(
+                module,
+                torch.Generator().manual_seed(seed * 7919 + 101 * (i + 1) + version),
+            )
+        plan = StopPlan(
+            long=long,
+            gen=torch.Generator().manual_seed(seed * 7919 + 17 + version),
+            stop_ratio=_LONG_STOP_RATIO[version],
+        )
+        if version == 1:
+            plan.install_v1(llm)
+        else:
+            plan.install_v2(llm)
+            llm.llm.model.save_pretrained(str(out / QWEN_DIR))  # keep the safetensors == llm.pt
+        torch.save(llm.state_dict(), out / "llm.pt")
+        torch.save(flow.state_dict(), out / "flow.pt")
+        torch.save(hift.state_dict(), out / "hift.pt")
+        gen = torch.Generator().manual_seed(seed * 7919 + 3)
+        ty.write_campplus(out / "campplus.onnx", gen)
+        ty.write_speech_tokenizer(
+            out / SPEECH_TOKENIZER_NAMES[version],
+            _TOKEN_STRIDE[version],
+            _SPEECH_VOCAB[version],
+            gen,
+        )
+        spk = {}
+        for name in SPEAKERS:
+            emb = torch.randn(1, 192, generator=gen)
+            spk[name] = {"embedding": emb * (10.0 / emb.norm())}
+        torch.save(spk, out / "spk2info.pt")
+    meta = {
+        "version": version,
+        "seed": seed,
+        "long": long,
+        "instruct": instruct,
+        "random_weights": True,
+        "builder": BUILDER,
+    }
+    (out / META_NAME).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")  # written last: marks complete
+    return out
+
+
+def ensure_tiny_model(
+    cache_root: str | os.PathLike,
+    version: int,
+    *,
+    long: bool = False,
+    instruct: bool = False,
+    seed: int = 0,
+) -> Path:
+    """Return ``cache_root/<key>``, building it once (atomic, safe across processes)."""
+    root = Path(cache_root)
+    root.mkdir(parents=True, exist_ok=True)
+    key = f"v{version}-{'long' if long else 'short'}{'-instruct' if instruct else ''}-seed{seed}-b{BUILDER}"
+    final = root / key
+    want = {
+        "version": version,
+        "seed": seed,
+        "long": long,
+        "instruct": instruct,
+        "builder": BUILDER,
+    }
+    if _is_complete(final, want):
+        return final
+    with open(root / f".{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if _is_complete(final, want):
+                return final
+            tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
+            try:
+                started = time.monotonic()
+                build_tiny_model(tmp, version, long=long, instruct=instruct, seed=seed)
+                os.chmod(tmp, 0o755)  # mkdtemp made it 0700
+                if final.exists():  # stale or from another builder number
+                    stale = Path(tempfile.mkdtemp(prefix=f".{key}.old-", dir=root))
+                    os.rename(final, stale / "dir")
+                    shutil.rmtree(stale, ignore_errors=True)
+                os.rename(tmp, final)
+                log.info("built tiny CosyVoice v%d model %s in %.1fs", version, final, time.monotonic() - started)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return final
+
+
+def _is_complete(path: Path, want: dict[str, Any]) -> bool:
+    try:
+        meta = json.loads((path / META_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and all(meta.get(k) == v for k, v in want.items())
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@contextlib.contextmanager
+def _preserved_rng() -> Iterator[None]:
+    """CosyVoice's constructors reseed the global RNGs (CausalConditionalCFM): undo that."""
+    import numpy as np
+    import torch
+
+    py, npy, th = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.set_rng_state(th)
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    import torch
+
+    before = torch.get_num_threads()
+    if before > n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """No "Loading weights"/"Writing model shards" progress bars while building."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _reseed(module: Any, gen: Any) -> None:
+    """Redraw every randomly initialised parameter from ``gen``, keeping its mean and std.
+
+    Constructors draw from the global RNG (and CosyVoice2's CFM resets it to 0), so
+    we make the weights a function of the seed only. Constant parameters (norm
+    gains, zero biases) and weight-norm magnitudes are kept.
+    """
+    import torch
+
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.numel() < 2 or name.endswith(("original0", "weight_g")):
+                continue
+            std = p.float().std()
+            if not torch.isfinite(std) or float(std) == 0.0:
+                continue
+            p.copy_(torch.randn(p.shape, generator=gen) * std + p.float().mean())
+
+
+def _corpus_lines() -> list[str]:
+    """Deterministic training text: the first GPT-2 BPE pieces shipped with openai-whisper."""
+    spec = importlib.util.find_spec("whisper")
+    if spec is None or not spec.origin:
+        raise RuntimeError("openai-whisper is not installed; it is needed to train the tiny tokenizer")
+    words: list[str] = []
+    with open(Path(spec.origin).parent / "assets" / "gpt2.tiktoken", encoding="utf-8") as f:
+        for line in f:
+            b64, rank = line.split()
+            if int(rank) < 256:
+                continue
+            try:
+                words.append(base64.b64decode(b64).decode("utf-8"))
+            except UnicodeDecodeError:
+                continue
+            if len(words) >= _BPE_CORPUS_WORDS:
+                break
+    return ["".join(words[i : i + 64]) for i in range(0, len(words), 64)]
+
+
+def _write_qwen_dir(path: Path, seed: int) -> None:
+    """CosyVoice-BlankEN: a byte-level BPE tokenizer trained here and a 2-layer Qwen2."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    path.mkdir(parents=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=_BPE_VOCAB,
+        special_tokens=list(_QWEN_SPECIALS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus_lines(), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast.save_pretrained(str(path))
+    vocab = -(-tok.get_vocab_size() // 64) * 64
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=ty.LLM_DIM,
+        intermediate_size=ty.LLM_UNITS,
+        num_hidden_layers=2,
+        num_attention_heads=ty.LLM_HEADS,
+        num_key_value_heads=ty.LLM_HEADS,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        eos_token_id=tok.token_to_id("<|endoftext|>"),
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    Qwen2ForCausalLM(config).save_pretrained(str(path))
