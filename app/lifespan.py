@@ -75,7 +75,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
     runtime.pool = pool
     info = pool.engine_info()
     if runtime.voices is not None:
-        await runtime.voices.start(pool)
+        try:
+            await runtime.voices.start(pool)
+        except BaseException:  # e.g. the voices dir cannot be created: do not leak the loaded slots
+            await pool.close()
+            raise
     log.info("ready: model %s (%s, %d Hz), %d worker(s), queue %d", info.name, info.family, info.sample_rate,
              settings.pool.workers, settings.pool.max_queue)
     try:

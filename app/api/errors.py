@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.audio.formats import UnsupportedFormat
 from app.engines.base import EngineFailure, InvalidInput
 from app.serving.errors import DeadlineExceeded, Draining, NotReady, Overloaded, QueueTimeout, ServingError
+from app.voices.library import VoiceComputeFailed, VoiceError, VoiceExists, VoiceLimitReached, VoiceNotFound
 
 log = logging.getLogger("cosyserve.api")
 
@@ -54,6 +55,10 @@ ERROR_TABLE: tuple[tuple[type[BaseException], int, str], ...] = (
     (NotReady, 503, "not_ready"),
     (DeadlineExceeded, 504, "deadline_exceeded"),
     (EngineFailure, 500, "engine_failure"),
+    (VoiceNotFound, 404, "voice_not_found"),
+    (VoiceExists, 409, "voice_exists"),
+    (VoiceLimitReached, 409, "voice_limit_reached"),
+    (VoiceComputeFailed, 500, "voice_compute_failed"),
 )
 
 OPENAI_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 409: "invalid_request_error",
@@ -127,7 +132,7 @@ def install_error_handlers(app: FastAPI) -> None:
         log.error("unhandled error in request %s", request_id_of(request), exc_info=exc)
         return render(request, ErrorInfo(500, "internal_error", "internal server error"))
 
-    for exc_type in (ApiError, ServingError, InvalidInput, EngineFailure, UnsupportedFormat):
+    for exc_type in (ApiError, ServingError, InvalidInput, EngineFailure, UnsupportedFormat, VoiceError):
         app.add_exception_handler(exc_type, on_known)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)

@@ -18,6 +18,10 @@ M = TypeVar("M", bound=BaseModel)
 PROMPT_RATE = 16000
 
 
+def _size(limit: int) -> str:
+    return f"{limit / (1024 * 1024):g} MB" if limit >= 1024 * 1024 else f"{limit // 1024} KB"
+
+
 def _validation(exc: ValidationError) -> RequestValidationError:
     return RequestValidationError(exc.errors(include_url=False, include_context=False))
 
@@ -44,7 +48,7 @@ async def read_body(request: Request, model: type[M], max_bytes: int) -> tuple[M
             raise _validation(exc) from exc
     raw = await request.body()
     if len(raw) > max_bytes:
-        raise ApiError(413, "payload_too_large", f"request body is larger than {max_bytes // (1024 * 1024)} MB")
+        raise ApiError(413, "payload_too_large", f"request body is larger than {_size(max_bytes)}")
     try:
         return model.model_validate_json(raw or b"{}"), files
     except ValidationError as exc:
@@ -57,7 +61,7 @@ async def read_audio(upload: UploadFile | bytes | None, field: str, max_bytes: i
         return None
     data = upload if isinstance(upload, bytes) else await upload.read(max_bytes + 1)
     if len(data) > max_bytes:
-        raise ApiError(413, "payload_too_large", f"{field} is larger than {max_bytes // (1024 * 1024)} MB", param=field)
+        raise ApiError(413, "payload_too_large", f"{field} is larger than {_size(max_bytes)}", param=field)
     if not data:
         raise ApiError(400, "invalid_audio", f"{field} is empty; upload 1-30 s of speech", param=field)
     try:

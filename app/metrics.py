@@ -1,0 +1,227 @@
+"""Prometheus metrics for one server instance, on a registry this object owns.
+
+Three sources feed it, none of them a global:
+
+* ``on_done(scope, state)``: called by ``RequestContextMiddleware`` once per
+  HTTP request (streams included, after the last byte or the abort). Only the
+  synthesis routes (their route templates, so cardinality stays bounded) count
+  in ``tts_requests_total``; probes and ``/metrics`` are skipped.
+* ``pool_observer()``: the ``PoolObserver`` hooks of the engine pool
+  (rejections, queue wait, queue depth, engine jobs).
+* scrape time: a custom collector reads ``pool.stats()`` (slot states, admitted
+  requests in flight) and the process' peak RSS; prometheus_client's
+  ``ProcessCollector`` adds ``process_resident_memory_bytes`` and friends.
+
+Every child series is created up front, so a request costs dictionary lookups
+and counter increments, nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import sys
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from app.serving.stats import JOB_OUTCOMES, REJECT_REASONS
+
+log = logging.getLogger("cosyserve.metrics")
+
+__all__ = ["CONTENT_TYPE_LATEST", "OUTCOMES", "SLOT_STATES", "SYNTHESIS_ROUTES", "Metrics", "outcome_of"]
+
+# Route templates of the endpoints that synthesise speech (one series each).
+SYNTHESIS_ROUTES: tuple[str, ...] = (
+    "/v1/tts",
+    "/v1/audio/speech",
+    "/inference_sft",
+    "/inference_zero_shot",
+    "/inference_cross_lingual",
+    "/inference_instruct",
+    "/inference_instruct2",
+)
+OUTCOMES: tuple[str, ...] = ("ok", "client_error", "rejected", "timeout", "error", "aborted")
+SLOT_STATES: tuple[str, ...] = ("loading", "idle", "busy", "failed", "closed")
+
+# Buckets sized for TTS: milliseconds (a cached short answer) to minutes (a long text on CPU).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
+STREAM_TIMEOUT_ERRORS = frozenset({"DeadlineExceeded"})
+ENGINE_ERROR_CODES = frozenset({"engine_failure"})
+
+
+def outcome_of(state: dict) -> str:
+    """Map what the middleware saw (status, completed, stream_error) to one of OUTCOMES."""
+    status = int(state.get("status") or 500)
+    if status == 503:
+        return "rejected"
+    if status == 504:
+        return "timeout"
+    if 400 <= status < 500:
+        return "client_error"
+    if status >= 500:
+        return "error"
+    stream_error = state.get("stream_error")
+    if stream_error:  # headers were 2xx, then the stream broke on the server side
+        return "timeout" if stream_error in STREAM_TIMEOUT_ERRORS else "error"
+    if not state.get("completed", False):
+        return "aborted"  # the client left before the last byte
+    return "ok"
+
+
+def _peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux reports KiB
+
+
+class _ScrapeCollector:
+    """Values read at scrape time: slot states and in-flight requests from the pool, peak RSS."""
+
+    def __init__(self, stats: Callable[[], dict | None]) -> None:
+        self._stats = stats
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # no describe-time collection (the pool may not exist yet)
+
+    def collect(self) -> Iterator[Metric]:
+        slots = GaugeMetricFamily("tts_slots", "Engine slots by state", labels=["state"])
+        inflight = GaugeMetricFamily("tts_inflight_requests",
+                                     "Admitted synthesis requests: queued, running or still streaming")
+        counts = dict.fromkeys(SLOT_STATES, 0)
+        stats = None
+        try:
+            stats = self._stats()
+        except Exception:  # a scrape must not fail because the pool is in a strange state
+            log.exception("reading pool stats for /metrics failed")
+        if stats:
+            for slot in stats.get("slots", ()):
+                state = slot.get("state", "")
+                if state in counts:
+                    counts[state] += 1
+        for state, n in counts.items():
+            slots.add_metric([state], n)
+        inflight.add_metric([], float(stats.get("in_flight", 0)) if stats else 0.0)
+        yield slots
+        yield inflight
+        yield GaugeMetricFamily("tts_process_peak_rss_bytes", "Peak resident set size of this process",
+                                value=_peak_rss_bytes())
+
+
+class _Observer:
+    """The pool's PoolObserver: plain increments on pre-bound children (event-loop thread only)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._rejected = {r: metrics.rejected.labels(reason=r) for r in REJECT_REASONS}
+        self._jobs = {o: metrics.engine_jobs.labels(outcome=o) for o in JOB_OUTCOMES}
+        self._queue_wait = metrics.queue_wait
+        self._queue_depth = metrics.queue_depth
+        self._rejected_other = metrics.rejected
+
+    def on_reject(self, reason: str) -> None:
+        child = self._rejected.get(reason)
+        (child if child is not None else self._rejected_other.labels(reason="other")).inc()
+
+    def on_queue_wait(self, seconds: float) -> None:
+        self._queue_wait.observe(seconds)
+
+    def on_job_start(self) -> None:
+        pass  # running jobs are visible as busy slots (tts_slots)
+
+    def on_job_end(self, outcome: str, seconds: float) -> None:
+        child = self._jobs.get(outcome)
+        if child is not None:
+            child.inc()
+
+    def on_queue_depth(self, depth: int) -> None:
+        self._queue_depth.set(depth)
+
+
+class Metrics:
+    """All metrics of one app instance, on ``self.registry`` (never the global default registry)."""
+
+    def __init__(self, stats: Callable[[], dict | None] = lambda: None,
+                 routes: Iterable[str] = SYNTHESIS_ROUTES, process: bool = True) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.requests = Counter("tts_requests_total", "Synthesis requests by route template and outcome",
+                                ["endpoint", "outcome"], registry=r)
+        self.rejected = Counter("tts_rejected_total", "Requests refused by admission control (503)",
+                                ["reason"], registry=r)
+        self.queue_depth = Gauge("tts_queue_depth", "Admitted requests waiting for an engine slot", registry=r)
+        self.queue_wait = Histogram("tts_queue_wait_seconds", "Time from admission to an engine slot",
+                                    buckets=WAIT_BUCKETS, registry=r)
+        self.ttfa = Histogram("tts_time_to_first_audio_seconds",
+                              "Time from the engine job's start to its first audio chunk",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.duration = Histogram("tts_request_duration_seconds",
+                                  "Synthesis request duration, from the first request byte to the last response byte",
+                                  buckets=LATENCY_BUCKETS, registry=r)
+        self.rtf = Histogram("tts_real_time_factor",
+                             "Synthesis seconds (duration minus queue wait) per second of audio, successful requests",
+                             buckets=RTF_BUCKETS, registry=r)
+        self.audio_seconds = Counter("tts_audio_seconds", "Seconds of audio sent to clients", registry=r)
+        self.engine_errors = Counter("tts_engine_errors", "Engine failures (before or after the first audio byte)",
+                                     registry=r)
+        self.engine_jobs = Counter("tts_engine_jobs", "Engine jobs by how their slot thread ended",
+                                   ["outcome"], registry=r)
+        self._routes = {
+            route: {o: self.requests.labels(endpoint=route, outcome=o) for o in OUTCOMES} for route in routes
+        }
+        for reason in REJECT_REASONS:
+            self.rejected.labels(reason=reason)
+        for outcome in JOB_OUTCOMES:
+            self.engine_jobs.labels(outcome=outcome)
+        r.register(_ScrapeCollector(stats))
+        if process:
+            ProcessCollector(registry=r)  # process_resident_memory_bytes, cpu seconds, fds (Linux /proc)
+        self._observer = _Observer(self)
+
+    # -- sources --------------------------------------------------------------------------------
+    def pool_observer(self) -> _Observer:
+        return self._observer
+
+    def on_done(self, scope: dict, state: dict) -> None:
+        """The middleware's per-request callback; never raises (a metrics bug must not fail requests)."""
+        try:
+            self._record(scope, state)
+        except Exception:
+            log.exception("recording request metrics failed")
+
+    def _record(self, scope: dict, state: dict) -> None:
+        if state.get("error_code") in ENGINE_ERROR_CODES or (
+            state.get("stream_error") and state["stream_error"] not in STREAM_TIMEOUT_ERRORS
+        ):
+            self.engine_errors.inc()
+        route = scope.get("route")
+        by_outcome = self._routes.get(getattr(route, "path", None)) if route is not None else None
+        if by_outcome is None:
+            return  # not a synthesis route: probes, /metrics, listings, 404s
+        outcome = outcome_of(state)
+        by_outcome[outcome].inc()
+        latency = state.get("latency_s")
+        if latency is None:
+            return
+        self.duration.observe(latency)
+        ttfa = state.get("ttfa_s")
+        if ttfa is not None:
+            self.ttfa.observe(ttfa)
+        audio_s = state.get("audio_s") or 0.0
+        if audio_s > 0:
+            self.audio_seconds.inc(audio_s)
+            if outcome == "ok":
+                self.rtf.observe(max(0.0, latency - (state.get("queue_wait_s") or 0.0)) / audio_s)
+
+    # -- exposition -----------------------------------------------------------------------------
+    def render(self) -> bytes:
+        """The registry in Prometheus text format."""
+        return generate_latest(self.registry)

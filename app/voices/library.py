@@ -1,0 +1,289 @@
+"""VoiceLibrary: registered voices, computed once through the engine and shared by every slot.
+
+The index (name -> meta + engine-ready features per voice family) lives in memory
+behind a lock; the files live in a :class:`~app.voices.store.VoiceStore`. Engine
+work (computing, exporting, importing features) runs on a pool slot through
+``pool.call``, under the same admission as synthesis, so an overloaded server
+refuses a registration exactly as it refuses a synthesis. An imported voice is a
+read-only object that every slot uses as is: a new voice works at once, on every
+slot, with no restart.
+
+A name is reserved under the lock before its features are computed, so two
+registrations of one name cannot both succeed, however they race.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from app.engines.base import EngineFailure, InvalidInput, PromptAudio, VoiceCapable
+from app.voices.store import (
+    META_KEYS,
+    CorruptVoice,
+    StoredVoice,
+    VoiceStore,
+    decode_wav,
+    encode_wav,
+    valid_name,
+)
+
+log = logging.getLogger("cosyserve.voices")
+
+IMPORT_BATCH = 32  # stored voices imported per pool.call at startup
+
+
+class VoiceError(Exception):
+    """Base class of the library's domain errors (mapped to HTTP in app/api/errors.py)."""
+
+
+class VoiceNotFound(VoiceError):
+    pass
+
+
+class VoiceExists(VoiceError):
+    pass
+
+
+class VoiceLimitReached(VoiceError):
+    pass
+
+
+class VoiceComputeFailed(VoiceError):
+    """The engine could not compute a voice's features (a server-side fault, details logged)."""
+
+
+@dataclass
+class _Entry:
+    meta: dict
+    features: dict[str, Any] = field(default_factory=dict)  # voice family -> imported voice
+
+
+def public_meta(meta: dict) -> dict:
+    return {k: meta[k] for k in META_KEYS}
+
+
+def _capable(engine: Any) -> VoiceCapable:
+    if not isinstance(engine, VoiceCapable):
+        raise InvalidInput("the loaded model does not support registered voices")
+    return engine
+
+
+def _compute(engine: Any, transcript: str, audio: PromptAudio) -> tuple[Any, bytes]:
+    """In a slot thread: the voice's features, and their exported bytes."""
+    eng = _capable(engine)
+    try:
+        voice = eng.compute_voice(transcript, audio)
+        return voice, eng.export_voice(voice)
+    except InvalidInput:
+        raise
+    except Exception as exc:
+        log.error("computing voice features failed", exc_info=exc)
+        raise VoiceComputeFailed("the engine could not compute features for this voice") from exc
+
+
+def _import_all(engine: Any, family: str, blobs: list[bytes]) -> list[Any]:
+    """In a slot thread: import each blob; a failure is returned in its place, not raised."""
+    eng = _capable(engine)
+    out: list[Any] = []
+    for blob in blobs:
+        try:
+            voice = eng.import_voice(blob)
+            got = getattr(voice, "family", family)
+            out.append(voice if got == family else CorruptVoice(f"features are for {got!r}, not {family!r}"))
+        except Exception as exc:  # noqa: BLE001 - a bad blob skips one voice, never the server
+            out.append(CorruptVoice(f"features do not import: {type(exc).__name__}: {exc}"))
+    return out
+
+
+class VoiceLibrary:
+    def __init__(self, root: str | os.PathLike, max_voices: int = 1000) -> None:
+        self.store = VoiceStore(root)
+        self.max_voices = max_voices
+        self._lock = threading.Lock()
+        self._voices: dict[str, _Entry] = {}
+        self._pending: set[str] = set()  # names being registered or deleted
+        self._broken: dict[str, str] = {}  # directories skipped at startup -> why
+
+    # -- queries (any thread; the event loop never blocks on more than this lock) -----------------
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._voices)
+
+    def list(self) -> list[dict]:
+        with self._lock:
+            return [public_meta(self._voices[n].meta) for n in sorted(self._voices)]
+
+    def get(self, name: str) -> dict | None:
+        with self._lock:
+            entry = self._voices.get(name)
+            return public_meta(entry.meta) if entry is not None else None
+
+    def features(self, name: str, voice_family: str) -> Any | None:
+        """The engine-ready features of ``name`` for ``voice_family``, or None."""
+        with self._lock:
+            entry = self._voices.get(name)
+            return entry.features.get(voice_family) if entry is not None else None
+
+    def broken(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._broken)
+
+    # -- startup ---------------------------------------------------------------------------------
+    async def start(self, pool: Any) -> None:
+        """Load every stored voice for the pool's voice family; skip (and log) the ones that fail."""
+        family = pool.engine_info().voice_family
+        stored = await asyncio.to_thread(self._scan)
+        if not family:
+            log.warning("voice library: the engine has no voice family; %d stored voice(s) not loaded", len(stored))
+            return
+        ready = [(n, sv) for n, sv in stored.items() if family in sv.features]
+        for i in range(0, len(ready), IMPORT_BATCH):
+            batch = ready[i:i + IMPORT_BATCH]
+            blobs = [sv.features[family] for _, sv in batch]
+            results = await pool.call(lambda e, b=blobs: _import_all(e, family, b))
+            for (name, sv), voice in zip(batch, results):
+                if isinstance(voice, Exception):
+                    self._skip(name, str(voice))
+                else:
+                    self._add(name, sv.meta, family, voice)
+        for name, sv in stored.items():
+            if family not in sv.features:
+                await self._recompute(pool, name, sv, family)
+        log.info("voice library %s: %d voice(s) loaded for %s, %d skipped", self.store.root,
+                 len(self._voices), family, len(self._broken))
+
+    def _scan(self) -> dict[str, StoredVoice]:
+        self.store.ensure()
+        for leftover in self.store.clean_temp():
+            log.warning("voice library: removed %s, left by an interrupted write", leftover)
+        stored: dict[str, StoredVoice] = {}
+        for name in self.store.entries():
+            try:
+                stored[name] = self.store.read(name)
+            except (CorruptVoice, OSError) as exc:
+                self._skip(name, str(exc))
+        return stored
+
+    async def _recompute(self, pool: Any, name: str, sv: StoredVoice, family: str) -> None:
+        """Features for a voice stored without ones for ``family``: compute them from its prompt.wav."""
+        try:
+            audio = await asyncio.to_thread(self.store.read_prompt, name)
+            voice, blob = await pool.call(lambda e: _compute(e, sv.meta["transcript"], audio))
+        except (CorruptVoice, VoiceError, InvalidInput, EngineFailure) as exc:
+            self._skip(name, f"it has no features for {family} and computing them from its prompt failed: {exc}")
+            return
+        log.info("voice library: computed %s features for voice %r from its stored prompt", family, name)
+        self._add(name, sv.meta, family, voice)
+        try:
+            await asyncio.to_thread(self.store.write_features, name, family, blob)
+        except OSError as exc:
+            log.warning("voice library: could not store the new features of %r (%s); they will be computed "
+                        "again at the next start", name, exc)
+
+    def _skip(self, name: str, why: str) -> None:
+        log.error("voice library: skipping voice %r in %s: %s", name, self.store.root, why)
+        with self._lock:
+            self._broken[name] = why
+
+    def _add(self, name: str, meta: dict, family: str, voice: Any) -> None:
+        with self._lock:
+            self._voices[name] = _Entry(meta=meta, features={family: voice})
+            self._broken.pop(name, None)
+
+    # -- changes ---------------------------------------------------------------------------------
+    def _reserve(self, name: str, pool: Any) -> None:
+        if not valid_name(name):
+            raise InvalidInput(f"invalid voice name {name!r}")
+        presets = set(pool.voices())
+        with self._lock:
+            if name in self._voices or name in self._pending:
+                raise VoiceExists(f"a voice named {name!r} already exists; delete it first or pick another name")
+            if name in self._broken:
+                raise VoiceExists(f"the voices dir holds a voice {name!r} that could not be loaded "
+                                  f"({self._broken[name]}); delete it first or pick another name")
+            if name in presets:
+                raise VoiceExists(f"{name!r} is a preset speaker of the loaded model; pick another name")
+            if len(self._voices) + len(self._pending) >= self.max_voices:
+                raise VoiceLimitReached(f"the voice library is full ({self.max_voices} voices); "
+                                        "delete a voice before registering another")
+            self._pending.add(name)
+
+    def _release(self, name: str) -> None:
+        with self._lock:
+            self._pending.discard(name)
+
+    async def register(self, pool: Any, name: str, transcript: str, description: str | None,
+                       audio: PromptAudio, original: bytes, ext: str) -> dict:
+        """Compute the voice's features once on a pool slot, store it, and make it usable everywhere."""
+        self._reserve(name, pool)
+        try:
+            family = pool.engine_info().voice_family
+            if not family:
+                raise InvalidInput("the loaded model does not support registered voices")
+            prompt_wav = encode_wav(audio)
+            audio = decode_wav(prompt_wav)  # compute from exactly what is stored, as a restart would
+            voice, blob = await pool.call(lambda e: _compute(e, transcript, audio))
+        except BaseException:
+            self._release(name)
+            raise
+        meta = {
+            "name": name, "transcript": transcript, "description": description or "",
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "audio_sha256": hashlib.sha256(original).hexdigest(), "sample_rate": audio.sample_rate,
+            "duration_s": round(audio.duration_s, 3), "original_file": f"original.{ext}",
+        }
+        # Shielded: once the features exist, a client that leaves does not undo (or half-do) the commit.
+        return await asyncio.shield(self._commit(meta, original, ext, prompt_wav, family, voice, blob))
+
+    async def _commit(self, meta: dict, original: bytes, ext: str, prompt_wav: bytes, family: str,
+                      voice: Any, blob: bytes) -> dict:
+        name = meta["name"]
+        try:
+            await asyncio.to_thread(self.store.create, meta, original, ext, prompt_wav, {family: blob})
+            self._add(name, meta, family, voice)
+        except FileExistsError:
+            raise VoiceExists(f"the voices dir already holds a directory named {name!r}; pick another name") from None
+        finally:
+            self._release(name)
+        log.info("voice library: registered voice %r (%.1f s prompt)", name, meta["duration_s"])
+        return public_meta(meta)
+
+    async def delete(self, name: str) -> None:
+        with self._lock:
+            if name in self._pending:
+                raise VoiceExists(f"voice {name!r} is being registered or deleted right now; try again")
+            entry = self._voices.pop(name, None)
+            broken = self._broken.pop(name, None)
+            if entry is None and broken is None:
+                raise VoiceNotFound(f"no voice named {name!r}")
+            self._pending.add(name)
+        # Shielded: a client that leaves mid-delete cannot leave the index and the disk disagreeing.
+        await asyncio.shield(self._remove(name, entry, broken))
+
+    async def _remove(self, name: str, entry: _Entry | None, broken: str | None) -> None:
+        try:
+            await asyncio.to_thread(self._delete_files, name)
+        except BaseException:
+            with self._lock:
+                if entry is not None:
+                    self._voices[name] = entry
+                if broken is not None:
+                    self._broken[name] = broken
+            raise
+        finally:
+            self._release(name)
+        log.info("voice library: deleted voice %r", name)
+
+    def _delete_files(self, name: str) -> None:
+        try:
+            self.store.delete(name)
+        except FileNotFoundError:
+            log.warning("voice library: voice %r was already gone from %s", name, self.store.root)
+
