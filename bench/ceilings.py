@@ -1,0 +1,193 @@
+"""System (a): the ceilings. The same engine called in-process, no HTTP, no pool.
+
+Run as its own process (``python -m bench.ceilings ...``) so the benchmark
+driver never holds a model, and one system runs at a time. Two modes:
+
+* ``threads``: ``workers`` CosyVoiceEngine instances, one per thread, 1 torch
+  thread each: cosyserve's slot setup without the server. Measures engine load
+  time, concurrency-1 latency, the closed-loop throughput of ``workers``
+  threads, and the engine's own time to first chunk over a series of streams.
+* ``processes``: one process per core, one engine and 1 torch thread each, all
+  started together after loading (the multi-process ceiling).
+
+Prints one JSON object on the last line of stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import threading
+import time
+from typing import Any
+
+from bench.load import Result, percentile, summarize
+
+SPEAKER_ENV = "COSYSERVE_BENCH_SPEAKER"
+
+
+def _engine(model_dir: str) -> Any:
+    from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
+
+    return CosyVoiceEngine(CosyVoiceConfig(model_dir=model_dir, torch_threads=1))
+
+
+def _request(engine: Any, text: str, stream: bool) -> Any:
+    from app.engines.base import SynthesisRequest
+
+    return SynthesisRequest(text=text, mode="sft", speaker=engine.voices()[0], stream=stream)
+
+
+def one(engine: Any, req: Any) -> tuple[float, float | None, float]:
+    """Run one synthesis to the end: (latency, time to first chunk, audio seconds)."""
+    cancel = threading.Event()
+    t0 = time.monotonic()
+    first = None
+    audio = 0.0
+    for chunk in engine.synthesize(req, cancel):
+        if first is None:
+            first = time.monotonic() - t0
+        audio += chunk.duration_s
+    return time.monotonic() - t0, first, audio
+
+
+def loop(engine: Any, req: Any, t_measure: float, t_end: float, out: list[Result]) -> None:
+    """Closed loop until ``t_end``; keep the runs that ended after ``t_measure``."""
+    while time.monotonic() < t_end:
+        t0 = time.monotonic()
+        try:
+            lat, first, _ = one(engine, req)
+            kind = "ok"
+        except Exception:  # noqa: BLE001 - counted, not raised: a ceiling reports its errors like the others
+            lat, first, kind = time.monotonic() - t0, None, "error"
+        if t0 + lat >= t_measure:
+            out.append(Result(t0, 200, lat, first, 1, kind))
+
+
+def closed_threads(engines: list[Any], text: str, warmup_s: float, duration_s: float) -> dict:
+    results: list[Result] = []
+    t_measure = time.monotonic() + warmup_s
+    t_end = t_measure + duration_s
+    threads = [threading.Thread(target=loop, args=(e, _request(e, text, False), t_measure, t_end, results))
+               for e in engines]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return summarize(results, time.monotonic() - t_measure, window=(t_measure, t_end)).to_dict()
+
+
+def run_threads(args: argparse.Namespace) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    loads = []
+    engines = []
+    for _ in range(max(2, args.workers)):  # at least two: the first load also pays the imports
+        t0 = time.monotonic()
+        e = _engine(args.model_dir)
+        e.load()
+        loads.append(time.monotonic() - t0)
+        engines.append(e)
+    for e in engines[args.workers:]:
+        e.close()
+    engines = engines[: args.workers]
+    for e in engines:
+        e.warmup()
+    speaker = engines[0].voices()[0]
+    c1 = closed_threads(engines[:1], args.text, args.warmup, args.duration)
+    cw = closed_threads(engines, args.text, args.warmup, args.duration)
+    stream_req = _request(engines[0], args.text, True)
+    firsts: list[float] = []
+    stream_lat: list[float] = []
+    for _ in range(args.streams):
+        lat, first, _ = one(engines[0], stream_req)
+        stream_lat.append(lat)
+        if first is not None:
+            firsts.append(first)
+    for e in engines:
+        e.close()
+    return {
+        "mode": "threads", "workers": args.workers, "speaker": speaker,
+        "load_s_first": loads[0], "load_s": statistics.median(loads[1:]),
+        "c1": c1, "cw": cw,
+        "first_chunk_s": firsts, "first_chunk_p50_s": percentile(firsts, 50),
+        "stream_latency_p50_s": percentile(stream_lat, 50),
+    }
+
+
+def _proc_main(model_dir: str, text: str, ready: Any, go: Any, conn: Any, warmup_s: float, duration_s: float) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    e = _engine(model_dir)
+    e.load()
+    e.warmup()
+    ready.release()
+    go.wait()
+    results: list[Result] = []
+    t_measure = time.monotonic() + warmup_s  # CLOCK_MONOTONIC: comparable across processes on Linux
+    loop(e, _request(e, text, False), t_measure, t_measure + duration_s, results)
+    conn.send(([(r.start, r.latency_s, r.kind) for r in results], t_measure))
+    conn.close()
+    e.close()
+
+
+def run_processes(args: argparse.Namespace) -> dict:
+    n = args.processes or os.cpu_count() or 1
+    ctx = mp.get_context("spawn")
+    ready, go = ctx.Semaphore(0), ctx.Event()
+    pipes, procs = [], []
+    try:
+        for _ in range(n):
+            parent, child = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_proc_main, args=(args.model_dir, args.text, ready, go, child, args.warmup,
+                                                     args.duration), daemon=True)
+            p.start()
+            child.close()
+            pipes.append(parent)
+            procs.append(p)
+        for _ in range(n):
+            if not ready.acquire(timeout=600):
+                raise RuntimeError("a ceiling process did not load its engine in time")
+        go.set()
+        results: list[Result] = []
+        starts = []
+        for conn in pipes:
+            rows, t_measure = conn.recv()
+            starts.append(t_measure)
+            results.extend(Result(s, 200, lat, None, 1, kind) for s, lat, kind in rows)
+        window = (max(starts), min(starts) + args.duration)  # when every process was measuring
+        summary = summarize(results, args.duration, window=window).to_dict()
+        return {"mode": "processes", "processes": n, "closed": summary}
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=("threads", "processes"))
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--text", required=True)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--processes", type=int, default=0, help="default: one per core")
+    ap.add_argument("--warmup", type=float, default=2.0)
+    ap.add_argument("--duration", type=float, default=15.0)
+    ap.add_argument("--streams", type=int, default=100)
+    args = ap.parse_args(argv)
+    out = run_threads(args) if args.mode == "threads" else run_processes(args)
+    sys.stdout.flush()
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

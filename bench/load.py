@@ -1,0 +1,252 @@
+"""Async HTTP load generator (httpx): closed-loop clients and open-loop (Poisson) arrivals.
+
+Every request is timed from send to: first body byte (time to first audio) and
+last body byte (latency). A 503 is a rejection (its latency is the reject
+latency), a client timeout is a timeout, anything else non-2xx or a broken body
+is an error. Summaries give throughput of successful requests, percentiles, and
+the counts the goals need.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request shape: JSON body or form fields (``data``)."""
+
+    method: str
+    path: str
+    json: dict | None = None
+    data: dict | None = None
+
+
+@dataclass
+class Result:
+    start: float  # monotonic, seconds
+    status: int  # 0: no response (timeout / connection error)
+    latency_s: float
+    ttfa_s: float | None
+    nbytes: int
+    kind: str  # ok | rejected | timeout | error
+
+
+@dataclass
+class Summary:
+    requests: int = 0
+    ok: int = 0
+    rejected: int = 0
+    timeouts: int = 0
+    errors: int = 0
+    elapsed_s: float = 0.0
+    throughput_rps: float = 0.0  # successful requests per second
+    offered_rps: float | None = None  # open loop only
+    latency_p50_s: float | None = None
+    latency_p95_s: float | None = None
+    latency_p99_s: float | None = None
+    ttfa_p50_s: float | None = None
+    ttfa_p95_s: float | None = None
+    ttfa_p99_s: float | None = None
+    reject_p50_s: float | None = None
+    reject_p99_s: float | None = None
+    error_samples: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no values."""
+    if not values:
+        return None
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, math.ceil(q / 100.0 * len(s)) - 1))
+    return s[k]
+
+
+def summarize(results: list[Result], elapsed_s: float, errors: list[str] | None = None,
+              window: tuple[float, float] | None = None) -> Summary:
+    """Counts and percentiles over ``results``; throughput over ``window`` when given.
+
+    With a window (closed loop), throughput is the work done inside it, in requests:
+    each successful request counts with the share of its lifetime that falls in the
+    window, divided by the window's length. That has no ramp-up or tail bias in
+    steady state and stays right when a request takes longer than the window.
+    Percentiles and error counts cover every request that overlapped the window.
+    """
+    ok = [r for r in results if r.kind == "ok"]
+    rej = [r.latency_s for r in results if r.kind == "rejected"]
+    lat = [r.latency_s for r in ok]
+    ttfa = [r.ttfa_s for r in ok if r.ttfa_s is not None]
+    if window is not None:
+        throughput = work_in_window(ok, *window)
+    else:
+        throughput = len(ok) / elapsed_s if elapsed_s > 0 else 0.0
+    return Summary(
+        requests=len(results), ok=len(ok), rejected=len(rej),
+        timeouts=sum(r.kind == "timeout" for r in results), errors=sum(r.kind == "error" for r in results),
+        elapsed_s=elapsed_s, throughput_rps=throughput,
+        latency_p50_s=percentile(lat, 50), latency_p95_s=percentile(lat, 95), latency_p99_s=percentile(lat, 99),
+        ttfa_p50_s=percentile(ttfa, 50), ttfa_p95_s=percentile(ttfa, 95), ttfa_p99_s=percentile(ttfa, 99),
+        reject_p50_s=percentile(rej, 50), reject_p99_s=percentile(rej, 99),
+        error_samples=(errors or [])[:5],
+    )
+
+
+def work_in_window(ok: list[Result], lo: float, hi: float) -> float:
+    """Requests per second completed inside [lo, hi], counting each by its overlap share."""
+    if hi <= lo:
+        return 0.0
+    work = 0.0
+    for r in ok:
+        end = r.start + r.latency_s
+        if r.latency_s <= 0:
+            work += 1.0 if lo <= end <= hi else 0.0
+        else:
+            work += max(0.0, min(end, hi) - max(r.start, lo)) / r.latency_s
+    return work / (hi - lo)
+
+
+class LoadClient:
+    """One httpx.AsyncClient for a run; ``send`` never raises (outcomes become Results)."""
+
+    def __init__(self, base_url: str, timeout_s: float = 120.0, max_connections: int = 1024) -> None:
+        self.client = httpx.AsyncClient(
+            base_url=base_url, timeout=httpx.Timeout(timeout_s, connect=10.0),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
+        self.timeout_s = timeout_s
+        self.errors: list[str] = []
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    async def send(self, spec: RequestSpec) -> Result:
+        t0 = time.monotonic()
+        ttfa: float | None = None
+        nbytes = 0
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                async with self.client.stream(spec.method, spec.path, json=spec.json, data=spec.data) as r:
+                    async for part in r.aiter_raw():
+                        if part and ttfa is None:
+                            ttfa = time.monotonic() - t0
+                        nbytes += len(part)
+                    status = r.status_code
+        except (TimeoutError, httpx.TimeoutException):
+            return Result(t0, 0, time.monotonic() - t0, ttfa, nbytes, "timeout")
+        except httpx.HTTPError as exc:
+            self._note(f"{type(exc).__name__}: {exc}")
+            return Result(t0, 0, time.monotonic() - t0, ttfa, nbytes, "error")
+        latency = time.monotonic() - t0
+        if status == 503:
+            kind = "rejected"
+        elif 200 <= status < 300 and nbytes > 0:
+            kind = "ok"
+        else:
+            kind = "error"
+            self._note(f"HTTP {status} ({nbytes} bytes)")
+        return Result(t0, status, latency, ttfa if kind == "ok" else None, nbytes, kind)
+
+    def _note(self, text: str) -> None:
+        if len(self.errors) < 20:
+            self.errors.append(text)
+
+
+async def closed_loop(base_url: str, spec: RequestSpec, concurrency: int, duration_s: float, *,
+                      warmup_s: float = 0.0, timeout_s: float = 120.0, reject_backoff_s: float = 0.1) -> Summary:
+    """``concurrency`` clients, each sending its next request when the last one ended.
+
+    The clients run ``warmup_s`` + ``duration_s``; throughput counts the successful
+    requests that ended in the last ``duration_s`` (see ``summarize``). Requests
+    still in flight at the end are awaited (up to the client timeout) so their
+    errors and timeouts count. A client that gets a 503 waits ``reject_backoff_s``
+    before trying again.
+    """
+    lc = LoadClient(base_url, timeout_s, max_connections=max(8, concurrency * 2))
+    results: list[Result] = []
+    try:
+        t_measure = time.monotonic() + warmup_s
+        t_end = t_measure + duration_s
+
+        async def client() -> None:
+            while time.monotonic() < t_end:
+                r = await lc.send(spec)
+                if r.start + r.latency_s >= t_measure:
+                    results.append(r)
+                if r.kind == "rejected" and reject_backoff_s > 0:
+                    await asyncio.sleep(reject_backoff_s)
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        elapsed = time.monotonic() - t_measure
+        return summarize(results, elapsed, lc.errors, window=(t_measure, t_end))
+    finally:
+        await lc.aclose()
+
+
+async def open_loop(base_url: str, spec: RequestSpec, rate_rps: float, duration_s: float, *,
+                    timeout_s: float = 120.0, seed: int = 1) -> Summary:
+    """Poisson arrivals at ``rate_rps`` for ``duration_s``, whatever the server does; then wait for all."""
+    lc = LoadClient(base_url, timeout_s)
+    rng = random.Random(seed)
+    tasks: list[asyncio.Task[Result]] = []
+    try:
+        t0 = time.monotonic()
+        next_at = t0
+        while True:
+            next_at += rng.expovariate(rate_rps)
+            if next_at - t0 >= duration_s:
+                break
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(lc.send(spec)))
+        results = list(await asyncio.gather(*tasks))
+        ends = [r.start + r.latency_s for r in results]
+        elapsed = max(ends) - t0 if ends else duration_s
+        s = summarize(results, max(elapsed, duration_s), lc.errors)
+        s.offered_rps = len(results) / duration_s
+        return s
+    finally:
+        for t in tasks:
+            t.cancel()
+        await lc.aclose()
+
+
+async def sequential(base_url: str, spec: RequestSpec, count: int, timeout_s: float = 120.0) -> list[Result]:
+    """``count`` requests one after another (time-to-first-audio drift, RSS over many requests)."""
+    lc = LoadClient(base_url, timeout_s, max_connections=4)
+    try:
+        return [await lc.send(spec) for _ in range(count)]
+    finally:
+        await lc.aclose()
+
+
+async def fixed_count(base_url: str, spec: RequestSpec, count: int, concurrency: int,
+                      timeout_s: float = 120.0, on_progress: Any = None) -> list[Result]:
+    """Exactly ``count`` requests from ``concurrency`` closed-loop clients."""
+    lc = LoadClient(base_url, timeout_s, max_connections=max(8, concurrency * 2))
+    results: list[Result] = []
+    left = count
+
+    async def client() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            results.append(await lc.send(spec))
+            if on_progress is not None:
+                on_progress(len(results))
+
+    try:
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        return results
+    finally:
+        await lc.aclose()

@@ -1,0 +1,159 @@
+"""``make loadtest``: a local cosyserve on the tiny model, driven by locust headless.
+
+    python -m bench.loadtest [--users 8] [--run-time 60s] [--workers 2] [--max-queue 8]
+
+Builds (once) the tiny random-weight CosyVoice2 model, starts ``cosyserve serve``
+on a free loopback port, waits until it is ready, runs
+``locust -f locustfiles/locustfile.py --headless`` against it (bounded by a
+timeout), always stops the server with SIGTERM, and prints a summary from the
+CSV files. Reports: ``reports/loadtest_*.csv`` and ``reports/loadtest.html``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from bench.model import ensure_model
+from bench.procs import ROOT, ServerProc, free_port, python_module
+
+
+def parse_duration(text: str) -> float:
+    """Locust's run-time syntax, e.g. 60s, 2m, 1h30m, 90."""
+    total, num = 0.0, ""
+    for ch in text.strip():
+        if ch.isdigit() or ch == ".":
+            num += ch
+        else:
+            total += float(num or 0) * {"s": 1, "m": 60, "h": 3600}[ch]
+            num = ""
+    return total + float(num or 0)
+
+
+def locust_argv(locustfile: Path, host: str, users: int, spawn_rate: float, run_time: str, csv_prefix: Path,
+                html: Path | None = None, json_file: Path | None = None) -> list[str]:
+    argv = [sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "-u", str(users),
+            "-r", str(spawn_rate), "--run-time", run_time, "--host", host, "--csv", str(csv_prefix),
+            "--only-summary", "--stop-timeout", "30", "--exit-code-on-error", "0"]
+    if html is not None:
+        argv += ["--html", str(html)]
+    if json_file is not None:
+        argv += ["--json-file", str(json_file)]  # locust appends ".json"
+    return argv
+
+
+def _percentile(hist: dict[str, int], q: float) -> float:
+    """Percentile from locust's {rounded ms: count} histogram."""
+    total = sum(hist.values())
+    if not total:
+        return 0.0
+    seen = 0
+    for ms, n in sorted(((float(k), v) for k, v in hist.items())):
+        seen += n
+        if seen >= q / 100.0 * total:
+            return ms
+    return max(float(k) for k in hist)
+
+
+def read_final_stats(json_path: Path) -> list[dict]:
+    """Rows from locust's final JSON (written after the last user stopped; the CSV may lag by a second or two)."""
+    entries = json.loads(json_path.read_text())
+    starts = [e["start_time"] for e in entries if e.get("start_time")]
+    ends = [e["last_request_timestamp"] for e in entries if e.get("last_request_timestamp")]
+    span = max(1e-9, max(ends) - min(starts)) if starts and ends else 1e-9
+    rows = []
+    for e in entries:
+        rows.append({"type": e["method"], "name": e["name"], "requests": e["num_requests"],
+                     "failures": e["num_failures"], "p50": _percentile(e["response_times"], 50),
+                     "p95": _percentile(e["response_times"], 95), "p99": _percentile(e["response_times"], 99),
+                     "rps": e["num_requests"] / span})
+    return sorted(rows, key=lambda r: (r["type"] == "TTFA", r["name"]))
+
+
+def summary_table(rows: list[dict]) -> str:
+    head = f"{'type':6} {'name':42} {'reqs':>6} {'fails':>5} {'p50':>7} {'p95':>7} {'p99':>7} {'req/s':>7}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['type'][:6]:6} {r['name'][:42]:42} {r['requests']:>6} {r['failures']:>5} "
+                     f"{r['p50']:>7.0f} {r['p95']:>7.0f} {r['p99']:>7.0f} {r['rps']:7.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--users", "-u", type=int, default=int(os.environ.get("LOADTEST_USERS", "8")))
+    ap.add_argument("--spawn-rate", "-r", type=float, default=None, help="default: all users at once")
+    ap.add_argument("--run-time", default=os.environ.get("LOADTEST_RUN_TIME", "60s"))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--max-queue", type=int, default=8)
+    ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model, built once into the cache")
+    ap.add_argument("--fake", action="store_true", help="serve the fake engine (a tone) instead of a model")
+    ap.add_argument("--reports", default="reports")
+    args = ap.parse_args(argv)
+
+    reports = (ROOT / args.reports).resolve()
+    reports.mkdir(parents=True, exist_ok=True)
+    engine: dict = {"kind": "fake"} if args.fake else {"model_dir": args.model_dir or ensure_model(2), "torch_threads": 1}
+    config = {
+        "server": {"log_level": "warning", "drain_timeout_s": 10},
+        "engine": engine,
+        "pool": {"workers": args.workers, "max_queue": args.max_queue, "request_timeout_s": 120},
+        "voices": {"dir": str(reports / "loadtest-voices")},
+    }
+    config_path = reports / "loadtest-config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    server = ServerProc("loadtest-server", python_module("app.cli", "serve", "--config", str(config_path),
+                                                         "--host", "127.0.0.1", "--port", str(port)),
+                        port, "/health/ready", reports)
+    csv_prefix = reports / "loadtest"
+    spawn = args.spawn_rate or args.users
+    print(f"loadtest: starting cosyserve ({'fake engine' if args.fake else engine['model_dir']}) on {server.base_url}",
+          flush=True)
+    with server:
+        cmd = locust_argv(ROOT / "locustfiles" / "locustfile.py", server.base_url, args.users, spawn, args.run_time,
+                          csv_prefix, reports / "loadtest.html", reports / "loadtest")
+        print(f"loadtest: {args.users} users for {args.run_time}: {' '.join(cmd[1:])}", flush=True)
+        t0 = time.monotonic()
+        try:
+            rc = subprocess.run(cmd, check=False, cwd=ROOT, timeout=parse_duration(args.run_time) + 120).returncode
+        except subprocess.TimeoutExpired:
+            print("loadtest: locust did not finish in time; stopped", file=sys.stderr)
+            rc = 124
+        elapsed = time.monotonic() - t0
+        metrics = _metrics_excerpt(server.base_url)
+    print(f"loadtest: server stopped with exit code {server.proc.returncode if server.proc else '?'}")
+    rows = read_final_stats(reports / "loadtest.json")
+    print(f"\nlocust ran {elapsed:.0f} s (exit {rc}); response times in ms (requests: to the last byte)\n")
+    print(summary_table(rows))
+    requests = sum(r["requests"] for r in rows if r["type"] != "TTFA")
+    failures = sum(r["failures"] for r in rows)
+    rejected = sum(r["requests"] for r in rows if r["name"].startswith("rejected "))
+    print(f"\nrequests {requests}, failures {failures}, 503 rejections {rejected}")
+    if metrics:
+        print("\nserver /metrics at the end:\n" + metrics)
+    print(f"\nreports: {csv_prefix}_stats.csv, {reports / 'loadtest.html'}, {reports / 'loadtest.json'}")
+    return 0 if rc == 0 else rc
+
+
+def _metrics_excerpt(base_url: str) -> str:
+    import httpx
+
+    try:
+        text = httpx.get(base_url + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return ""
+    keep = ("tts_requests_total", "tts_rejected_total", "tts_engine_errors_total", "tts_process_peak_rss_bytes")
+    return "\n".join(line for line in text.splitlines()
+                     if line.startswith(keep) and not line.rstrip().endswith(" 0.0"))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

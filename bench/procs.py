@@ -1,0 +1,182 @@
+"""Server subprocesses for benchmarks: start, wait until ready, sample RSS, always stop.
+
+Only loopback addresses are used. ``ServerProc`` is a context manager: leaving the
+``with`` block (normally or by an exception) sends SIGTERM, waits, and kills the
+whole process group if the server does not exit in time, so no server outlives a
+benchmark.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Self
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"
+
+# One intra-op thread per engine everywhere; the benchmark compares serving designs, not BLAS settings.
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+              "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def tree_rss(proc: psutil.Process) -> int:
+    """Resident bytes of a process and all its descendants (0 once it is gone)."""
+    total = 0
+    try:
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+class RssSampler:
+    """Samples a process tree's RSS every ``interval_s`` in a daemon thread.
+
+    Past ``limit_bytes`` it kills the tree's process group once (a guard for the
+    machine: the load-per-request baseline can grow by gigabytes) and sets ``limit_hit``.
+    """
+
+    def __init__(self, pid: int, interval_s: float = 0.25, limit_bytes: int = 0) -> None:
+        self._proc = psutil.Process(pid)
+        self._pid = pid
+        self._limit = limit_bytes
+        self.limit_hit = False
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self.samples: list[tuple[float, int]] = []
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def start(self) -> Self:
+        self._thread.start()
+        return self
+
+    def now(self) -> int:
+        return tree_rss(self._proc)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            rss = tree_rss(self._proc)
+            if rss:
+                self.samples.append((time.monotonic() - self._t0, rss))
+            if self._limit and rss > self._limit and not self.limit_hit:
+                self.limit_hit = True
+                try:
+                    os.killpg(self._pid, signal.SIGKILL)  # our own child's group (start_new_session)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            self._stop.wait(self._interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def peak(self, since_s: float = 0.0) -> int:
+        return max((r for t, r in self.samples if t >= since_s), default=0)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self._t0
+
+
+class ServerProc:
+    """A server subprocess (own process group) on a free loopback port."""
+
+    def __init__(self, name: str, argv: list[str], port: int, ready_path: str, log_dir: Path,
+                 env: dict[str, str] | None = None, rss_limit_bytes: int = 0) -> None:
+        self.name = name
+        self.rss_limit_bytes = rss_limit_bytes
+        self.argv = argv
+        self.port = port
+        self.ready_path = ready_path
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{name}-{port}.log"
+        self.env = {**os.environ, **THREAD_ENV, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+        self.rss: RssSampler | None = None
+        self._log = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def start(self, timeout_s: float = 300.0) -> Self:
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - open as long as the server runs; closed in stop()
+        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(self.base_url + self.ready_path, timeout=2).status_code == 200:
+                    self.rss = RssSampler(self.proc.pid, limit_bytes=self.rss_limit_bytes).start()
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise RuntimeError(f"{self.name} not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def stop(self, timeout_s: float = 60.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL the process group; idempotent."""
+        if self.rss is not None:
+            self.rss.stop()
+        if self.proc is None:
+            return None
+        code = self.proc.poll()
+        if code is None:
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+                code = self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                code = None
+        try:  # anything left in its group (a baseline's helpers, a hung server) goes too
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if code is None:
+            code = self.proc.wait(10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return code
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def __enter__(self) -> Self:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]

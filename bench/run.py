@@ -1,0 +1,258 @@
+"""The side-by-side benchmark: ``make bench`` (full, ~25 min) or ``python -m bench.run --quick``.
+
+One run, one machine, the same tiny CosyVoice2 model, ONE system at a time:
+
+  (a) ceilings: the engine in-process (threads like cosyserve's slots; one process per core)
+  (b) cosyserve: the real server as a subprocess
+  (c) load per request: the seed's "before" (bench/baselines/load_per_request.py)
+  (d) upstream pattern: one shared model behind streaming endpoints (bench/baselines/upstream_pattern.py)
+
+Each HTTP system gets closed-loop points at concurrency 1, 2, 4, 8, 16 and an
+open-loop overload at 3x its own measured capacity; cosyserve also gets a
+time-to-first-audio series and a memory run. Results go to ``--out``
+(results.json, results.md, *.png); goals are printed as ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench import load
+from bench.model import ensure_model
+from bench.procs import ROOT, THREAD_ENV, ServerProc
+from bench.report import evaluate_goals, print_goals, write_outputs
+from bench.systems import System, systems
+
+TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
+SHORT_TEXT = "Hello there."
+
+
+def env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke run: a few seconds per point (numbers meaningless)")
+    ap.add_argument("--out", help="output dir (default docs/benchmarks, or reports/bench-quick with --quick)")
+    ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model, built once into the cache")
+    ap.add_argument("--systems", default="ceilings,cosyserve,upstream,per_request",
+                    help="comma list of: ceilings, cosyserve, upstream, per_request")
+    ap.add_argument("--concurrency", default=os.environ.get("BENCH_CONCURRENCY", "1,2,4,8,16"))
+    ap.add_argument("--point-s", type=float, help="measured seconds per closed-loop point (env BENCH_POINT_S)")
+    ap.add_argument("--warmup-s", type=float, help="unmeasured seconds before each point (env BENCH_WARMUP_S)")
+    ap.add_argument("--overload-s", type=float, help="seconds of open-loop arrivals (env BENCH_OVERLOAD_S)")
+    ap.add_argument("--overload-factor", type=float, default=env_float("BENCH_OVERLOAD_FACTOR", 3.0))
+    ap.add_argument("--streams", type=int, help="sequential streams for the TTFA series (env BENCH_STREAMS)")
+    ap.add_argument("--rss-requests", type=int, help="requests in the memory run (env BENCH_RSS_REQUESTS)")
+    ap.add_argument("--rss-warmup", type=int, help="requests before the memory run's baseline (env BENCH_RSS_WARMUP)")
+    ap.add_argument("--timeout-s", type=float, default=env_float("BENCH_TIMEOUT_S", 120.0), help="client timeout")
+    ap.add_argument("--reject-backoff-s", type=float, default=env_float("BENCH_REJECT_BACKOFF_S", 0.1),
+                    help="closed-loop client pause after a 503")
+    ap.add_argument("--workers", type=int, default=2, help="cosyserve pool.workers and ceiling threads")
+    ap.add_argument("--max-queue", type=int, default=4, help="cosyserve pool.max_queue")
+    ap.add_argument("--max-rss-gb", type=float, default=env_float("BENCH_MAX_RSS_GB", 10.0),
+                    help="kill a server whose process tree grows past this (protects the machine); 0: no limit")
+    args = ap.parse_args(argv)
+    quick = {"point_s": 3.0, "warmup_s": 1.0, "overload_s": 4.0, "streams": 10, "rss_requests": 40, "rss_warmup": 10}
+    full = {"point_s": 15.0, "warmup_s": 3.0, "overload_s": 20.0, "streams": 100, "rss_requests": 2000,
+            "rss_warmup": 100}
+    for key, default in (quick if args.quick else full).items():
+        if getattr(args, key) is None:
+            env = os.environ.get(f"BENCH_{key.upper()}")
+            setattr(args, key, type(default)(env) if env is not None else default)
+    args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    args.out = Path(args.out or ("reports/bench-quick" if args.quick else "docs/benchmarks"))
+    return args
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run_ceiling(mode: str, args: argparse.Namespace, model_dir: str) -> dict:
+    argv = [sys.executable, "-m", "bench.ceilings", mode, "--model-dir", model_dir, "--text", TEXT,
+            "--workers", str(args.workers), "--warmup", str(args.warmup_s), "--duration", str(args.point_s),
+            "--streams", str(args.streams)]
+    log(f"(a) ceiling, {mode}")
+    proc = subprocess.run(argv, check=False, cwd=ROOT, env={**os.environ, **THREAD_ENV}, capture_output=True,
+                          text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench.ceilings {mode} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1]
+    return json.loads(line)
+
+
+def brief(s: load.Summary) -> str:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1000:.0f}ms"
+    return (f"{s.throughput_rps:.2f} rps ok={s.ok} p50={ms(s.latency_p50_s)} p99={ms(s.latency_p99_s)} "
+            f"503={s.rejected} (p99 {ms(s.reject_p99_s)}) err={s.errors} timeout={s.timeouts}")
+
+
+def scrape_counters(base_url: str) -> dict[str, float]:
+    """A few cosyserve counters from /metrics, to cross-check the client's view."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    text = httpx.get(base_url + "/metrics", timeout=10).text
+    for fam in text_string_to_metric_families(text):
+        if fam.name in ("tts_requests", "tts_rejected", "tts_engine_errors"):
+            for s in fam.samples:
+                if s.name.endswith("_total") and s.value:
+                    labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                    out[f"{s.name}{{{labels}}}"] = s.value
+    return out
+
+
+async def bench_system(sys_: System, srv: ServerProc, args: argparse.Namespace) -> dict[str, Any]:
+    url = srv.base_url
+    rss = srv.rss
+    assert rss is not None
+    out: dict[str, Any] = {"label": sys_.label, "points": [], "rss_at_ready": rss.now()}
+    # warm-up: a baseline's first requests pay imports and allocator growth; not measured
+    warm = await load.fixed_count(url, sys_.work, 2 * args.workers, args.workers, args.timeout_s)
+    bad = [r for r in warm if r.kind != "ok"]
+    if bad:
+        raise RuntimeError(f"{sys_.key}: warm-up requests failed: {[(r.kind, r.status) for r in bad]}\n{srv.log_tail()}")
+    for c in args.concurrency:
+        if rss.limit_hit:
+            out["stopped"] = "RSS limit"
+            return out
+        t0 = rss.elapsed()
+        s = await load.closed_loop(url, sys_.work, c, args.point_s, warmup_s=args.warmup_s,
+                                   timeout_s=args.timeout_s, reject_backoff_s=args.reject_backoff_s)
+        point = {"kind": "closed", "concurrency": c, **s.to_dict(), "peak_rss": rss.peak(t0)}
+        out["points"].append(point)
+        log(f"  {sys_.key} c={c}: {brief(s)}")
+    if rss.limit_hit:
+        out["stopped"] = "RSS limit"
+        return out
+    capacity = max((p["throughput_rps"] for p in out["points"]), default=0.0)
+    rate = max(0.1, args.overload_factor * capacity)
+    t0 = rss.elapsed()
+    s = await load.open_loop(url, sys_.work, rate, args.overload_s, timeout_s=args.timeout_s)
+    out["overload"] = {"kind": "open", "rate_rps": rate, "capacity_rps": capacity, **s.to_dict(),
+                       "peak_rss": rss.peak(t0)}
+    log(f"  {sys_.key} open loop {rate:.2f}/s ({args.overload_factor:g}x {capacity:.2f}): {brief(s)}")
+    if sys_.key == "cosyserve" and not rss.limit_hit:
+        await ttfa_series(sys_, url, args, out)
+        await memory_run(sys_, srv, args, out)
+        out["server_counters"] = scrape_counters(url)
+    out["peak_rss"] = rss.peak()
+    out["rss_series"] = downsample(rss.samples, 400)
+    return out
+
+
+async def ttfa_series(sys_: System, url: str, args: argparse.Namespace, out: dict) -> None:
+    assert sys_.stream is not None
+    results = await load.sequential(url, sys_.stream, args.streams, args.timeout_s)
+    out["ttfa_series"] = [r.ttfa_s for r in results]
+    out["ttfa_kinds"] = [r.kind for r in results]
+    out["ttfa"] = load.summarize(results, 1.0).to_dict()
+    log(f"  {sys_.key} {args.streams} sequential streams: ttfa p50 {1000 * (out['ttfa']['ttfa_p50_s'] or 0):.0f}ms")
+
+
+async def memory_run(sys_: System, srv: ServerProc, args: argparse.Namespace, out: dict) -> None:
+    """RSS after ``rss_warmup`` short requests vs after ``rss_requests`` more (concurrency = workers)."""
+    assert srv.rss is not None
+    await load.fixed_count(srv.base_url, sys_.short, args.rss_warmup, args.workers, args.timeout_s)
+    before = await stable_rss(srv)
+    t0 = srv.rss.elapsed()
+    progress: list[tuple[int, int]] = []
+    step = max(1, args.rss_requests // 50)
+
+    def on_progress(n: int) -> None:
+        if n % step == 0:
+            progress.append((n, srv.rss.now() if srv.rss else 0))
+
+    results = await load.fixed_count(srv.base_url, sys_.short, args.rss_requests, args.workers, args.timeout_s,
+                                     on_progress)
+    after = await stable_rss(srv)
+    kinds = {k: sum(r.kind == k for r in results) for k in ("ok", "rejected", "timeout", "error")}
+    out["memory"] = {"warmup_requests": args.rss_warmup, "requests": args.rss_requests, "rss_before": before,
+                     "rss_after": after, "growth": after / before - 1 if before else None, "outcomes": kinds,
+                     "peak_rss": srv.rss.peak(t0), "progress": progress}
+    log(f"  {sys_.key} memory: {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB over {args.rss_requests} "
+        f"requests ({kinds})")
+
+
+async def stable_rss(srv: ServerProc) -> int:
+    """Median of a few samples, 0.2 s apart (RSS jitters by a page or two)."""
+    assert srv.rss is not None
+    vals = []
+    for _ in range(5):
+        vals.append(srv.rss.now())
+        await asyncio.sleep(0.2)
+    return sorted(vals)[len(vals) // 2]
+
+
+def downsample(samples: list[tuple[float, int]], n: int) -> list[tuple[float, int]]:
+    if len(samples) <= n:
+        return list(samples)
+    step = len(samples) / n
+    return [samples[int(i * step)] for i in range(n)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    model_dir = args.model_dir or ensure_model(2)
+    args.out.mkdir(parents=True, exist_ok=True)
+    run_dir = ROOT / ".bench" / time.strftime("%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    load1 = os.getloadavg()[0]
+    log(f"model {model_dir}; out {args.out}; logs {run_dir}; {os.cpu_count()} cores; load average {load1:.2f}")
+    if load1 > 0.5:
+        log("WARNING: the machine is not idle; other work running now skews every number below")
+    results: dict[str, Any] = {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "model_dir": model_dir, "text": TEXT, "short_text": SHORT_TEXT, "cores": os.cpu_count(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg_start": os.getloadavg(), "systems": {},
+    }
+    speaker = "tiny_female"
+    if "ceilings" in args.systems:
+        for mode in ("threads", "processes"):
+            try:
+                results[f"ceiling_{mode}"] = run_ceiling(mode, args, model_dir)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                log(f"  ceiling {mode} FAILED: {str(exc)[:2000]}")
+        speaker = results.get("ceiling_threads", {}).get("speaker", speaker)
+    for key, sys_ in systems(TEXT, SHORT_TEXT, speaker).items():
+        if key not in args.systems:
+            continue
+        log(f"{sys_.label}: starting")
+        srv = sys_.server(model_dir, run_dir, args.workers, args.max_queue, int(args.max_rss_gb * 2**30))
+        try:
+            with srv:  # stopped (SIGTERM, then SIGKILL of its group) whatever happens inside
+                results["systems"][key] = asyncio.run(bench_system(sys_, srv, args))
+        except Exception as exc:  # noqa: BLE001 - one system failing must not lose the others' results
+            log(f"  {key} FAILED: {type(exc).__name__}: {str(exc)[:2000]}")
+            results["systems"][key] = {"label": sys_.label, "points": [], "failed": f"{type(exc).__name__}: {exc}"[:4000]}
+        results["systems"][key]["exit_code"] = srv.proc.returncode if srv.proc else None
+        if srv.rss is not None and srv.rss.limit_hit:
+            results["systems"][key]["rss_limit_hit"] = True
+            log(f"  {key}: KILLED at the RSS limit ({args.max_rss_gb:g} GiB); the rest of its points were skipped")
+    results["elapsed_s"] = time.monotonic() - started
+    results["loadavg_end"] = os.getloadavg()
+    goals = evaluate_goals(results)
+    results["goals"] = goals
+    write_outputs(results, args.out)
+    print_goals(goals)
+    log(f"done in {results['elapsed_s'] / 60:.1f} min; wrote {args.out}/results.json, results.md, *.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,64 @@
+"""The HTTP systems under test: how to start each one, and the requests each one gets.
+
+Every system serves the same tiny model with the same engine code, one torch
+thread per engine, on loopback. The work per request is identical: one sentence
+in CosyVoice's non-streaming mode, preset speaker, raw 16-bit PCM back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from bench.load import RequestSpec
+from bench.procs import ServerProc, free_port, python_module
+
+
+@dataclass(frozen=True)
+class System:
+    key: str  # short id used in files and tables
+    label: str
+    work: RequestSpec  # the request every throughput point sends
+    short: RequestSpec  # a short text (memory run)
+    stream: RequestSpec | None  # a streamed request (time to first audio), where the system streams
+
+    def server(self, model_dir: str, run_dir: Path, workers: int, max_queue: int, rss_limit: int = 0) -> ServerProc:
+        port = free_port()
+        if self.key == "cosyserve":
+            config = {
+                "server": {"log_level": "warning", "drain_timeout_s": 10},
+                "engine": {"model_dir": model_dir, "torch_threads": 1},
+                "pool": {"workers": workers, "max_queue": max_queue, "request_timeout_s": 120},
+                "voices": {"dir": str(run_dir / "voices")},
+                "metrics": {"enabled": True},
+            }
+            path = run_dir / "cosyserve.yaml"
+            path.write_text(yaml.safe_dump(config))
+            argv = python_module("app.cli", "serve", "--config", str(path), "--host", "127.0.0.1", "--port", str(port))
+            return ServerProc(self.key, argv, port, "/health/ready", run_dir, rss_limit_bytes=rss_limit)
+        module = {"upstream": "bench.baselines.upstream_pattern", "per_request": "bench.baselines.load_per_request"}
+        argv = python_module(module[self.key], "--model-dir", model_dir, "--port", str(port), "--torch-threads", "1")
+        return ServerProc(self.key, argv, port, "/health", run_dir, rss_limit_bytes=rss_limit)
+
+
+def native(text: str, stream: bool = False) -> RequestSpec:
+    body = {"text": text, "format": "pcm"}
+    if stream:
+        body["stream"] = True
+    return RequestSpec("POST", "/v1/tts", json=body)
+
+
+def upstream_form(text: str, speaker: str) -> RequestSpec:
+    return RequestSpec("POST", "/inference_sft", data={"tts_text": text, "spk_id": speaker})
+
+
+def systems(text: str, short_text: str, speaker: str) -> dict[str, System]:
+    return {
+        "cosyserve": System("cosyserve", "(b) cosyserve", native(text), native(short_text), native(text, stream=True)),
+        "upstream": System("upstream", "(d) upstream pattern", upstream_form(text, speaker),
+                           upstream_form(short_text, speaker), None),
+        "per_request": System("per_request", "(c) load per request", native(text), native(short_text),
+                              native(text, stream=True)),
+    }
