@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.cosyserve-setup
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup run test test-unit test-integration loadtest bench lint clean
+.PHONY: setup run test test-unit test-integration test-upstream loadtest bench lint clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,9 @@ test-unit: setup
 
 test-integration: setup
 	$(PY) -m pytest -q tests/integration
+
+test-upstream: setup
+	COSYSERVE_TEST_UPSTREAM=$(UPSTREAM) $(PY) -m pytest -q -m upstream tests/integration/test_upstream_checkout.py
 
 loadtest: setup
 	$(PY) -m bench.loadtest

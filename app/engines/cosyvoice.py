@@ -6,14 +6,18 @@ This module and its helpers (``cosyvoice_load``, ``cosyvoice_cancel``,
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import inspect
 import logging
 import os
+import tempfile
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +36,7 @@ from app.engines.text import split_sentences
 log = logging.getLogger("cosyserve.engine")
 
 PROMPT_RATE = 16000
+V3_SYSTEM_PROMPT = "You are a helpful assistant.<|endofprompt|>"
 _LLM_PROMPT_KEYS = ("llm_prompt_speech_token", "llm_prompt_speech_token_len")
 _TEXT_PROMPT_KEYS = ("prompt_text", "prompt_text_len")
 
@@ -55,6 +60,10 @@ class VoiceFeatures:
     prompt_text: str
 
 
+def _with_suffix(text: str, suffix: str) -> str:
+    return text if text.endswith(suffix) else text + suffix
+
+
 class CosyVoiceEngine:
     def __init__(self, config: CosyVoiceConfig, name: str | None = None) -> None:
         self.config = config
@@ -67,13 +76,14 @@ class CosyVoiceEngine:
         self._initial_hop: int | None = None
         self.prompt_cache_hits = 0
         self._voice_family: str | None = None
+        self._path_frontend = False
 
     # -- lifecycle ------------------------------------------------------------------------------
     def load(self) -> None:
+        import torch
+
         from app.engines.cosyvoice_cancel import CancelRegistry
         from app.engines.cosyvoice_load import load_model_dir
-
-        import torch
 
         torch.set_num_threads(max(1, int(self.config.torch_threads)))
         t0 = time.perf_counter()
@@ -81,6 +91,8 @@ class CosyVoiceEngine:
         self._cancel = CancelRegistry(self._loaded.model)
         self.sample_rate = self._loaded.sample_rate
         self._initial_hop = getattr(self._loaded.model, "token_hop_len", None)
+        params = list(inspect.signature(self._loaded.frontend._extract_speech_feat).parameters)
+        self._path_frontend = bool(params) and params[0] == "prompt_wav"
         log.info(
             "loaded CosyVoice%d model %s in %.1fs (rate %d Hz, modes %s%s)",
             self._loaded.version, self._loaded.model_dir, time.perf_counter() - t0, self.sample_rate,
@@ -165,11 +177,28 @@ class CosyVoiceEngine:
             wav = AF.resample(wav, audio.sample_rate, PROMPT_RATE)
         return wav
 
+    @contextlib.contextmanager
+    def _frontend_audio(self, audio: PromptAudio) -> Iterator[Any]:
+        """Prompt audio as this CosyVoice's frontend wants it.
+
+        The PyPI copy takes a 16 kHz tensor; upstream HEAD takes a path (or file) and loads
+        it with ``load_wav``. For the latter we hand over a temporary 16 kHz WAV.
+        """
+        wav = self._prompt_16k(audio)
+        if not self._path_frontend:
+            yield wav
+            return
+        import soundfile as sf
+
+        with tempfile.NamedTemporaryFile(suffix=".wav") as f:
+            sf.write(f.name, wav.squeeze(0).numpy(), PROMPT_RATE, subtype="FLOAT")
+            yield f.name
+
     def compute_voice(self, prompt_text: str, audio: PromptAudio) -> VoiceFeatures:
         """Run the zero-shot frontend once (speech tokens, speaker embedding, prompt mel)."""
         lm = self._require()
-        wav = self._prompt_16k(audio)
-        feats = lm.frontend.frontend_zero_shot("", prompt_text, wav, self.sample_rate, "")
+        with self._frontend_audio(audio) as prompt:
+            feats = lm.frontend.frontend_zero_shot("", prompt_text, prompt, self.sample_rate, "")
         feats.pop("text", None)
         feats.pop("text_len", None)
         return VoiceFeatures(family=self.voice_family, features=feats, prompt_text=prompt_text)
@@ -229,10 +258,12 @@ class CosyVoiceEngine:
             drop = _TEXT_PROMPT_KEYS + _LLM_PROMPT_KEYS
         else:
             if req.mode == "instruct2":
-                prompt_text = (req.instruct_text or "").strip() + "<|endofprompt|>"
+                prompt_text = _with_suffix((req.instruct_text or "").strip(), "<|endofprompt|>")
                 drop = _LLM_PROMPT_KEYS
             else:  # zero_shot: the request's transcript, else the registered voice's
                 prompt_text = (req.prompt_text or "").strip() or voice.prompt_text
+                if self._loaded.version >= 3 and "<|endofprompt|>" not in prompt_text:
+                    prompt_text = V3_SYSTEM_PROMPT + prompt_text  # v3 needs the marker in its prompt
                 drop = ()
             if not prompt_text.strip():
                 raise InvalidInput("mode 'zero_shot' needs 'prompt_text': the transcript of the prompt audio")
@@ -246,9 +277,9 @@ class CosyVoiceEngine:
         lm = self._require()
         fe = lm.frontend
         if req.mode == "vc":
-            src = self._prompt_16k(req.source_audio)
-            prompt = self._prompt_16k(req.prompt_audio)
-            yield fe.frontend_vc(src, prompt, self.sample_rate)
+            with self._frontend_audio(req.source_audio) as src, self._frontend_audio(req.prompt_audio) as prompt:
+                model_input = fe.frontend_vc(src, prompt, self.sample_rate)
+            yield model_input
             return
         segments = split_sentences(req.text, max_len=self.config.max_segment_chars)
         if not segments:
@@ -258,7 +289,12 @@ class CosyVoiceEngine:
             if req.mode == "sft":
                 yield fe.frontend_sft(seg, req.speaker)
             elif req.mode == "instruct":
-                yield fe.frontend_instruct(seg, req.speaker, (req.instruct_text or "").strip())
+                # composed here: the PyPI copy appends <endofprompt> itself, upstream HEAD does not
+                model_input = fe.frontend_sft(seg, req.speaker)
+                model_input.pop("llm_embedding", None)  # instruct mode drops the speaker from the LLM
+                instruct = _with_suffix((req.instruct_text or "").strip(), "<endofprompt>")
+                model_input["prompt_text"], model_input["prompt_text_len"] = fe._extract_text_token(instruct)
+                yield model_input
             else:
                 text, text_len = fe._extract_text_token(seg)
                 yield dict(base, text=text, text_len=text_len)
@@ -277,7 +313,7 @@ class CosyVoiceEngine:
             raise
         except KeyError as exc:
             raise InvalidInput(f"unknown speaker {exc.args[0]!r}") from exc
-        except Exception as exc:  # noqa: BLE001 - a model fault becomes a domain error, details logged
+        except Exception as exc:
             if cancel.is_set():
                 return
             log.exception("CosyVoice synthesis failed (request %s)", req.request_id)
