@@ -32,7 +32,6 @@ class ServerSettings(_Section):
     drain_timeout_s: float = Field(30.0, ge=0)
     max_upload_mb: float = Field(20.0, gt=0)
     max_text_chars: int = Field(4096, ge=1)
-    gil_switch_interval_ms: float = Field(1.0, gt=0, le=100)
 
 
 class EngineSettings(_Section):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
 from types import FrameType
 
 import uvicorn
@@ -60,9 +59,6 @@ class DrainingServer(uvicorn.Server):
 
 
 def run(settings: Settings) -> None:
-    # Slot threads running Python-heavy model code hold the GIL in 5 ms slices by default;
-    # a shorter slice lets the event loop answer probes and 503s promptly under full load.
-    sys.setswitchinterval(settings.server.gil_switch_interval_ms / 1000.0)
     app = create_app(settings)
     config = uvicorn.Config(
         app, host=settings.server.host, port=settings.server.port, log_config=None,
