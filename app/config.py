@@ -57,7 +57,12 @@ def _default_workers() -> int:
 
 class PoolSettings(_Section):
     workers: int = Field(default_factory=_default_workers, ge=1, le=256)
-    max_queue: int = Field(8, ge=0)
+    max_queue: int | None = Field(None, ge=0)  # None: as many as workers
+
+    @property
+    def queue_limit(self) -> int:
+        """Waiting requests allowed: ``max_queue``, or one per worker when unset."""
+        return self.workers if self.max_queue is None else self.max_queue
     queue_timeout_s: float = Field(30.0, gt=0)
     request_timeout_s: float = Field(300.0, ge=0)
     share_engine: bool = False

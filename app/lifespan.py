@@ -56,7 +56,7 @@ def engine_factory(settings: Settings) -> EngineFactory:
 
 def pool_config(settings: Settings) -> PoolConfig:
     p = settings.pool
-    return PoolConfig(workers=p.workers, max_queue=p.max_queue, queue_timeout_s=p.queue_timeout_s,
+    return PoolConfig(workers=p.workers, max_queue=p.queue_limit, queue_timeout_s=p.queue_timeout_s,
                       request_timeout_s=p.request_timeout_s, share_engine=p.share_engine,
                       stream_buffer_chunks=p.stream_buffer_chunks)
 
@@ -81,7 +81,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
             await pool.close()
             raise
     log.info("ready: model %s (%s, %d Hz), %d worker(s), queue %d", info.name, info.family, info.sample_rate,
-             settings.pool.workers, settings.pool.max_queue)
+             settings.pool.workers, settings.pool.queue_limit)
     try:
         yield {"runtime": runtime}
     finally:

@@ -203,7 +203,8 @@ class Metrics:
         ):
             self.engine_errors.inc()
         route = scope.get("route")
-        by_outcome = self._routes.get(getattr(route, "path", None)) if route is not None else None
+        path = getattr(route, "path", None) if route is not None else state.get("endpoint")  # edge 503s
+        by_outcome = self._routes.get(path) if path is not None else None
         if by_outcome is None:
             return  # not a synthesis route: probes, /metrics, listings, 404s
         outcome = outcome_of(state)

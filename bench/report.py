@@ -126,7 +126,7 @@ def markdown(r: dict) -> str:
         f"(tiny random-weight CosyVoice2); text: \"{r['text']}\". "
         f"{'QUICK SMOKE RUN: the numbers mean nothing. ' if cfg.get('quick') else ''}"
         f"Points: {cfg['point_s']:g} s measured after {cfg['warmup_s']:g} s warm-up; overload {cfg['overload_s']:g} s; "
-         f"cosyserve workers={cfg['workers']}, max_queue={cfg['max_queue']}. Times in ms, RSS in MiB. "
+         f"cosyserve workers={cfg['workers']}, max_queue={cfg['max_queue'] if cfg['max_queue'] is not None else str(cfg['workers']) + ' (default)'}. Times in ms, RSS in MiB. "
          f"Load average at start {r['loadavg_start'][0]:.2f}, at end {r['loadavg_end'][0]:.2f} "
          "(anything else running skews the numbers)."), "",
     ]

@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--reject-backoff-s", type=float, default=env_float("BENCH_REJECT_BACKOFF_S", 0.1),
                     help="closed-loop client pause after a 503")
     ap.add_argument("--workers", type=int, default=2, help="cosyserve pool.workers and ceiling threads")
-    ap.add_argument("--max-queue", type=int, default=4, help="cosyserve pool.max_queue")
+    ap.add_argument("--max-queue", type=int, default=None, help="cosyserve pool.max_queue (default: the server's, = workers)")
     ap.add_argument("--max-rss-gb", type=float, default=env_float("BENCH_MAX_RSS_GB", 10.0),
                     help="kill a server whose process tree grows past this (protects the machine); 0: no limit")
     args = ap.parse_args(argv)

@@ -30,7 +30,7 @@ class System:
             config = {
                 "server": {"log_level": "warning", "drain_timeout_s": 10},
                 "engine": {"model_dir": model_dir, "torch_threads": 1},
-                "pool": {"workers": workers, "max_queue": max_queue, "request_timeout_s": 120},
+                "pool": {"workers": workers, "max_queue": max_queue, "request_timeout_s": 120},  # None: default
                 "voices": {"dir": str(run_dir / "voices")},
                 "metrics": {"enabled": True},
             }

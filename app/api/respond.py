@@ -59,7 +59,7 @@ async def synthesize_response(
     ``chunk_sink(data, final)`` lets a surface re-frame encoded bytes (OpenAI SSE).
     """
     sreq.request_id = sreq.request_id or request.scope.get("cosyserve", {}).get("request_id", "")
-    job = await pool.synthesize(sreq)
+    job = await pool.synthesize(sreq, ticket=request.scope.get("cosyserve", {}).pop("ticket", None))
     try:
         first = await job.first_chunk()
     except BaseException:

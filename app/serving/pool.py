@@ -478,9 +478,9 @@ class EnginePool:
         self._observer.on_job_end(job.outcome, seconds)
         lease._release_slot()
 
-    async def synthesize(self, req: SynthesisRequest) -> Job:
-        """admit + acquire + run; the permit is released if acquire fails."""
-        ticket = self.admit()
+    async def synthesize(self, req: SynthesisRequest, ticket: Ticket | None = None) -> Job:
+        """admit (unless given a fresh ``ticket``) + acquire + run; the permit is released if acquire fails."""
+        ticket = ticket if ticket is not None else self.admit()
         lease = await self.acquire(ticket)
         return self.run(lease, req)
 

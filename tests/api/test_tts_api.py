@@ -188,3 +188,26 @@ def test_unknown_route_uses_envelope(client):
     r = client.get("/nope")
     assert r.status_code == 404
     assert r.json()["error"]["code"] == "not_found"
+
+
+def test_overload_is_refused_at_the_edge_before_the_body_is_read(client_factory, behaviour):
+    client = client_factory(workers=1, max_queue=0)
+    gate = hold(behaviour)
+    held = threading.Thread(target=lambda: client.post("/v1/tts", json={"text": "held"}))
+    held.start()
+    deadline = time.monotonic() + 5
+    while not behaviour.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # a malformed body would be a 422 if it were parsed: under overload it is never looked at
+    r = client.post("/v1/tts", content=b"{not json", headers={"content-type": "application/json", "X-Request-ID": "edge-1"})
+    assert r.status_code == 503
+    assert r.json()["error"] == {"code": "overloaded", "message": r.json()["error"]["message"], "request_id": "edge-1"}
+    r = client.post("/v1/audio/speech", json={"model": "tts-1", "input": "x", "voice": "alloy"})
+    assert r.status_code == 503 and r.json()["error"]["type"] == "server_overloaded"
+    assert client.app.state.runtime.pool.stats()["in_flight"] == 1
+    gate.set()
+    held.join(10)
+    assert client.app.state.runtime.pool.stats()["in_flight"] == 0
+    # a bad request that was admitted gives its permit back
+    assert client.post("/v1/tts", json={"text": ""}).status_code == 400
+    assert client.app.state.runtime.pool.stats()["in_flight"] == 0
