@@ -22,10 +22,10 @@ log = logging.getLogger("cosyserve")
 EngineFactory = Callable[[int], Any]
 
 
-def resolve_model_dir(settings: Settings) -> tuple[str, bool]:
+def resolve_model_dir(settings: Settings) -> str:
     """The configured model dir, or the embedded tiny default (built once into the cache)."""
     if settings.engine.model_dir:
-        return str(Path(settings.engine.model_dir).expanduser().resolve()), False
+        return str(Path(settings.engine.model_dir).expanduser().resolve())
     from app.engines.tiny import ensure_tiny_model
 
     path = ensure_tiny_model(settings.engine.tiny_cache_dir, settings.engine.tiny_version)
@@ -35,7 +35,7 @@ def resolve_model_dir(settings: Settings) -> tuple[str, bool]:
         "CosyVoice weights, e.g. a downloaded CosyVoice2-0.5B dir.",
         settings.engine.tiny_version, path,
     )
-    return str(path), True
+    return str(path)
 
 
 def engine_factory(settings: Settings) -> EngineFactory:
@@ -48,7 +48,7 @@ def engine_factory(settings: Settings) -> EngineFactory:
         return lambda index: FakeEngine(behaviour, name=eng.name or "fake")
     from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
 
-    model_dir, _ = resolve_model_dir(settings)
+    model_dir = resolve_model_dir(settings)
     cfg = CosyVoiceConfig(model_dir=model_dir, cosyvoice_path=eng.cosyvoice_path, fp16=eng.fp16,
                           torch_threads=eng.torch_threads, prompt_cache_size=eng.prompt_cache_size)
     return lambda index: CosyVoiceEngine(cfg, name=eng.name)

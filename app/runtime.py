@@ -14,6 +14,5 @@ class Runtime:
     pool: Any = None  # app.serving.pool.EnginePool
     voices: Any = None  # app.voices.library.VoiceLibrary
     metrics: Any = None  # app.metrics.Metrics
-    model_dir: str | None = None
     draining: bool = False
     extras: dict = field(default_factory=dict)

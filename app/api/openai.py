@@ -19,7 +19,6 @@ Mapping onto CosyVoice:
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -129,9 +128,7 @@ async def create_speech(request: Request, runtime: RuntimeDep, pool: PoolDep) ->
 
 
 def model_created(runtime: Runtime) -> int:
-    """The model dir's mtime when known, else when this server first described its model."""
-    if runtime.model_dir and os.path.isdir(runtime.model_dir):
-        return int(os.path.getmtime(runtime.model_dir))
+    """When this server first described its model (stable for the process's life)."""
     return runtime.extras.setdefault("model_created", int(time.time()))
 
 
