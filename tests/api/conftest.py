@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 
 import pytest
 from fastapi.testclient import TestClient
@@ -45,6 +46,23 @@ def client_factory(tmp_path, behaviour) -> Iterator[Callable[..., TestClient]]:
         if behaviour.gate is not None:
             behaviour.gate.set()
         c.__exit__(None, None, None)
+
+
+@pytest.fixture
+def seen() -> list:
+    """Requests a RecordingEngine saw (tests/api/speech_helpers.py)."""
+    return []
+
+
+@pytest.fixture
+def make_client(tmp_path, behaviour, seen) -> Iterator[Callable[..., TestClient]]:
+    """``make(pool=None, **behaviour_fields)``: a started TestClient over RecordingEngines."""
+    from tests.api.speech_helpers import (
+        client_maker,  # it imports make_settings from here
+    )
+
+    with ExitStack() as stack:
+        yield client_maker(stack, tmp_path, behaviour, seen)
 
 
 @pytest.fixture

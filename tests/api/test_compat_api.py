@@ -4,28 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
 
 import numpy as np
 import pytest
-from fastapi.testclient import TestClient
 
 from tests.api.conftest import hold
-from tests.api.speech_helpers import StubLibrary, client_maker, prompt_wav
+from tests.api.speech_helpers import StubLibrary, prompt_wav
 
 RATE = 22050  # CosyVoice-300M's native rate: the compat surface must not resample
-
-
-@pytest.fixture
-def seen() -> list:
-    return []
-
-
-@pytest.fixture
-def make_client(tmp_path, behaviour, seen) -> Iterator[Callable[..., TestClient]]:
-    with ExitStack() as stack:
-        yield client_maker(stack, tmp_path, behaviour, seen)
 
 
 def files(seconds: float = 2.0) -> dict:

@@ -6,8 +6,6 @@ import struct
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
 from typing import Any
 
 import numpy as np
@@ -21,7 +19,6 @@ from tests.api.speech_helpers import (
     FORMATS,
     StubLibrary,
     check_audio,
-    client_maker,
     duration_of,
     expected_rate,
     parse_sse,
@@ -29,17 +26,6 @@ from tests.api.speech_helpers import (
 )
 
 ERROR_KEYS = {"message", "type", "param", "code"}
-
-
-@pytest.fixture
-def seen() -> list:
-    return []
-
-
-@pytest.fixture
-def make_client(tmp_path, behaviour, seen) -> Iterator[Callable[..., TestClient]]:
-    with ExitStack() as stack:
-        yield client_maker(stack, tmp_path, behaviour, seen)
 
 
 def speech(client: TestClient, **body: Any):

@@ -59,11 +59,6 @@ def voices_dir(tmp_path):
 
 
 @pytest.fixture
-def seen() -> list:
-    return []
-
-
-@pytest.fixture
 def make(tmp_path, voices_dir, behaviour, seen) -> Iterator[Callable[..., TestClient]]:
     """``make(server=..., pool=..., voices=...)``: a started app over the shared voices dir."""
     with ExitStack() as stack:
