@@ -50,14 +50,35 @@ def engine_factory(settings: Settings) -> EngineFactory:
 
     model_dir = resolve_model_dir(settings)
     cfg = CosyVoiceConfig(model_dir=model_dir, cosyvoice_path=eng.cosyvoice_path, fp16=eng.fp16,
-                          torch_threads=eng.torch_threads, prompt_cache_size=eng.prompt_cache_size)
-    return lambda index: CosyVoiceEngine(cfg, name=eng.name)
+                          torch_threads=eng.torch_threads, prompt_cache_size=eng.prompt_cache_size,
+                          batching=batching_enabled(settings, model_dir), max_batch_size=eng.max_batch_size,
+                          llm_greedy=eng.llm_greedy)
+
+    def factory(index: int) -> CosyVoiceEngine:
+        return CosyVoiceEngine(cfg, name=eng.name)
+
+    factory.batching = cfg.batching  # type: ignore[attr-defined]
+    return factory
 
 
-def pool_config(settings: Settings) -> PoolConfig:
+def batching_enabled(settings: Settings, model_dir: str | None = None) -> bool:
+    """Batching applies to CosyVoice2/3 dirs (their Qwen2 LLM); v1 keeps one instance per slot."""
+    eng = settings.engine
+    if eng.kind != "cosyvoice" or not eng.batching:
+        return False
+    from app.engines.cosyvoice_load import detect_version
+
+    try:
+        return detect_version(Path(model_dir or resolve_model_dir(settings))) >= 2
+    except Exception:  # not a model dir: loading will say so with a clear message
+        return False
+
+
+def pool_config(settings: Settings, batching: bool = False) -> PoolConfig:
+    """With batching every slot is a handle onto one shared instance (and its LLM scheduler)."""
     p = settings.pool
     return PoolConfig(workers=p.workers, max_queue=p.queue_limit, queue_timeout_s=p.queue_timeout_s,
-                      request_timeout_s=p.request_timeout_s, share_engine=p.share_engine,
+                      request_timeout_s=p.request_timeout_s, share_engine=p.share_engine or batching,
                       stream_buffer_chunks=p.stream_buffer_chunks)
 
 
@@ -69,7 +90,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
     if factory is None:
         factory = await anyio.to_thread.run_sync(engine_factory, settings)
     observer = runtime.metrics.pool_observer() if runtime.metrics is not None else None
-    pool = EnginePool(factory, pool_config(settings), observer=observer)
+    batching = getattr(factory, "batching", False)
+    pool = EnginePool(factory, pool_config(settings, batching), observer=observer)
     log.info("loading %d engine slot(s)...", settings.pool.workers)
     await pool.start()
     runtime.pool = pool

@@ -49,6 +49,9 @@ class CosyVoiceConfig:
     torch_threads: int = 1
     prompt_cache_size: int = 32
     max_segment_chars: int = 240
+    batching: bool = False  # v2/v3: the LLM runs in a shared continuous-batching scheduler
+    max_batch_size: int = 16
+    llm_greedy: bool = False  # testing only: argmax sampling
 
 
 @dataclass(frozen=True)
