@@ -38,7 +38,7 @@ def resolve_model_dir(settings: Settings) -> str:
     return str(path)
 
 
-def engine_factory(settings: Settings) -> EngineFactory:
+def engine_factory(settings: Settings, llm_observer: Any = None) -> EngineFactory:
     """Build the factory that creates one engine per slot (not loaded yet)."""
     eng = settings.engine
     if eng.kind == "fake":
@@ -55,7 +55,7 @@ def engine_factory(settings: Settings) -> EngineFactory:
                           llm_greedy=eng.llm_greedy)
 
     def factory(index: int) -> CosyVoiceEngine:
-        return CosyVoiceEngine(cfg, name=eng.name)
+        return CosyVoiceEngine(cfg, name=eng.name, llm_observer=llm_observer)
 
     factory.batching = cfg.batching  # type: ignore[attr-defined]
     return factory
@@ -88,7 +88,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
     settings = runtime.settings
     factory = app.state.engine_factory
     if factory is None:
-        factory = await anyio.to_thread.run_sync(engine_factory, settings)
+        llm_observer = runtime.metrics.llm_observer() if runtime.metrics is not None else None
+        factory = await anyio.to_thread.run_sync(engine_factory, settings, llm_observer)
     observer = runtime.metrics.pool_observer() if runtime.metrics is not None else None
     batching = getattr(factory, "batching", False)
     pool = EnginePool(factory, pool_config(settings, batching), observer=observer)

@@ -56,6 +56,8 @@ SLOT_STATES: tuple[str, ...] = ("loading", "idle", "busy", "failed", "closed")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
+STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 STREAM_TIMEOUT_ERRORS = frozenset({"DeadlineExceeded"})
 ENGINE_ERROR_CODES = frozenset({"engine_failure"})
 
@@ -146,6 +148,22 @@ class _Observer:
         self._queue_depth.set(depth)
 
 
+class _LLMObserver:
+    """The engines' LLMObserver (called from the LLM scheduler or CosyVoice's LLM threads)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._batch = metrics.llm_batch_size
+        self._step = metrics.llm_step
+        self._tokens = metrics.llm_tokens
+
+    def on_step(self, batch_size: int, seconds: float) -> None:
+        self._batch.observe(batch_size)
+        self._step.observe(seconds)
+
+    def on_tokens(self, n: int) -> None:
+        self._tokens.inc(n)
+
+
 class Metrics:
     """All metrics of one app instance, on ``self.registry`` (never the global default registry)."""
 
@@ -174,6 +192,11 @@ class Metrics:
                                      registry=r)
         self.engine_jobs = Counter("tts_engine_jobs", "Engine jobs by how their slot thread ended",
                                    ["outcome"], registry=r)
+        self.llm_batch_size = Histogram("tts_llm_batch_size", "Sequences decoded together in one LLM step "
+                                        "(1 per step without batching)", buckets=BATCH_BUCKETS, registry=r)
+        self.llm_step = Histogram("tts_llm_step_seconds", "Duration of one LLM decode step (all its sequences)",
+                                  buckets=STEP_BUCKETS, registry=r)
+        self.llm_tokens = Counter("tts_llm_tokens", "Speech tokens produced by the LLM", registry=r)
         self._routes = {
             route: {o: self.requests.labels(endpoint=route, outcome=o) for o in OUTCOMES} for route in routes
         }
@@ -185,10 +208,14 @@ class Metrics:
         if process:
             ProcessCollector(registry=r)  # process_resident_memory_bytes, cpu seconds, fds (Linux /proc)
         self._observer = _Observer(self)
+        self._llm_observer = _LLMObserver(self)
 
     # -- sources --------------------------------------------------------------------------------
     def pool_observer(self) -> _Observer:
         return self._observer
+
+    def llm_observer(self) -> _LLMObserver:
+        return self._llm_observer
 
     def on_done(self, scope: dict, state: dict) -> None:
         """The middleware's per-request callback; never raises (a metrics bug must not fail requests)."""

@@ -61,6 +61,7 @@ class SynthesisRequest:
     speed: float = 1.0
     stream: bool = False
     request_id: str = ""
+    seed: int | None = None  # fixes the LLM's sampling (same seed, same text -> same speech tokens)
     extra: dict = field(default_factory=dict)
 
 

@@ -68,8 +68,10 @@ def _with_suffix(text: str, suffix: str) -> str:
 
 
 class CosyVoiceEngine:
-    def __init__(self, config: CosyVoiceConfig, name: str | None = None) -> None:
+    def __init__(self, config: CosyVoiceConfig, name: str | None = None, llm_observer: Any = None) -> None:
         self.config = config
+        self.llm_observer = llm_observer  # LLMObserver: batch sizes, step times, tokens (metrics)
+        self._batched: Any = None  # BatchedRunner when the LLM is batched across requests
         self.name = name or os.path.basename(os.path.normpath(config.model_dir))
         self.sample_rate = 0
         self._loaded: Any = None
@@ -91,9 +93,19 @@ class CosyVoiceEngine:
         torch.set_num_threads(max(1, int(self.config.torch_threads)))
         t0 = time.perf_counter()
         self._loaded = load_model_dir(self.config.model_dir, fp16=self.config.fp16, cosyvoice_path=self.config.cosyvoice_path)
-        self._cancel = CancelRegistry(self._loaded.model)
+        self._cancel = CancelRegistry(self._loaded.model, observer=self.llm_observer)
         self.sample_rate = self._loaded.sample_rate
         self._initial_hop = getattr(self._loaded.model, "token_hop_len", None)
+        if self.config.llm_greedy and self._loaded.version >= 2:
+            from app.engines.batching.sampling import ranked_greedy
+
+            self._loaded.model.llm.sampling = ranked_greedy()  # testing: deterministic per-request decoding
+        if self.config.batching and self._loaded.version >= 2:
+            from app.engines.cosyvoice_batched import BatchedRunner
+
+            self._batched = BatchedRunner(self._loaded.model, max_batch_size=self.config.max_batch_size,
+                                          greedy=self.config.llm_greedy, observer=self.llm_observer,
+                                          initial_hop=self._initial_hop)
         params = list(inspect.signature(self._loaded.frontend._extract_speech_feat).parameters)
         self._path_frontend = bool(params) and params[0] == "prompt_wav"
         log.info(
@@ -101,6 +113,8 @@ class CosyVoiceEngine:
             self._loaded.version, self._loaded.model_dir, time.perf_counter() - t0, self.sample_rate,
             ",".join(self.modes()), ", random-weight test model" if self._loaded.tiny else "",
         )
+        if self._batched is not None:
+            log.info("LLM batching on: up to %d requests per decode step", self.config.max_batch_size)
 
     def warmup(self) -> None:
         speakers = self.voices()
@@ -117,8 +131,21 @@ class CosyVoiceEngine:
     def health_check(self) -> None:
         if self._loaded is None:
             raise EngineFailure("engine is not loaded")
+        if self._batched is not None and not self._batched.alive:
+            raise EngineFailure("the LLM scheduler thread has stopped")
+
+    @property
+    def batching(self) -> bool:
+        return self._batched is not None
+
+    def llm_stats(self) -> dict:
+        """The LLM scheduler's state (running/pending sequences, steps, KV cache size); {} without batching."""
+        return self._batched.scheduler.stats() if self._batched is not None else {}
 
     def close(self) -> None:
+        if self._batched is not None:
+            self._batched.close()
+            self._batched = None
         self._loaded = None
         self._cancel = None
         with self._prompt_lock:
@@ -311,16 +338,27 @@ class CosyVoiceEngine:
             for model_input in self._model_inputs(req):
                 if cancel.is_set():
                     return
-                yield from self._run_tts(lm.model, model_input, stream, req.speed, cancel)
+                if self._batched is not None:
+                    yield from self._run_batched(model_input, stream, req, cancel)
+                else:
+                    yield from self._run_tts(lm.model, model_input, stream, req.speed, cancel)
         except (InvalidInput, EngineFailure):
             raise
-        except KeyError as exc:
-            raise InvalidInput(f"unknown speaker {exc.args[0]!r}") from exc
-        except Exception as exc:
+        except Exception as exc:  # speakers, modes and inputs were validated above: this is our fault
             if cancel.is_set():
                 return
             log.exception("CosyVoice synthesis failed (request %s)", req.request_id)
             raise EngineFailure(f"synthesis failed: {type(exc).__name__}") from exc
+
+    def _run_batched(self, model_input: dict, stream: bool, req: SynthesisRequest,
+                     cancel: threading.Event) -> Iterator[AudioChunk]:
+        for speech in self._batched.run(model_input, stream=stream, speed=req.speed, cancel=cancel,
+                                        seed=req.seed, request_id=req.request_id):
+            if cancel.is_set():
+                return
+            pcm = float_to_int16(speech.detach().cpu().float().numpy())
+            if len(pcm):
+                yield AudioChunk(pcm=pcm, sample_rate=self.sample_rate)
 
     def _run_tts(self, model: Any, model_input: dict, stream: bool, speed: float, cancel: threading.Event) -> Iterator[AudioChunk]:
         key = model_input.get("text") if model_input.get("source_speech_token") is None else model_input["source_speech_token"]

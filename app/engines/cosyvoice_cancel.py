@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -30,8 +31,9 @@ class CallContext:
 class CancelRegistry:
     """Per-model bookkeeping of in-flight ``tts()`` calls (safe for a shared model)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, observer: Any = None) -> None:
         self.model = model
+        self.observer = observer  # LLMObserver: per-request decoding counts as steps of batch 1
         self._lock = threading.Lock()
         self._by_tensor: dict[int, CallContext] = {}
         self._by_uuid: dict[str, CallContext] = {}
@@ -112,12 +114,18 @@ class CancelRegistry:
             if ctx is None:
                 yield from gen
                 return
+            observer = registry.observer
             try:
+                t0 = time.perf_counter()
                 for token in gen:
                     if ctx.cancel.is_set() or ctx.aborted.is_set():
                         return
                     ctx.tokens += 1
+                    if observer is not None:
+                        observer.on_step(1, time.perf_counter() - t0)
+                        observer.on_tokens(1)
                     yield token
+                    t0 = time.perf_counter()
             finally:
                 gen.close()
 

@@ -1,0 +1,117 @@
+"""A key/value cache for a running batch of sequences of different lengths.
+
+Layout: for every decoder layer one key and one value tensor of shape
+``[rows, kv_heads, capacity, head_dim]``. Row ``r`` holds sequence ``r`` of the
+running batch; ``lengths[r]`` positions of it are filled. Rows ``0..n-1`` are
+always the running ones (kept compact), so a decode step reads the views
+``k[:n, :, :max_len]`` without gathering anything. When a sequence leaves, the
+last row is moved into its place (one copy of one sequence, once).
+
+Storage grows by doubling (rows and positions) and is freed when the batch
+empties, so memory follows the current load, not the largest one ever seen.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class BatchedKV:
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: Any, device: Any,
+                 min_rows: int = 4, min_positions: int = 256) -> None:
+        self.layers = layers
+        self.kv_heads = kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = device
+        self.min_rows = min_rows
+        self.min_positions = min_positions
+        self.k: list[Any] = []
+        self.v: list[Any] = []
+        self.lengths: list[int] = []  # filled positions per running row
+
+    # -- shape -------------------------------------------------------------------------------
+    @property
+    def rows(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def capacity(self) -> tuple[int, int]:
+        """(rows, positions) allocated now; (0, 0) when nothing is held."""
+        if not self.k:
+            return (0, 0)
+        return (self.k[0].shape[0], self.k[0].shape[2])
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def reserve(self, rows: int, positions: int) -> None:
+        """Make room for ``rows`` sequences of ``positions`` positions (copying what is held)."""
+        import torch
+
+        have_rows, have_pos = self.capacity
+        if rows <= have_rows and positions <= have_pos:
+            return
+        new_rows = max(have_rows, self.min_rows)
+        while new_rows < rows:
+            new_rows *= 2
+        new_pos = max(have_pos, self.min_positions)
+        while new_pos < positions:
+            new_pos *= 2
+        shape = (new_rows, self.kv_heads, new_pos, self.head_dim)
+        used_rows, used_pos = self.rows, max(self.lengths, default=0)
+        for cache in (self.k, self.v):
+            for i in range(self.layers):
+                fresh = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                if cache and used_rows and used_pos:
+                    fresh[:used_rows, :, :used_pos] = cache[i][:used_rows, :, :used_pos]
+                if len(cache) > i:
+                    cache[i] = fresh
+                else:
+                    cache.append(fresh)
+
+    # -- rows ------------------------------------------------------------------------------------
+    def add_row(self, length: int) -> int:
+        """Append a row that will hold ``length`` positions; returns its index."""
+        self.reserve(self.rows + 1, length + 1)
+        self.lengths.append(length)
+        return self.rows - 1
+
+    def remove_row(self, row: int) -> int | None:
+        """Drop ``row``; the last row moves into its place. Returns the index that moved (or None)."""
+        last = self.rows - 1
+        moved = None
+        if row != last:
+            n = self.lengths[last]
+            for cache in (self.k, self.v):
+                for t in cache:
+                    t[row, :, :n] = t[last, :, :n]
+            self.lengths[row] = n
+            moved = last
+        self.lengths.pop()
+        if not self.lengths:
+            self.clear()
+        return moved
+
+    def clear(self) -> None:
+        self.k, self.v, self.lengths = [], [], []
+
+    # -- writes ----------------------------------------------------------------------------------
+    def write_prefix(self, layer: int, row: int, k: Any, v: Any) -> None:
+        """Store a new row's prefill keys/values ``[kv_heads, T, head_dim]`` at positions 0..T-1."""
+        t = k.shape[1]
+        self.k[layer][row, :, :t] = k
+        self.v[layer][row, :, :t] = v
+
+    def write_step(self, layer: int, positions: Any, k: Any, v: Any) -> None:
+        """Store one new position per running row: ``k``/``v`` are ``[n, kv_heads, head_dim]``."""
+        import torch
+
+        n = k.shape[0]
+        rows = torch.arange(n, device=k.device)
+        self.k[layer][rows, :, positions] = k
+        self.v[layer][rows, :, positions] = v
+
+    def view(self, layer: int, length: int) -> tuple[Any, Any]:
+        n = self.rows
+        return self.k[layer][:n, :, :length], self.v[layer][:n, :, :length]

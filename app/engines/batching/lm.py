@@ -1,0 +1,224 @@
+"""Our own forward pass over CosyVoice2/3's speech-token LLM, for many sequences at once.
+
+CosyVoice2 (``Qwen2LM``) and CosyVoice3 (``CosyVoice3LM``) decode speech tokens
+with a Qwen2 backbone (``llm.llm.model``, a transformers ``Qwen2ForCausalLM``),
+their own input embeddings (text: the backbone's ``embed_tokens``; speech:
+``speech_embedding``; start/task markers: ``llm_embedding`` in v2,
+``speech_embedding`` in v3) and a speech-token head (``llm_decoder``). We reuse
+those modules and their weights as they are, and run the decoder layers
+ourselves over a :class:`~app.engines.batching.kv.BatchedKV`, so one step
+serves every running sequence whatever its length:
+
+* ``prefill`` runs one sequence's prompt (causal attention over itself) and
+  stores its keys/values in a cache row;
+* ``decode`` runs one new token for every row, each at its own position, each
+  attending to its own filled positions only (a length mask).
+
+The math is that of the transformers Qwen2 layer (RMSNorm, rotary embeddings
+from the backbone's own ``rotary_emb``, grouped-query attention, SwiGLU MLP),
+checked against CosyVoice's own ``llm.inference`` to 1e-4 in the tests.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from app.engines.batching.kv import BatchedKV
+
+
+@dataclass(frozen=True)
+class LMSpec:
+    """What differs between the LLM families, read from the loaded module."""
+
+    family: str  # "Qwen2LM" | "CosyVoice3LM"
+    speech_token_size: int
+    eos_token: int  # masked while a sequence is shorter than its minimum length
+    stop_tokens: frozenset[int]  # any of these ends a sequence
+    min_token_text_ratio: float
+    max_token_text_ratio: float
+    marker_ids: tuple[int, int]  # (sos, task_id) rows of the marker embedding table
+    needs_endofprompt: bool  # v3 asserts <|endofprompt|> (id 151646) is in the text
+
+
+ENDOFPROMPT_ID = 151646
+
+
+def supports_batching(llm: Any) -> bool:
+    """True for the Qwen2-backed LLMs of CosyVoice2/3 (not v1's TransformerLM)."""
+    backbone = getattr(getattr(getattr(llm, "llm", None), "model", None), "model", None)
+    return (
+        type(llm).__name__ in ("Qwen2LM", "CosyVoice3LM")
+        and backbone is not None
+        and hasattr(backbone, "layers")
+        and hasattr(backbone, "rotary_emb")
+        and hasattr(llm, "speech_embedding")
+        and hasattr(llm, "llm_decoder")
+    )
+
+
+def _inference_defaults(llm: Any) -> dict[str, Any]:
+    try:
+        params = inspect.signature(llm.inference).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}
+
+
+def lm_spec(llm: Any) -> LMSpec:
+    family = type(llm).__name__
+    size = int(llm.speech_token_size)
+    defaults = _inference_defaults(llm)
+    stops = getattr(llm, "stop_token_ids", None) or [size + i for i in range(3)]
+    if family == "CosyVoice3LM":
+        markers = (int(llm.sos), int(llm.task_id))
+    else:
+        markers = (int(getattr(llm, "sos", getattr(llm, "sos_eos", 0))), int(getattr(llm, "task_id", 1)))
+    return LMSpec(
+        family=family,
+        speech_token_size=size,
+        eos_token=size,  # what CosyVoice masks before min_len (sampling_ids)
+        stop_tokens=frozenset(int(t) for t in stops),
+        min_token_text_ratio=float(defaults.get("min_token_text_ratio", 2)),
+        max_token_text_ratio=float(defaults.get("max_token_text_ratio", 20)),
+        marker_ids=markers,
+        needs_endofprompt=family == "CosyVoice3LM",
+    )
+
+
+def _rotate_half(x: Any) -> Any:
+    import torch
+
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class BatchedLM:
+    """Prefill and batched decode over one loaded CosyVoice2/3 LLM (inference only)."""
+
+    def __init__(self, llm: Any) -> None:
+        if not supports_batching(llm):
+            raise TypeError(f"{type(llm).__name__} is not a Qwen2-backed CosyVoice LLM")
+        self.llm = llm
+        self.spec = lm_spec(llm)
+        self.backbone = llm.llm.model.model  # transformers Qwen2Model
+        cfg = llm.llm.model.config
+        self.heads = int(cfg.num_attention_heads)
+        self.kv_heads = int(cfg.num_key_value_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.groups = self.heads // self.kv_heads
+        self.scaling = self.head_dim ** -0.5
+        self.layers = list(self.backbone.layers)
+        weight = llm.llm_decoder.weight
+        self.dtype, self.device = weight.dtype, weight.device
+
+    def new_cache(self) -> BatchedKV:
+        return BatchedKV(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
+
+    # -- inputs ------------------------------------------------------------------------------------
+    def prefix(self, text: Any, prompt_text: Any, prompt_speech_token: Any) -> tuple[Any, int, int]:
+        """The LLM input of one request ``[1, P, D]`` and its (min_len, max_len) in speech tokens.
+
+        Layout, as CosyVoice2/3 build it: start marker, prompt text + text embeddings,
+        task marker, prompt speech token embeddings.
+        """
+        import torch
+
+        spec = self.spec
+        text = text.to(self.device)
+        prompt_text = prompt_text.to(self.device)
+        tokens = torch.cat([prompt_text, text], dim=1)
+        if spec.needs_endofprompt and not bool((tokens == ENDOFPROMPT_ID).any()):
+            raise ValueError("CosyVoice3 needs <|endofprompt|> in the text or the prompt text")
+        text_emb = self.backbone.embed_tokens(tokens)
+        table = self.llm.speech_embedding.weight if spec.family == "CosyVoice3LM" else self.llm.llm_embedding.weight
+        sos = table[spec.marker_ids[0]].reshape(1, 1, -1)
+        task = table[spec.marker_ids[1]].reshape(1, 1, -1)
+        parts = [sos, text_emb, task]
+        if prompt_speech_token is not None and prompt_speech_token.shape[1] > 0:
+            parts.append(self.llm.speech_embedding(prompt_speech_token.to(self.device)))
+        lm_input = torch.cat(parts, dim=1).to(self.dtype)
+        n_text = int(text.shape[1])
+        return lm_input, int(n_text * spec.min_token_text_ratio), int(n_text * spec.max_token_text_ratio)
+
+    def token_embeddings(self, tokens: list[int]) -> Any:
+        import torch
+
+        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
+        return self.llm.speech_embedding.weight[ids].unsqueeze(1)  # [n, 1, D]
+
+    # -- forward ---------------------------------------------------------------------------------
+    def _qkv(self, layer: Any, x: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]:
+        """x [n, T, D] -> q [n, H, T, hd], k/v [n, KV, T, hd] with rotary embeddings applied."""
+        attn = layer.self_attn
+        n, t, _ = x.shape
+        q = attn.q_proj(x).view(n, t, self.heads, self.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(n, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(n, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        return q, k, v
+
+    def _attend(self, q: Any, k: Any, v: Any, bias: Any) -> Any:
+        """Grouped-query attention: q [n, H, T, hd], k/v [n, KV, L, hd], bias [n, 1, T, L] -> [n, T, H*hd]."""
+        n, _, t, _ = q.shape
+        qg = q.reshape(n, self.kv_heads, self.groups * t, self.head_dim)
+        scores = (qg @ k.transpose(-1, -2)) * self.scaling  # [n, KV, G*T, L]
+        scores = scores.view(n, self.kv_heads, self.groups, t, -1) + bias.unsqueeze(1)
+        out = scores.softmax(dim=-1).view(n, self.kv_heads, self.groups * t, -1) @ v  # [n, KV, G*T, hd]
+        return out.view(n, self.heads, t, self.head_dim).transpose(1, 2).reshape(n, t, self.heads * self.head_dim)
+
+    def _block(self, layer: Any, x: Any, attn_out: Any) -> Any:
+        h = x + layer.self_attn.o_proj(attn_out)
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def _logp(self, h: Any) -> Any:
+        return self.llm.llm_decoder(self.backbone.norm(h)).log_softmax(dim=-1)
+
+    def prefill(self, kv: BatchedKV, lm_input: Any) -> tuple[int, Any]:
+        """Run one sequence's prompt; returns (its cache row, log-probs of its first token [V])."""
+        import torch
+
+        t = lm_input.shape[1]
+        row = kv.add_row(t)
+        try:
+            positions = torch.arange(t, device=self.device).unsqueeze(0)
+            cos, sin = self.backbone.rotary_emb(lm_input, positions)
+            causal = torch.full((t, t), float("-inf"), dtype=self.dtype, device=self.device).triu(1)
+            bias = causal.view(1, 1, t, t)
+            x = lm_input
+            for i, layer in enumerate(self.layers):
+                q, k, v = self._qkv(layer, layer.input_layernorm(x), cos, sin)
+                kv.write_prefix(i, row, k[0], v[0])
+                x = self._block(layer, x, self._attend(q, k, v, bias))
+            return row, self._logp(x[:, -1])[0]
+        except BaseException:
+            kv.remove_row(row)
+            raise
+
+    def decode(self, kv: BatchedKV, tokens: list[int]) -> Any:
+        """One step for every running row (``tokens[r]`` is row r's last token): log-probs [n, V]."""
+        import torch
+
+        n = kv.rows
+        if len(tokens) != n:
+            raise ValueError(f"decode got {len(tokens)} tokens for {n} running sequences")
+        lengths = torch.tensor(kv.lengths, dtype=torch.long, device=self.device)
+        longest = int(lengths.max()) + 1
+        kv.reserve(n, longest)
+        x = self.token_embeddings(tokens).to(self.dtype)
+        cos, sin = self.backbone.rotary_emb(x, lengths.unsqueeze(1))
+        span = torch.arange(longest, device=self.device).unsqueeze(0)
+        bias = torch.zeros((n, longest), dtype=self.dtype, device=self.device)
+        bias.masked_fill_(span > lengths.unsqueeze(1), float("-inf"))
+        bias = bias.view(n, 1, 1, longest)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, layer.input_layernorm(x), cos, sin)
+            kv.write_step(i, lengths, k[:, :, 0], v[:, :, 0])
+            keys, values = kv.view(i, longest)
+            x = self._block(layer, x, self._attend(q, keys, values, bias))
+        for r in range(n):
+            kv.lengths[r] += 1
+        return self._logp(x[:, -1])

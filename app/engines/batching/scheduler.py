@@ -1,0 +1,277 @@
+"""The LLM scheduler: one thread owns a model's LLM and decodes every request in one batch.
+
+Continuous (iteration-level) batching, in one process::
+
+    slot thread (per request)                    scheduler thread (per model)
+      submit(lm_input, limits) -> Sequence --->  prefill it, sample its first token
+      for tokens in seq: token2wav ...   <-----  each step: ONE forward over all rows,
+      seq.cancel() / cancel flag set     ----->  sample each row, hand out tokens,
+                                                 drop finished/cancelled rows at once
+
+A new sequence joins at the next step after its prefill; a finished, cancelled
+or failed one leaves at once and its cache row is freed. At most
+``max_batch_size`` sequences run; later ones wait (FIFO) for a row. Each
+sequence samples with its own generator (see ``sampling.py``).
+
+Consumers read a sequence's tokens with :meth:`Sequence.wait_for`, which
+blocks until enough tokens are there or the sequence ended; it never busy-waits.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from app.engines.batching.lm import BatchedLM
+from app.engines.batching.sampling import Sampler, SamplingRules
+
+log = logging.getLogger("cosyserve.engine.batch")
+
+
+class LLMObserver(Protocol):
+    """Receives scheduler measurements (the metrics layer implements it)."""
+
+    def on_step(self, batch_size: int, seconds: float) -> None: ...
+
+    def on_tokens(self, n: int) -> None: ...
+
+
+class _NullObserver:
+    def on_step(self, batch_size: int, seconds: float) -> None:
+        pass
+
+    def on_tokens(self, n: int) -> None:
+        pass
+
+
+class SchedulerClosed(RuntimeError):
+    """The scheduler was stopped; no more sequences are decoded."""
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request's speech-token generation, shared by its consumer and the scheduler."""
+
+    lm_input: Any
+    min_len: int
+    max_len: int
+    sampler: Sampler
+    cancel_flag: threading.Event | None = None
+    request_id: str = ""
+    tokens: list[int] = field(default_factory=list)
+    done: bool = False
+    error: BaseException | None = None
+    cancelled: bool = False
+    logp_trace: list[Any] | None = None  # testing: every step's log-probs, when asked for
+    _cond: threading.Condition = field(default_factory=threading.Condition)
+    _row: int | None = None
+    _started: float = 0.0
+
+    # -- consumer side -------------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Leave the batch at the next step (idempotent, any thread)."""
+        with self._cond:
+            self.cancelled = True
+            self._cond.notify_all()
+
+    def wait_for(self, count: int, timeout: float | None = None) -> int:
+        """Block until at least ``count`` tokens exist or the sequence ended; returns how many exist."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while len(self.tokens) < count and not self.done:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._cond.wait(left)
+            if self.error is not None:
+                raise self.error
+            return len(self.tokens)
+
+    @property
+    def should_stop(self) -> bool:
+        return self.cancelled or (self.cancel_flag is not None and self.cancel_flag.is_set())
+
+    # -- scheduler side -----------------------------------------------------------------------
+    def _push(self, token: int) -> None:
+        with self._cond:
+            self.tokens.append(token)
+            self._cond.notify_all()
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        with self._cond:
+            self.done = True
+            self.error = error
+            self._cond.notify_all()
+
+
+class LLMScheduler:
+    """Owns one BatchedLM; ``start()`` launches its thread, ``stop()`` ends it."""
+
+    def __init__(self, lm: BatchedLM, max_batch_size: int = 16, rules: SamplingRules | None = None,
+                 observer: LLMObserver | None = None, trace_logp: bool = False,
+                 thread_setup: Callable[[], None] | None = None) -> None:
+        if max_batch_size < 1:
+            raise ValueError("max_batch_size must be at least 1")
+        self.lm = lm
+        self.max_batch_size = max_batch_size
+        self.rules = rules or SamplingRules.from_llm(lm.llm)
+        self.observer: LLMObserver = observer or _NullObserver()
+        self.trace_logp = trace_logp
+        self._thread_setup = thread_setup
+        self._kv = lm.new_cache()
+        self._rows: list[Sequence] = []  # _rows[r] decodes in cache row r
+        self._pending: deque[Sequence] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        # observable (tests, stats)
+        self.steps = 0
+        self.max_batch_seen = 0
+
+    # -- public ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("scheduler already started")
+        self._thread = threading.Thread(target=self._run, name="cosyserve-llm", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def submit(self, lm_input: Any, min_len: int, max_len: int, *, seed: int | None = None,
+               cancel: threading.Event | None = None, request_id: str = "") -> Sequence:
+        seq = Sequence(lm_input=lm_input, min_len=min_len, max_len=max_len,
+                       sampler=Sampler(self.rules, self.lm.spec.eos_token, seed=seed),
+                       cancel_flag=cancel, request_id=request_id,
+                       logp_trace=[] if self.trace_logp else None)
+        with self._cond:
+            if self._stopping:
+                raise SchedulerClosed("the LLM scheduler is stopped")
+            self._pending.append(seq)
+            self._cond.notify_all()
+        return seq
+
+    def stats(self) -> dict:
+        with self._cond:
+            pending = len(self._pending)
+        rows, positions = self._kv.capacity
+        return {"running": len(self._rows), "pending": pending, "steps": self.steps,
+                "max_batch_seen": self.max_batch_seen, "kv_rows": rows, "kv_positions": positions,
+                "kv_bytes": self._kv.nbytes()}
+
+    # -- the loop ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        import torch
+
+        if self._thread_setup is not None:
+            self._thread_setup()
+        try:
+            with torch.inference_mode():
+                while True:
+                    joining = self._next_arrivals()
+                    if joining is None:
+                        break
+                    for seq in joining:
+                        self._prefill(seq)
+                    self._drop_stopped()
+                    if self._rows:
+                        self._step()
+        except BaseException as exc:  # a bug in the loop: fail everyone rather than hang them
+            log.exception("LLM scheduler crashed")
+            self._fail_all(exc)
+        finally:
+            self._fail_all(SchedulerClosed("the LLM scheduler is stopped"))
+
+    def _next_arrivals(self) -> list[Sequence] | None:
+        """Sequences to admit now (waits while idle); None when stopping."""
+        with self._cond:
+            while not self._stopping and not self._rows and not self._pending:
+                self._cond.wait()
+            if self._stopping:
+                return None
+            room = self.max_batch_size - len(self._rows)
+            joining = []
+            while self._pending and len(joining) < room:
+                joining.append(self._pending.popleft())
+            return joining
+
+    def _prefill(self, seq: Sequence) -> None:
+        if seq.should_stop:
+            seq._finish()
+            return
+        seq._started = time.perf_counter()
+        try:
+            row, logp = self.lm.prefill(self._kv, seq.lm_input)
+        except Exception as exc:
+            log.error("LLM prefill failed (request %s): %r", seq.request_id, exc)
+            seq._finish(exc)
+            return
+        seq.lm_input = None  # the prompt now lives in the cache
+        seq._row = row
+        self._rows.append(seq)
+        self._accept(seq, logp)
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        n = len(self._rows)
+        try:
+            logp = self.lm.decode(self._kv, [seq.tokens[-1] for seq in self._rows])
+        except Exception as exc:
+            log.exception("batched LLM step failed with %d sequences", n)
+            for seq in list(self._rows):
+                self._leave(seq, exc)
+            return
+        for seq, row_logp in zip(list(self._rows), logp):
+            self._accept(seq, row_logp)
+        self.steps += 1
+        self.max_batch_seen = max(self.max_batch_seen, n)
+        self.observer.on_step(n, time.perf_counter() - t0)
+
+    def _accept(self, seq: Sequence, logp: Any) -> None:
+        """Sample ``seq``'s next token from ``logp``; hand it out, or end the sequence."""
+        step = len(seq.tokens)
+        if seq.logp_trace is not None:
+            seq.logp_trace.append(logp.detach().clone())
+        token = seq.sampler.sample(logp, seq.tokens, ignore_eos=step < seq.min_len)
+        if token in self.lm.spec.stop_tokens:
+            self._leave(seq)
+            return
+        seq._push(token)
+        self.observer.on_tokens(1)
+        if len(seq.tokens) >= seq.max_len:
+            self._leave(seq)
+
+    def _drop_stopped(self) -> None:
+        for seq in [s for s in self._rows if s.should_stop]:
+            self._leave(seq)
+
+    def _leave(self, seq: Sequence, error: BaseException | None = None) -> None:
+        """Remove ``seq`` from the batch now and free its cache row."""
+        if seq._row is not None:
+            row = seq._row
+            moved = self._kv.remove_row(row)
+            last = self._rows.pop()
+            if moved is not None:
+                self._rows[row] = last
+                last._row = row
+            seq._row = None
+        seq._finish(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cond:
+            self._stopping = True
+            pending = list(self._pending)
+            self._pending.clear()
+        for seq in list(self._rows) + pending:
+            if not seq.done:
+                self._leave(seq, error) if seq._row is not None else seq._finish(error)
+        self._rows.clear()
+        self._kv.clear()

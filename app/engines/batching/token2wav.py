@@ -1,0 +1,136 @@
+"""Speech tokens -> audio for one request, in its slot thread, on CosyVoice's own ``token2wav``.
+
+The schedule is CosyVoice2/3's streaming one (``CosyVoice2Model.tts``), with the
+state kept per request instead of on the shared model object:
+
+* the first chunk waits for ``hop + pad`` tokens plus the flow's look-ahead, where
+  ``pad`` aligns prompt + first chunk to a multiple of the hop (the small first chunk
+  that gives a low time to first audio);
+* after each chunk the hop grows by the model's ``stream_scale_factor`` up to
+  ``token_max_hop_len`` (models without them keep a fixed hop);
+* the rest is finalised in one last call. Without streaming: one call, all tokens.
+
+Tokens come from a source with ``wait_for(count, timeout)``, ``tokens`` and
+``done`` (an LLM scheduler sequence, or a fixed list for voice conversion).
+Silent tokens beyond five in a row are dropped, as CosyVoice3's ``llm_job`` does.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import uuid as uuidlib
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+MAX_SILENT_RUN = 5
+POLL_S = 0.05  # how often a waiting consumer re-checks its cancel flag
+
+
+@dataclass(frozen=True)
+class HopSchedule:
+    hop: int
+    max_hop: int
+    scale: float
+    lookahead: int
+
+    @classmethod
+    def of(cls, model: Any, initial_hop: int | None = None) -> "HopSchedule":
+        hop = int(initial_hop or model.token_hop_len)
+        return cls(hop=hop, max_hop=int(getattr(model, "token_max_hop_len", hop)),
+                   scale=float(getattr(model, "stream_scale_factor", 1)),
+                   lookahead=int(model.flow.pre_lookahead_len))
+
+
+class FixedTokens:
+    """A finished token source (voice conversion: the source speech's tokens)."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = list(tokens)
+        self.done = True
+
+    def wait_for(self, count: int, timeout: float | None = None) -> int:
+        return len(self.tokens)
+
+
+class SilenceFilter:
+    """Keeps at most MAX_SILENT_RUN consecutive silent tokens (a view over the source's tokens)."""
+
+    def __init__(self, silent: Any) -> None:
+        self.silent = frozenset(int(t) for t in (silent or ()))
+        self.kept: list[int] = []
+        self._seen = 0
+        self._run = 0
+
+    def update(self, tokens: list[int]) -> list[int]:
+        if not self.silent:
+            return tokens
+        for t in tokens[self._seen:]:
+            if t in self.silent:
+                self._run += 1
+                if self._run > MAX_SILENT_RUN:
+                    continue
+            else:
+                self._run = 0
+            self.kept.append(t)
+        self._seen = len(tokens)
+        return self.kept
+
+
+def _wait(source: Any, filt: SilenceFilter, need: int, cancel: threading.Event) -> list[int] | None:
+    """Block until ``need`` kept tokens exist or the source ended; None if cancelled."""
+    while True:
+        if cancel.is_set():
+            return None
+        raw = len(source.tokens)
+        kept = filt.update(source.tokens)
+        if len(kept) >= need or source.done:
+            if source.done:
+                kept = filt.update(source.tokens)
+            return kept
+        source.wait_for(raw + max(1, need - len(kept)), timeout=POLL_S)
+
+
+def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, speed: float,
+                      cancel: threading.Event, schedule: HopSchedule) -> Iterator[Any]:
+    """Yield speech tensors ``[1, n]`` as ``model.token2wav`` makes them from ``source``'s tokens."""
+    import torch
+
+    this_uuid = str(uuidlib.uuid4())
+    prompt_token = inputs.get("flow_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32))
+    common = dict(prompt_token=prompt_token,
+                  prompt_feat=inputs.get("prompt_speech_feat", torch.zeros(1, 0, 80)),
+                  embedding=inputs.get("flow_embedding", torch.zeros(0, 192)), uuid=this_uuid)
+    filt = SilenceFilter(getattr(model, "silent_tokens", None))
+    with model.lock:
+        model.hift_cache_dict[this_uuid] = None
+    try:
+        with torch.inference_mode():
+            offset = 0
+            hop = schedule.hop
+            if stream:
+                pad = math.ceil(prompt_token.shape[1] / schedule.hop) * schedule.hop - prompt_token.shape[1]
+                while True:
+                    this_hop = hop + pad if offset == 0 else hop
+                    need = offset + this_hop + schedule.lookahead
+                    kept = _wait(source, filt, need, cancel)
+                    if kept is None:
+                        return
+                    if len(kept) < need:  # the source ended: the rest goes in the final call
+                        break
+                    chunk = torch.tensor(kept[:need], dtype=torch.int32).unsqueeze(0)
+                    yield model.token2wav(token=chunk, token_offset=offset, stream=True, finalize=False, **common)
+                    offset += this_hop
+                    hop = int(min(schedule.max_hop, hop * schedule.scale))
+            kept = _wait(source, filt, 1 << 62, cancel)
+            if kept is None:
+                return
+            if not kept:
+                raise RuntimeError("the LLM produced no speech tokens")
+            tokens = torch.tensor(kept, dtype=torch.int32).unsqueeze(0)
+            # CosyVoice's last call is a non-streaming one, also after a stream
+            yield model.token2wav(token=tokens, token_offset=offset, stream=False, finalize=True,
+                                  speed=1.0 if stream else speed, **common)
+    finally:
+        with model.lock:
+            model.hift_cache_dict.pop(this_uuid, None)

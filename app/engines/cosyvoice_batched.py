@@ -1,0 +1,71 @@
+"""The batched request path of a CosyVoice2/3 instance shared by every slot.
+
+One :class:`BatchedRunner` per loaded model: it owns the LLM scheduler thread and
+turns one request's model inputs into audio in the calling slot thread:
+prompt -> LLM input (here) -> scheduler (shared, batched) -> tokens ->
+token2wav with CosyVoice's streaming schedule (here, per request).
+Voice conversion has no LLM: its source tokens go straight to token2wav.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterator
+
+from app.engines.base import InvalidInput
+from app.engines.batching.lm import BatchedLM, supports_batching
+from app.engines.batching.sampling import SamplingRules
+from app.engines.batching.scheduler import LLMObserver, LLMScheduler
+from app.engines.batching.token2wav import FixedTokens, HopSchedule, synthesize_tokens
+
+
+class BatchedRunner:
+    def __init__(self, model: Any, *, max_batch_size: int, greedy: bool = False,
+                 observer: LLMObserver | None = None, initial_hop: int | None = None,
+                 trace_logp: bool = False) -> None:
+        if not supports_batching(getattr(model, "llm", None)):
+            raise TypeError("this CosyVoice model's LLM cannot be batched")
+        self.model = model
+        self.lm = BatchedLM(model.llm)
+        self.schedule = HopSchedule.of(model, initial_hop)
+        self.scheduler = LLMScheduler(self.lm, max_batch_size=max_batch_size,
+                                      rules=SamplingRules.from_llm(model.llm, greedy=greedy),
+                                      observer=observer, trace_logp=trace_logp)
+        self.scheduler.start()
+
+    @property
+    def alive(self) -> bool:
+        thread = self.scheduler._thread
+        return thread is not None and thread.is_alive()
+
+    def close(self) -> None:
+        self.scheduler.stop()
+
+    def submit(self, model_input: dict, cancel: threading.Event, seed: int | None = None,
+               request_id: str = "") -> Any:
+        """Queue one request's LLM work; returns its scheduler sequence (a token source)."""
+        import torch
+
+        empty = torch.zeros(1, 0, dtype=torch.int32)
+        with torch.inference_mode():
+            try:
+                lm_input, min_len, max_len = self.lm.prefix(
+                    model_input["text"], model_input.get("prompt_text", empty),
+                    model_input.get("llm_prompt_speech_token", empty))
+            except ValueError as exc:
+                raise InvalidInput(str(exc)) from exc
+        return self.scheduler.submit(lm_input, min_len, max_len, seed=seed, cancel=cancel, request_id=request_id)
+
+    def run(self, model_input: dict, *, stream: bool, speed: float, cancel: threading.Event,
+            seed: int | None = None, request_id: str = "") -> Iterator[Any]:
+        """Speech tensors ``[1, n]`` for one segment, as token2wav produces them."""
+        if model_input.get("source_speech_token") is not None and model_input["source_speech_token"].shape[1] > 0:
+            source: Any = FixedTokens(model_input["source_speech_token"].flatten().tolist())
+        else:
+            source = self.submit(model_input, cancel, seed=seed, request_id=request_id)
+        try:
+            yield from synthesize_tokens(self.model, source, model_input, stream=stream, speed=speed,
+                                         cancel=cancel, schedule=self.schedule)
+        finally:
+            if hasattr(source, "cancel"):
+                source.cancel()  # leaves the batch at the next step (no-op once done)

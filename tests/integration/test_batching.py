@@ -1,0 +1,286 @@
+"""Continuous LLM batching on the real CosyVoice2 classes (tiny random-weight models).
+
+The reference everywhere is CosyVoice's own ``llm.inference`` run alone, with its
+sampling function made deterministic (``ranked_greedy``).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from app.engines.base import PromptAudio, SynthesisRequest
+from tests.integration.conftest import speechlike
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+torch = pytest.importorskip("torch")
+
+TEXTS = [
+    "Hello there.",
+    "The quick brown fox jumps over the lazy dog near the quiet river bank.",
+    "Batching many requests together makes the language model far cheaper per token.",
+    "Short one.",
+    "A sentence of middling length, spoken once.",
+    "Numbers like four and seven, then a pause, and a longer closing clause to end it.",
+]
+
+
+def wait_until(cond, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.002)
+
+
+@pytest.fixture(scope="module")
+def v2(tiny_models):
+    """A loaded tiny CosyVoice2 engine (per-request path) whose modules the tests batch themselves."""
+    from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
+
+    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), torch_threads=1, llm_greedy=True))
+    eng.load()
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def batched(tiny_models):
+    """A loaded tiny CosyVoice2 engine with batching on and greedy decoding."""
+    from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
+
+    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2, long=True)), torch_threads=1,
+                                          batching=True, llm_greedy=True, max_batch_size=8))
+    eng.load()
+    yield eng
+    eng.close()
+
+
+def mixed_requests(engine) -> list[SynthesisRequest]:
+    """8 requests: every LLM mode, prompts of 1.5-6 s, texts of 2-16 words."""
+    spk = engine.voices()[0]
+    short, long_ = PromptAudio(speechlike(1.5, seed=1), 16000), PromptAudio(speechlike(6.0, seed=2), 16000)
+    return [
+        SynthesisRequest(text=TEXTS[0], mode="sft", speaker=spk),
+        SynthesisRequest(text=TEXTS[1], mode="sft", speaker=spk),
+        SynthesisRequest(text=TEXTS[2], mode="zero_shot", prompt_text="a short prompt", prompt_audio=short),
+        SynthesisRequest(text=TEXTS[3], mode="zero_shot", prompt_text="a much longer prompt transcript here",
+                         prompt_audio=long_),
+        SynthesisRequest(text=TEXTS[4], mode="cross_lingual", prompt_audio=long_),
+        SynthesisRequest(text=TEXTS[5], mode="instruct2", instruct_text="speak slowly", prompt_audio=short),
+        SynthesisRequest(text=TEXTS[1], mode="instruct2", instruct_text="whisper, please", prompt_audio=long_),
+        SynthesisRequest(text=TEXTS[2], mode="cross_lingual", prompt_audio=short),
+    ]
+
+
+def llm_inputs(engine, req: SynthesisRequest) -> dict:
+    (model_input,) = list(engine._model_inputs(req))
+    return model_input
+
+
+def reference(engine, model_input: dict) -> tuple[list[int], list]:
+    """CosyVoice's own llm.inference alone: its tokens and every step's log-probs."""
+    llm = engine._loaded.model.llm
+    steps: list = []
+    hook = llm.llm_decoder.register_forward_hook(lambda m, i, o: steps.append(o.log_softmax(-1)[0].clone()))
+    empty = torch.zeros(1, 0, dtype=torch.int32)
+    prompt_text = model_input.get("prompt_text", empty)
+    speech = model_input.get("llm_prompt_speech_token", empty)
+    try:
+        with torch.inference_mode():
+            tokens = [int(t) for t in llm.inference(
+                text=model_input["text"], text_len=torch.tensor([model_input["text"].shape[1]], dtype=torch.int32),
+                prompt_text=prompt_text, prompt_text_len=torch.tensor([prompt_text.shape[1]], dtype=torch.int32),
+                prompt_speech_token=speech, prompt_speech_token_len=torch.tensor([speech.shape[1]], dtype=torch.int32),
+                embedding=model_input.get("llm_embedding", torch.zeros(0, 192)))]
+    finally:
+        hook.remove()
+    return tokens, steps
+
+
+def make_scheduler(engine, greedy: bool = True, max_batch_size: int = 16):
+    from app.engines.batching.lm import BatchedLM
+    from app.engines.batching.sampling import SamplingRules
+    from app.engines.batching.scheduler import LLMScheduler
+
+    lm = BatchedLM(engine._loaded.model.llm)
+    sched = LLMScheduler(lm, max_batch_size=max_batch_size, trace_logp=True,
+                         rules=SamplingRules.from_llm(lm.llm, greedy=greedy))
+    sched.start()
+    return lm, sched
+
+
+def submit(lm, sched, model_input: dict, **kw):
+    empty = torch.zeros(1, 0, dtype=torch.int32)
+    with torch.inference_mode():
+        x, lo, hi = lm.prefix(model_input["text"], model_input.get("prompt_text", empty),
+                              model_input.get("llm_prompt_speech_token", empty))
+    return sched.submit(x, lo, hi, **kw)
+
+
+def assert_logp_close(got, want) -> None:
+    """Every step's log-probs: 1e-4 where a token has any chance, and 1e-5 relative everywhere."""
+    assert len(got) == len(want)
+    for step, (a, b) in enumerate(zip(got, want)):
+        live = b > -50.0
+        assert float((a[live] - b[live]).abs().max()) <= 1e-4, f"step {step}"
+        assert float(((a - b).abs() / b.abs().clamp(min=1.0)).max()) <= 1e-5, f"step {step}"
+
+
+def test_a_batch_of_8_gets_what_each_request_gets_alone(v2):
+    inputs = [llm_inputs(v2, r) for r in mixed_requests(v2)]
+    refs = [reference(v2, mi) for mi in inputs]
+    assert len({mi.get("llm_prompt_speech_token", torch.zeros(1, 0)).shape[1] for mi in inputs}) >= 3
+    assert len({len(t) for t, _ in refs}) >= 4, "the requests should stop at different steps"
+    lm, sched = make_scheduler(v2)
+    try:
+        first = [submit(lm, sched, mi) for mi in inputs[:4]]
+        wait_until(lambda: len(first[0].tokens) >= 3)  # the rest join a running batch
+        later = [submit(lm, sched, mi) for mi in inputs[4:]]
+        for seq in first + later:
+            seq.wait_for(1 << 30, timeout=60)
+        assert sched.max_batch_seen >= 5
+        for seq, (tokens, steps) in zip(first + later, refs):
+            assert seq.done and seq.error is None
+            assert seq.tokens == tokens
+            assert_logp_close(seq.logp_trace, steps)
+        assert sched.stats()["kv_bytes"] == 0  # every row freed
+    finally:
+        sched.stop()
+
+
+def test_seeded_sampling_is_reproducible_alone_and_inside_a_batch(v2):
+    inputs = [llm_inputs(v2, r) for r in mixed_requests(v2)]
+    lm, sched = make_scheduler(v2, greedy=False)
+    try:
+        alone = submit(lm, sched, inputs[1], seed=1234)
+        alone.wait_for(1 << 30, timeout=60)
+        again = submit(lm, sched, inputs[1], seed=1234)
+        others = [submit(lm, sched, mi) for mi in inputs[2:]]
+        for seq in [again, *others]:
+            seq.wait_for(1 << 30, timeout=60)
+        other_seed = submit(lm, sched, inputs[1], seed=99)
+        other_seed.wait_for(1 << 30, timeout=60)
+        assert sched.max_batch_seen >= 4
+        assert alone.tokens and again.tokens == alone.tokens
+        assert other_seed.tokens != alone.tokens
+    finally:
+        sched.stop()
+
+
+def test_cancelling_one_request_removes_it_within_one_step_and_leaves_the_others_unchanged(batched):
+    reqs = mixed_requests(batched)
+    inputs = [llm_inputs(batched, r) for r in (reqs[1], reqs[2], reqs[5])]
+    lm, sched = make_scheduler(batched)
+    try:
+        solo = [submit(lm, sched, mi) for mi in inputs[1:]]
+        for seq in solo:
+            seq.wait_for(1 << 30, timeout=120)
+        victim = submit(lm, sched, inputs[0])
+        rest = [submit(lm, sched, mi) for mi in inputs[1:]]
+        wait_until(lambda: len(victim.tokens) >= 20)
+        victim.cancel()
+        at_cancel, steps_at_cancel = len(victim.tokens), sched.steps
+        wait_until(lambda: victim.done)
+        assert len(victim.tokens) <= at_cancel + 1
+        assert sched.steps <= steps_at_cancel + 2
+        for seq, want in zip(rest, solo):
+            seq.wait_for(1 << 30, timeout=120)
+            assert len(seq.tokens) > at_cancel
+            assert seq.tokens == want.tokens
+    finally:
+        sched.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("index", range(8), ids=lambda i: f"req{i}")
+def test_every_mode_through_the_batched_engine(batched, index, stream):
+    req = mixed_requests(batched)[index]
+    req.stream = stream
+    chunks = list(batched.synthesize(req, threading.Event()))
+    audio = np.concatenate([c.pcm for c in chunks])
+    assert len(audio) > batched.sample_rate // 4 and np.abs(audio).max() > 0
+    if stream and len(audio) > 3 * batched.sample_rate:
+        assert len(chunks) >= 2  # more than one hop of tokens: streamed in several chunks
+
+
+def test_voice_conversion_through_the_batched_engine(batched):
+    req = SynthesisRequest(mode="vc", prompt_audio=PromptAudio(speechlike(3.0), 16000),
+                           source_audio=PromptAudio(speechlike(2.0, seed=5), 16000))
+    audio = np.concatenate([c.pcm for c in batched.synthesize(req, threading.Event())])
+    assert abs(len(audio) / batched.sample_rate - 2.0) < 0.2
+
+
+def test_concurrent_requests_get_the_audio_they_get_one_by_one(batched):
+    reqs = mixed_requests(batched)[:6]
+    for i, r in enumerate(reqs):
+        r.stream = i % 2 == 0
+    sequential = [sum(len(c.pcm) for c in batched.synthesize(r, threading.Event())) for r in reqs]
+    steps_before = batched.llm_stats()["steps"]
+    out: dict[int, int] = {}
+
+    def run(i: int) -> None:
+        out[i] = sum(len(c.pcm) for c in batched.synthesize(reqs[i], threading.Event()))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert [out[i] for i in range(len(reqs))] == sequential
+    stats = batched.llm_stats()
+    assert stats["max_batch_seen"] >= 3 and stats["steps"] > steps_before
+
+
+def test_a_cancelled_engine_request_leaves_the_batch(batched):
+    req = mixed_requests(batched)[1]
+    req.stream = True
+    cancel = threading.Event()
+    gen = batched.synthesize(req, cancel)
+    next(gen)  # the first chunk: the sequence is decoding
+    cancel.set()
+    gen.close()
+    wait_until(lambda: batched.llm_stats()["running"] == 0, timeout=5)
+    assert batched.llm_stats()["kv_bytes"] == 0
+
+
+def test_no_cache_or_memory_growth_over_1000_mixed_sequences(v2):
+    inputs = [llm_inputs(v2, r) for r in mixed_requests(v2)]
+    lm, sched = make_scheduler(v2, greedy=False, max_batch_size=16)
+    sched.trace_logp = False
+    proc = psutil.Process()
+
+    def wave(start: int, count: int) -> None:
+        seqs = []
+        for i in range(start, start + count):
+            cancel = threading.Event()
+            seqs.append((submit(lm, sched, inputs[i % len(inputs)], seed=i, cancel=cancel), cancel, i))
+        for seq, cancel, i in seqs:
+            if i % 7 == 0:
+                cancel.set()  # some leave early, by their cancel flag
+            elif i % 11 == 0:
+                seq.cancel()
+        for seq, _, _ in seqs:
+            seq.wait_for(1 << 30, timeout=120)
+
+    try:
+        wave(0, 100)  # warm up allocator pools
+        gc.collect()
+        rss0 = proc.memory_info().rss
+        for start in range(100, 1000, 50):
+            wave(start, 50)
+        gc.collect()
+        grown = proc.memory_info().rss - rss0
+        stats = sched.stats()
+        assert stats["running"] == 0 and stats["pending"] == 0
+        assert stats["kv_bytes"] == 0 and stats["kv_rows"] == 0
+        assert stats["max_batch_seen"] == 16
+        assert grown < 64 * 1024 * 1024, f"RSS grew by {grown / 2**20:.1f} MiB"
+    finally:
+        sched.stop()
