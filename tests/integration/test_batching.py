@@ -50,14 +50,27 @@ def v2(tiny_models):
     eng.close()
 
 
+def _batched_engine(model_dir):
+    from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
+
+    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(model_dir), torch_threads=1,
+                                          batching=True, llm_greedy=True, max_batch_size=8))
+    eng.load()
+    return eng
+
+
 @pytest.fixture(scope="module")
 def batched(tiny_models):
     """A loaded tiny CosyVoice2 engine with batching on and greedy decoding."""
-    from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
+    eng = _batched_engine(tiny_models(2))
+    yield eng
+    eng.close()
 
-    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2, long=True)), torch_threads=1,
-                                          batching=True, llm_greedy=True, max_batch_size=8))
-    eng.load()
+
+@pytest.fixture(scope="module")
+def batched_long(tiny_models):
+    """The same on the tiny model that speaks long (hundreds of tokens: several stream hops)."""
+    eng = _batched_engine(tiny_models(2, long=True))
     yield eng
     eng.close()
 
@@ -174,10 +187,10 @@ def test_seeded_sampling_is_reproducible_alone_and_inside_a_batch(v2):
         sched.stop()
 
 
-def test_cancelling_one_request_removes_it_within_one_step_and_leaves_the_others_unchanged(batched):
-    reqs = mixed_requests(batched)
-    inputs = [llm_inputs(batched, r) for r in (reqs[1], reqs[2], reqs[5])]
-    lm, sched = make_scheduler(batched)
+def test_cancelling_one_request_removes_it_within_one_step_and_leaves_the_others_unchanged(batched_long):
+    reqs = mixed_requests(batched_long)
+    inputs = [llm_inputs(batched_long, r) for r in (reqs[1], reqs[2], reqs[5])]
+    lm, sched = make_scheduler(batched_long)
     try:
         solo = [submit(lm, sched, mi) for mi in inputs[1:]]
         for seq in solo:
@@ -206,8 +219,16 @@ def test_every_mode_through_the_batched_engine(batched, index, stream):
     chunks = list(batched.synthesize(req, threading.Event()))
     audio = np.concatenate([c.pcm for c in chunks])
     assert len(audio) > batched.sample_rate // 4 and np.abs(audio).max() > 0
-    if stream and len(audio) > 3 * batched.sample_rate:
-        assert len(chunks) >= 2  # more than one hop of tokens: streamed in several chunks
+
+
+@pytest.mark.parametrize("index", [1, 2], ids=["sft", "zero_shot"])
+def test_a_long_stream_comes_in_several_chunks_and_matches_the_whole_file(batched_long, index):
+    req = mixed_requests(batched_long)[index]
+    whole = list(batched_long.synthesize(req, threading.Event()))
+    req.stream = True
+    chunks = list(batched_long.synthesize(req, threading.Event()))
+    assert len(whole) == 1 and len(chunks) >= 3
+    assert sum(len(c.pcm) for c in chunks) == len(whole[0].pcm)  # greedy: the same tokens either way
 
 
 def test_voice_conversion_through_the_batched_engine(batched):
@@ -238,20 +259,22 @@ def test_concurrent_requests_get_the_audio_they_get_one_by_one(batched):
     assert stats["max_batch_seen"] >= 3 and stats["steps"] > steps_before
 
 
-def test_a_cancelled_engine_request_leaves_the_batch(batched):
-    req = mixed_requests(batched)[1]
+def test_a_cancelled_engine_request_leaves_the_batch(batched_long):
+    req = mixed_requests(batched_long)[1]
     req.stream = True
     cancel = threading.Event()
-    gen = batched.synthesize(req, cancel)
+    gen = batched_long.synthesize(req, cancel)
     next(gen)  # the first chunk: the sequence is decoding
+    assert batched_long.llm_stats()["running"] == 1
     cancel.set()
     gen.close()
-    wait_until(lambda: batched.llm_stats()["running"] == 0, timeout=5)
-    assert batched.llm_stats()["kv_bytes"] == 0
+    wait_until(lambda: batched_long.llm_stats()["running"] == 0, timeout=5)
+    assert batched_long.llm_stats()["kv_bytes"] == 0
 
 
 def test_no_cache_or_memory_growth_over_1000_mixed_sequences(v2):
-    inputs = [llm_inputs(v2, r) for r in mixed_requests(v2)]
+    reqs = mixed_requests(v2)
+    inputs = [llm_inputs(v2, r) for r in (reqs[0], reqs[2], reqs[3], reqs[5], reqs[7])]
     lm, sched = make_scheduler(v2, greedy=False, max_batch_size=16)
     sched.trace_logp = False
     proc = psutil.Process()
