@@ -18,7 +18,7 @@ PER_REQUEST_WORKERS = 2  # the known best pool size on 2 cores (docs/benchmarks/
 # at ~110 ms + flow ~8 s + HiFT ~0.8 s; streaming re-runs the flow over the prefix (~1.6x).
 CPU_S = {"full": 13.0, "tiny": 0.55}
 STREAM_FACTOR = 1.6
-LOAD_S = {"full": 30.0, "tiny": 20.0}  # server start to ready (imports, load, warm-up)
+LOAD_S = {"full": 60.0, "tiny": 20.0}  # server start to ready (imports, load per slot, warm-up)
 PARALLEL = {"full": 2, "tiny": 1}  # tiny models are GIL-bound: a second core barely helps
 
 
