@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.cosyserve-setup
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup run test test-unit test-integration test-upstream loadtest bench lint clean
+.PHONY: setup run test test-unit test-integration test-upstream loadtest bench bench-batching lint clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,10 @@ loadtest: setup
 
 bench: setup
 	$(PY) -m bench.run
+
+# per-request pool vs batched LLM, full-size (built once into .cache/full2) and tiny CosyVoice2; ~20 min
+bench-batching: setup
+	$(PY) -m bench.batching
 
 lint: setup
 	$(VENV)/bin/ruff check app tests bench locustfiles

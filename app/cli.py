@@ -44,7 +44,8 @@ def cmd_make_tiny_model(args: argparse.Namespace) -> int:
         print(f"cosyserve: cannot build a tiny CosyVoice{args.version} model: {why}", file=sys.stderr)
         return 2
     try:
-        path = build_tiny_model(args.out, args.version, long=args.long, instruct=args.instruct, seed=args.seed)
+        path = build_tiny_model(args.out, args.version, long=args.long, instruct=args.instruct, seed=args.seed,
+                                full_size=args.full_size)
     except (FileExistsError, ValueError, RuntimeError) as exc:
         print(f"cosyserve: {exc}", file=sys.stderr)
         return 2
@@ -65,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--version", type=int, choices=(1, 2, 3), default=2)
     t.add_argument("--long", action="store_true", help="generate many speech tokens (streaming yields several chunks)")
     t.add_argument("--instruct", action="store_true", help="v1 only: mark the dir as an -Instruct model")
+    t.add_argument("--full-size", action="store_true",
+                   help="v2 only: CosyVoice2-0.5B's real dimensions (~4.5 GB, for benchmarks)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("out", help="output dir (must not exist or be empty)")
     t.set_defaults(func=cmd_make_tiny_model)

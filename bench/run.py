@@ -11,6 +11,9 @@ Each HTTP system gets closed-loop points at concurrency 1, 2, 4, 8, 16 and an
 open-loop overload at 3x its own measured capacity; cosyserve also gets a
 time-to-first-audio series and a memory run. Results go to ``--out``
 (results.json, results.md, *.png); goals are printed as ratios.
+
+  (e) batching: ``bench/batching.py`` (per-request pool vs batched LLM, full-size and tiny
+      CosyVoice2; ~20 min more), run last as its own subprocess; batching.{json,md,png}
 """
 
 from __future__ import annotations
@@ -46,8 +49,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="smoke run: a few seconds per point (numbers meaningless)")
     ap.add_argument("--out", help="output dir (default docs/benchmarks, or reports/bench-quick with --quick)")
     ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model, built once into the cache")
-    ap.add_argument("--systems", default="ceilings,cosyserve,upstream,per_request",
-                    help="comma list of: ceilings, cosyserve, upstream, per_request")
+    ap.add_argument("--systems", default="ceilings,cosyserve,upstream,per_request,batching",
+                    help="comma list of: ceilings, cosyserve, upstream, per_request, batching")
     ap.add_argument("--concurrency", default=os.environ.get("BENCH_CONCURRENCY", "1,2,4,8,16"))
     ap.add_argument("--point-s", type=float, help="measured seconds per closed-loop point (env BENCH_POINT_S)")
     ap.add_argument("--warmup-s", type=float, help="unmeasured seconds before each point (env BENCH_WARMUP_S)")
@@ -207,6 +210,8 @@ def downsample(samples: list[tuple[float, int]], n: int) -> list[tuple[float, in
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.systems == ["batching"]:  # only (e): leave the side-by-side results where they are
+        return run_batching(args)
     started = time.monotonic()
     model_dir = args.model_dir or ensure_model(2)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -251,7 +256,19 @@ def main(argv: list[str] | None = None) -> int:
     write_outputs(results, args.out)
     print_goals(goals)
     log(f"done in {results['elapsed_s'] / 60:.1f} min; wrote {args.out}/results.json, results.md, *.png")
+    if "batching" in args.systems:
+        run_batching(args)
     return 0
+
+
+def run_batching(args: argparse.Namespace) -> int:
+    """(e): the batching benchmark, one server at a time like the rest, after them."""
+    argv = [sys.executable, "-m", "bench.batching", "--out", str(args.out)] + (["--quick"] if args.quick else [])
+    log("(e) batching benchmark: " + " ".join(argv[1:]))
+    code = subprocess.run(argv, check=False, cwd=ROOT, env={**os.environ, **THREAD_ENV}).returncode
+    if code != 0:
+        log(f"  (e) batching FAILED with exit code {code}")
+    return code
 
 
 if __name__ == "__main__":

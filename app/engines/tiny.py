@@ -10,6 +10,9 @@ behaviour (streaming chunks, stop conditions) are the real ones.
 Random weights never emit end-of-speech, so the builder wires an exact stop
 controller into the random LLM (``tiny_stop.py``): short models stop right after the
 2x-text-tokens minimum, long ones at ~15x (v1) / ~9.5x (v2) the prefix length.
+
+``full_size=True`` (v2 only) writes CosyVoice2-0.5B's real dimensions instead, with a
+calibrated output head in place of the stop controller (``fullsize.py``): ~4.5 GB.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from app.engines import fullsize
 from app.engines import tiny_yaml as ty
 from app.engines.tiny_stop import StopPlan
 
@@ -133,8 +137,12 @@ def build_tiny_model(
     long: bool = False,
     instruct: bool = False,
     seed: int = 0,
+    full_size: bool = False,
 ) -> Path:
-    """Write a complete tiny CosyVoice model dir for ``version`` into ``out_dir``."""
+    """Write a complete tiny CosyVoice model dir for ``version`` into ``out_dir``.
+
+    ``full_size``: CosyVoice2 (v2) only, with CosyVoice2-0.5B's real dimensions (see ``fullsize.py``).
+    """
     if version == 3:
         raise RuntimeError(tiny_version_available(3)[1])
     if version not in (1, 2):
@@ -143,6 +151,8 @@ def build_tiny_model(
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     if instruct and version != 1:
         raise ValueError("instruct=True is only meaningful for CosyVoice v1 (CosyVoice-300M-Instruct)")
+    if full_size and (version != 2 or long):
+        raise ValueError("full_size=True builds CosyVoice2 (version 2) only, and not with long=True")
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"refusing to build a tiny model into non-empty {out}")
@@ -155,13 +165,14 @@ def build_tiny_model(
         overrides = {}
         if version == 2:
             overrides["qwen_pretrain_path"] = str(out / QWEN_DIR)
-            _write_qwen_dir(out / QWEN_DIR, seed)
-        yaml_text = ty.render_yaml(version)
+            _write_qwen_dir(out / QWEN_DIR, seed, full_size=full_size)
+        yaml_text = ty.render_yaml(version, full_size=full_size)
         (out / YAML_NAMES[version]).write_text(yaml_text, encoding="utf-8")
         from hyperpyyaml import load_hyperpyyaml
 
         configs = load_hyperpyyaml(yaml_text, overrides=overrides or None)
         llm, flow, hift = configs["llm"], configs["flow"], configs["hift"]
+        llm.float()  # a full-size BlankEN is stored in bf16 (like the real one); llm.pt is fp32
         for i, module in enumerate((llm, flow, hift)):
             _reseed(
                 module,
@@ -174,10 +185,14 @@ def build_tiny_model(
         )
         if version == 1:
             plan.install_v1(llm)
+        elif full_size:
+            fullsize.calibrate_decoder(llm, torch.Generator().manual_seed(seed * 7919 + 29))
         else:
             plan.install_v2(llm)
             llm.llm.model.save_pretrained(str(out / QWEN_DIR))  # keep the safetensors == llm.pt
         torch.save(llm.state_dict(), out / "llm.pt")
+        if full_size:  # the safetensors == llm.pt up to bf16 rounding; llm.pt (loaded strictly) wins
+            llm.llm.model.to(torch.bfloat16).save_pretrained(str(out / QWEN_DIR))
         torch.save(flow.state_dict(), out / "flow.pt")
         torch.save(hift.state_dict(), out / "hift.pt")
         gen = torch.Generator().manual_seed(seed * 7919 + 3)
@@ -201,6 +216,8 @@ def build_tiny_model(
         "random_weights": True,
         "builder": BUILDER,
     }
+    if full_size:
+        meta["full_size"] = True
     (out / META_NAME).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")  # written last: marks complete
     return out
 
@@ -347,8 +364,12 @@ def _corpus_lines() -> list[str]:
     return ["".join(words[i : i + 64]) for i in range(0, len(words), 64)]
 
 
-def _write_qwen_dir(path: Path, seed: int) -> None:
-    """CosyVoice-BlankEN: a byte-level BPE tokenizer trained here and a 2-layer Qwen2."""
+def _write_qwen_dir(path: Path, seed: int, full_size: bool = False) -> None:
+    """CosyVoice-BlankEN: a byte-level BPE tokenizer trained here and a 2-layer Qwen2.
+
+    ``full_size``: a Qwen2 of Qwen2.5-0.5B's shape instead (the tokenizer stays the small
+    one; its ids are a subset of the real vocabulary), written in bf16.
+    """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -367,6 +388,11 @@ def _write_qwen_dir(path: Path, seed: int) -> None:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     fast.save_pretrained(str(path))
     vocab = -(-tok.get_vocab_size() // 64) * 64
+    if full_size:
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(fullsize.qwen_config(vocab, tok.token_to_id("<|endoftext|>")))
+        model.to(torch.bfloat16).save_pretrained(str(path))
+        return
     config = Qwen2Config(
         vocab_size=vocab,
         hidden_size=ty.LLM_DIM,
