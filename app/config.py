@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cosyserve"
@@ -54,12 +54,23 @@ class EngineSettings(_Section):
         return os.path.expanduser(v) if v else v
 
 
+def batches_llm(engine: EngineSettings) -> bool:
+    """Whether the engine will batch its LLM: batching on and a CosyVoice2/3 dir (or tiny default)."""
+    if engine.kind != "cosyvoice" or not engine.batching:
+        return False
+    if not engine.model_dir:
+        return engine.tiny_version >= 2
+    root = Path(engine.model_dir).expanduser()
+    return (root / "cosyvoice2.yaml").is_file() or (root / "cosyvoice3.yaml").is_file()
+
+
 def _default_workers() -> int:
     return max(1, os.cpu_count() or 1)
 
 
 class PoolSettings(_Section):
-    workers: int = Field(default_factory=_default_workers, ge=1, le=256)
+    # None: engine.max_batch_size with LLM batching (v2/v3 dirs), else the CPU count (see Settings)
+    workers: int | None = Field(None, ge=1, le=256)
     max_queue: int | None = Field(None, ge=0)  # None: as many as workers
 
     @property
@@ -94,6 +105,12 @@ class Settings(BaseSettings):
     pool: PoolSettings = Field(default_factory=PoolSettings)
     voices: VoicesSettings = Field(default_factory=VoicesSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+
+    @model_validator(mode="after")
+    def _resolve_workers(self) -> "Settings":
+        if self.pool.workers is None:
+            self.pool.workers = self.engine.max_batch_size if batches_llm(self.engine) else _default_workers()
+        return self
 
     @field_validator("engine")
     @classmethod

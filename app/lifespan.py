@@ -13,7 +13,7 @@ from typing import Any, AsyncIterator, Callable
 import anyio
 from fastapi import FastAPI
 
-from app.config import Settings
+from app.config import Settings, batches_llm
 from app.runtime import Runtime
 from app.serving.pool import EnginePool, PoolConfig
 
@@ -51,7 +51,7 @@ def engine_factory(settings: Settings, llm_observer: Any = None) -> EngineFactor
     model_dir = resolve_model_dir(settings)
     cfg = CosyVoiceConfig(model_dir=model_dir, cosyvoice_path=eng.cosyvoice_path, fp16=eng.fp16,
                           torch_threads=eng.torch_threads, prompt_cache_size=eng.prompt_cache_size,
-                          batching=batching_enabled(settings, model_dir), max_batch_size=eng.max_batch_size,
+                          batching=batches_llm(eng), max_batch_size=eng.max_batch_size,
                           llm_greedy=eng.llm_greedy)
 
     def factory(index: int) -> CosyVoiceEngine:
@@ -59,19 +59,6 @@ def engine_factory(settings: Settings, llm_observer: Any = None) -> EngineFactor
 
     factory.batching = cfg.batching  # type: ignore[attr-defined]
     return factory
-
-
-def batching_enabled(settings: Settings, model_dir: str | None = None) -> bool:
-    """Batching applies to CosyVoice2/3 dirs (their Qwen2 LLM); v1 keeps one instance per slot."""
-    eng = settings.engine
-    if eng.kind != "cosyvoice" or not eng.batching:
-        return False
-    from app.engines.cosyvoice_load import detect_version
-
-    try:
-        return detect_version(Path(model_dir or resolve_model_dir(settings))) >= 2
-    except Exception:  # not a model dir: loading will say so with a clear message
-        return False
 
 
 def pool_config(settings: Settings, batching: bool = False) -> PoolConfig:

@@ -74,3 +74,21 @@ def test_cli_serve_exits_nonzero_on_bad_config(tmp_path, capsys):
     cfg.write_text("pool:\n  workers: -1\n")
     assert main(["serve", "--config", str(cfg)]) == 2
     assert "pool.workers" in capsys.readouterr().err
+
+
+def test_default_workers_follow_llm_batching(tmp_path, monkeypatch):
+    monkeypatch.delenv("COSYSERVE_POOL__WORKERS", raising=False)
+    v1, v2 = tmp_path / "v1", tmp_path / "v2"
+    v1.mkdir()
+    v2.mkdir()
+    (v1 / "cosyvoice.yaml").write_text("")
+    (v2 / "cosyvoice2.yaml").write_text("")
+    batched = load_settings(None, engine={"model_dir": str(v2), "max_batch_size": 12})
+    assert (batched.pool.workers, batched.pool.queue_limit) == (12, 12)  # workers = concurrent requests
+    import os
+
+    cores = max(1, os.cpu_count() or 1)
+    assert load_settings(None, engine={"model_dir": str(v1)}).pool.workers == cores  # v1: never batched
+    assert load_settings(None, engine={"model_dir": str(v2), "batching": False}).pool.workers == cores
+    assert load_settings(None, engine={"kind": "fake"}).pool.workers == cores
+    assert load_settings(None, engine={"model_dir": str(v2)}, pool={"workers": 3}).pool.workers == 3
