@@ -43,6 +43,7 @@ class EngineSettings(_Section):
     prompt_cache_size: int = Field(32, ge=0)
     batching: bool = True  # v2/v3: one model instance, LLM continuously batched across requests
     max_batch_size: int = Field(16, ge=1, le=256)  # most sequences in one batched LLM step
+    token2wav_workers: int | None = Field(None, ge=1, le=256)  # batched: flow+HiFT calls at once (None: auto)
     llm_greedy: bool = False  # testing only: argmax instead of CosyVoice's sampling (deterministic output)
     tiny_version: Literal[1, 2, 3] = 2
     tiny_cache_dir: str = str(DEFAULT_CACHE / "models")

@@ -52,7 +52,7 @@ def engine_factory(settings: Settings, llm_observer: Any = None) -> EngineFactor
     cfg = CosyVoiceConfig(model_dir=model_dir, cosyvoice_path=eng.cosyvoice_path, fp16=eng.fp16,
                           torch_threads=eng.torch_threads, prompt_cache_size=eng.prompt_cache_size,
                           batching=batches_llm(eng), max_batch_size=eng.max_batch_size,
-                          llm_greedy=eng.llm_greedy)
+                          llm_greedy=eng.llm_greedy, token2wav_workers=eng.token2wav_workers)
 
     def factory(index: int) -> CosyVoiceEngine:
         return CosyVoiceEngine(cfg, name=eng.name, llm_observer=llm_observer)

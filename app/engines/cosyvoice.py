@@ -52,6 +52,7 @@ class CosyVoiceConfig:
     batching: bool = False  # v2/v3: the LLM runs in a shared continuous-batching scheduler
     max_batch_size: int = 16
     llm_greedy: bool = False  # testing only: argmax sampling
+    token2wav_workers: int | None = None  # batched: token2wav calls at once; None: CPU cores (CPU), no limit (GPU)
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,8 @@ class CosyVoiceEngine:
 
             self._batched = BatchedRunner(self._loaded.model, max_batch_size=self.config.max_batch_size,
                                           greedy=self.config.llm_greedy, observer=self.llm_observer,
-                                          initial_hop=self._initial_hop)
+                                          initial_hop=self._initial_hop,
+                                          token2wav_workers=self._token2wav_workers())
         params = list(inspect.signature(self._loaded.frontend._extract_speech_feat).parameters)
         self._path_frontend = bool(params) and params[0] == "prompt_wav"
         log.info(
@@ -115,6 +117,14 @@ class CosyVoiceEngine:
         )
         if self._batched is not None:
             log.info("LLM batching on: up to %d requests per decode step", self.config.max_batch_size)
+
+    def _token2wav_workers(self) -> int | None:
+        """On a CPU flow + HiFT are compute-bound: about one call per core; a GPU overlaps them."""
+        if self.config.token2wav_workers:
+            return self.config.token2wav_workers
+        if str(getattr(self._loaded.model, "device", "cpu")).startswith("cuda"):
+            return None
+        return max(1, (os.cpu_count() or 1) // max(1, self.config.torch_threads))
 
     def warmup(self) -> None:
         speakers = self.voices()

@@ -13,6 +13,7 @@ import threading
 from typing import Any, Iterator
 
 from app.engines.base import InvalidInput
+from app.engines.batching.gate import PriorityGate
 from app.engines.batching.lm import BatchedLM, supports_batching
 from app.engines.batching.sampling import SamplingRules
 from app.engines.batching.scheduler import LLMObserver, LLMScheduler
@@ -22,7 +23,7 @@ from app.engines.batching.token2wav import FixedTokens, HopSchedule, synthesize_
 class BatchedRunner:
     def __init__(self, model: Any, *, max_batch_size: int, greedy: bool = False,
                  observer: LLMObserver | None = None, initial_hop: int | None = None,
-                 trace_logp: bool = False) -> None:
+                 trace_logp: bool = False, token2wav_workers: int | None = None) -> None:
         if not supports_batching(getattr(model, "llm", None)):
             raise TypeError("this CosyVoice model's LLM cannot be batched")
         self.model = model
@@ -31,6 +32,7 @@ class BatchedRunner:
         self.scheduler = LLMScheduler(self.lm, max_batch_size=max_batch_size,
                                       rules=SamplingRules.from_llm(model.llm, greedy=greedy),
                                       observer=observer, trace_logp=trace_logp)
+        self.gate = PriorityGate(token2wav_workers) if token2wav_workers else None
         self.scheduler.start()
 
     @property
@@ -65,7 +67,7 @@ class BatchedRunner:
             source = self.submit(model_input, cancel, seed=seed, request_id=request_id)
         try:
             yield from synthesize_tokens(self.model, source, model_input, stream=stream, speed=speed,
-                                         cancel=cancel, schedule=self.schedule)
+                                         cancel=cancel, schedule=self.schedule, gate=self.gate)
         finally:
             if hasattr(source, "cancel"):
                 source.cancel()  # leaves the batch at the next step (no-op once done)

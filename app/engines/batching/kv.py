@@ -37,13 +37,15 @@ class BatchedKV:
 
     @property
     def capacity(self) -> tuple[int, int]:
-        """(rows, positions) allocated now; (0, 0) when nothing is held."""
-        if not self.k:
+        """(rows, positions) allocated now; (0, 0) when nothing is held. Safe from other threads."""
+        k = self.k  # one read: the owner may replace the list meanwhile
+        if not k:
             return (0, 0)
-        return (self.k[0].shape[0], self.k[0].shape[2])
+        return (k[0].shape[0], k[0].shape[2])
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        k, v = self.k, self.v
+        return sum(t.numel() * t.element_size() for t in list(k) + list(v))
 
     def reserve(self, rows: int, positions: int) -> None:
         """Make room for ``rows`` sequences of ``positions`` positions (copying what is held)."""

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 import uuid as uuidlib
 from dataclasses import dataclass
 from typing import Any, Iterator
+
+from app.engines.batching.gate import PriorityGate
 
 MAX_SILENT_RUN = 5
 POLL_S = 0.05  # how often a waiting consumer re-checks its cancel flag
@@ -92,9 +95,27 @@ def _wait(source: Any, filt: SilenceFilter, need: int, cancel: threading.Event) 
 
 
 def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, speed: float,
-                      cancel: threading.Event, schedule: HopSchedule) -> Iterator[Any]:
-    """Yield speech tensors ``[1, n]`` as ``model.token2wav`` makes them from ``source``'s tokens."""
+                      cancel: threading.Event, schedule: HopSchedule, gate: PriorityGate | None = None) -> Iterator[Any]:
+    """Yield speech tensors ``[1, n]`` as ``model.token2wav`` makes them from ``source``'s tokens.
+
+    ``gate`` (optional) bounds concurrent token2wav calls across requests, first chunks first.
+    """
     import torch
+
+    started = time.monotonic()
+    calls = 0
+
+    def token2wav(**kw: Any) -> Any:
+        nonlocal calls
+        index, calls = calls, calls + 1
+        if gate is None:
+            return model.token2wav(**kw)
+        if not gate.acquire(index, started, cancel):
+            return None
+        try:
+            return model.token2wav(**kw)
+        finally:
+            gate.release()
 
     this_uuid = str(uuidlib.uuid4())
     prompt_token = inputs.get("flow_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32))
@@ -119,7 +140,10 @@ def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, sp
                     if len(kept) < need:  # the source ended: the rest goes in the final call
                         break
                     chunk = torch.tensor(kept[:need], dtype=torch.int32).unsqueeze(0)
-                    yield model.token2wav(token=chunk, token_offset=offset, stream=True, finalize=False, **common)
+                    speech = token2wav(token=chunk, token_offset=offset, stream=True, finalize=False, **common)
+                    if speech is None:
+                        return
+                    yield speech
                     offset += this_hop
                     hop = int(min(schedule.max_hop, hop * schedule.scale))
             kept = _wait(source, filt, 1 << 62, cancel)
@@ -129,8 +153,10 @@ def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, sp
                 raise RuntimeError("the LLM produced no speech tokens")
             tokens = torch.tensor(kept, dtype=torch.int32).unsqueeze(0)
             # CosyVoice's last call is a non-streaming one, also after a stream
-            yield model.token2wav(token=tokens, token_offset=offset, stream=False, finalize=True,
-                                  speed=1.0 if stream else speed, **common)
+            speech = token2wav(token=tokens, token_offset=offset, stream=False, finalize=True,
+                               speed=1.0 if stream else speed, **common)
+            if speech is not None:
+                yield speech
     finally:
         with model.lock:
             model.hift_cache_dict.pop(this_uuid, None)
