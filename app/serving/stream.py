@@ -67,11 +67,16 @@ class BlockingStream(Generic[T]):
         maxsize: int,
         cancel_event: threading.Event | None = None,
         poll_s: float = 0.1,
+        max_bytes: int | None = None,
     ) -> None:
         if maxsize < 1:
             raise ValueError("maxsize must be at least 1")
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError("max_bytes must be at least 1")
         self._loop = loop
         self._maxsize = maxsize
+        self._max_bytes = max_bytes  # also bound the buffered bytes (items with a len())
+        self._bytes = 0
         self._poll_s = poll_s
         self.cancel_event = cancel_event if cancel_event is not None else threading.Event()
         self._lock = threading.Lock()
@@ -86,6 +91,7 @@ class BlockingStream(Generic[T]):
         self.exhausted = False  # the generator ran to its end
         self.produced = 0  # items pulled from the generator
         self.max_buffered = 0  # high-water mark of the buffer
+        self.max_buffered_bytes = 0  # high-water mark of the buffered bytes
         self.first_item_at: float | None = None  # time.monotonic() of the first item
 
     # -- owner side ------------------------------------------------------------------
@@ -115,6 +121,7 @@ class BlockingStream(Generic[T]):
             if self._abort is None and not self._delivered_end:
                 self._abort = exc
             self._items.clear()
+            self._bytes = 0
             self.cancel_event.set()
             self._space.notify_all()
             waiter, self._waiter = self._waiter, None
@@ -151,16 +158,23 @@ class BlockingStream(Generic[T]):
                     error = error or exc
         self._finish(error)
 
+    def _full(self) -> bool:
+        if len(self._items) >= self._maxsize:
+            return True
+        return self._max_bytes is not None and bool(self._items) and self._bytes >= self._max_bytes
+
     def _put(self, item: T) -> bool:
         with self._space:
-            while len(self._items) >= self._maxsize:
+            while self._full():
                 if self.cancel_event.is_set():
                     return False
                 self._space.wait(self._poll_s)
             if self.cancel_event.is_set():
                 return False
             self._items.append(item)
+            self._bytes += _size(item)
             self.max_buffered = max(self.max_buffered, len(self._items))
+            self.max_buffered_bytes = max(self.max_buffered_bytes, self._bytes)
             if self.first_item_at is None:
                 self.first_item_at = time.monotonic()
             waiter, self._waiter = self._waiter, None
@@ -196,6 +210,7 @@ class BlockingStream(Generic[T]):
                     raise self._abort
                 if self._items:
                     item = self._items.popleft()
+                    self._bytes -= _size(item)
                     self._space.notify()
                     return item
                 if self._finished:
@@ -213,6 +228,14 @@ class BlockingStream(Generic[T]):
                 with self._lock:
                     if self._waiter is waiter:
                         self._waiter = None
+
+
+def _size(item: object) -> int:
+    """Bytes an item holds in the buffer: ``len()`` of encoded pieces, 0 for anything else."""
+    try:
+        return len(item)  # type: ignore[arg-type]
+    except TypeError:
+        return 0
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:
@@ -241,6 +264,7 @@ class Job:
         slot_index: int,
         buffer_chunks: int,
         deadline_s: float,
+        buffer_bytes: int | None = None,
         on_thread_done: Callable[[Job], None],
         on_released: Callable[[Job], None],
     ) -> None:
@@ -259,8 +283,9 @@ class Job:
         self._settled = False  # the thread-returned bookkeeping ran
         self._released = False
         self._pending_first: AudioChunk | None = None
-        self._stream: BlockingStream[AudioChunk] = BlockingStream(loop, buffer_chunks)
+        self._stream: BlockingStream[AudioChunk] = BlockingStream(loop, buffer_chunks, max_bytes=buffer_bytes)
         self._started_at = time.monotonic()
+        self.stuck_reported = False  # the pool logged this job as stuck in the engine
         self._thread_done = self._stream.start(executor, open_gen)
         self._thread_done.add_done_callback(self._on_thread_done)
         self._timer = loop.call_later(deadline_s, self._on_deadline) if deadline_s > 0 else None
@@ -296,6 +321,11 @@ class Job:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+    @property
+    def started_at(self) -> float:
+        """``time.monotonic()`` when the job was handed to its slot thread."""
+        return self._started_at
 
     @property
     def done(self) -> bool:

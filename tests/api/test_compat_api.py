@@ -77,7 +77,7 @@ def test_cross_lingual_instruct_and_instruct2(make_client, behaviour, seen):
 
 def test_spk_id_may_name_a_library_voice(make_client, behaviour, seen):
     client = make_client(sample_rate=RATE)
-    client.app.state.runtime.voices = StubLibrary("narrator")
+    client.app.state.runtime.speech.library = StubLibrary("narrator")
     check_pcm(client.post("/inference_sft", data={"tts_text": "hi", "spk_id": "narrator"}), behaviour)
     assert seen[-1].mode == "zero_shot" and seen[-1].voice == {"voice": "narrator"}
 

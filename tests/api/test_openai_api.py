@@ -103,7 +103,7 @@ def test_voice_as_string_object_and_openai_alias(make_client, seen):
 
 def test_library_voice_and_instructions(make_client, seen):
     client = make_client()
-    client.app.state.runtime.voices = StubLibrary("narrator", "alloy")
+    client.app.state.runtime.speech.library = StubLibrary("narrator", "alloy")
     r = speech(client, voice={"id": "narrator"}, response_format="pcm")
     assert r.status_code == 200 and "x-instructions-ignored" not in r.headers
     assert seen[-1].mode == "zero_shot" and seen[-1].voice == {"voice": "narrator"}
@@ -156,7 +156,7 @@ def test_models_list_and_retrieve(make_client):
 
 def test_voices_lists_presets_library_and_aliases(make_client):
     client = make_client()
-    client.app.state.runtime.voices = StubLibrary("narrator")
+    client.app.state.runtime.speech.library = StubLibrary("narrator")
     body = client.get("/v1/audio/voices").json()
     assert body["object"] == "list"
     by_id = {v["id"]: v for v in body["data"]}
