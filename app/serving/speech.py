@@ -37,6 +37,11 @@ from app.serving.pool import EnginePool, Job, Ticket
 
 log = logging.getLogger("cosyserve.speech")
 
+# How long an answer waits for a cancelled job's slot thread to return. A healthy engine
+# returns within one chunk; one that ignores its cancel flag is left to release its slot
+# when it does return (and is reported as stuck by the pool past its deadline + grace).
+CLOSE_WAIT_S = 2.0
+
 
 @dataclass
 class SpeechResult:
@@ -136,7 +141,7 @@ async def _body(job: Job) -> AsyncIterator[bytes]:
 
 
 async def _shielded_close(job: Job) -> None:
-    close = asyncio.ensure_future(job.aclose())
+    close = asyncio.ensure_future(job.aclose(wait_s=CLOSE_WAIT_S))
     try:
         await asyncio.shield(close)
     except asyncio.CancelledError:

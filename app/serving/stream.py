@@ -309,11 +309,23 @@ class Job:
             raise StopAsyncIteration
         return chunk
 
-    async def aclose(self) -> None:
-        """Idempotent: cancel if still running, wait until the slot thread returned, release."""
+    async def aclose(self, wait_s: float | None = None) -> None:
+        """Idempotent: cancel if still running, wait until the slot thread returned, release.
+
+        ``wait_s`` bounds the wait: an engine that ignores its cancel flag must not hold
+        the caller (and its client) hostage. The slot and the permit are then released
+        by the thread-done callback, whenever the thread returns.
+        """
         self._stream.cancel()
         self._consumer_finished()
-        await asyncio.shield(self._thread_done)
+        if wait_s is None:
+            await asyncio.shield(self._thread_done)
+        else:
+            await asyncio.wait({self._thread_done}, timeout=wait_s)
+            if not self._thread_done.done():
+                log.warning("job %s: slot %d has not returned from the engine %g s after cancel; the slot stays "
+                            "busy until it does", self.request_id, self.slot_index, wait_s)
+                return
         self._settle()  # an await on a finished future resumes before its done callbacks run
 
     async def __aenter__(self) -> Self:

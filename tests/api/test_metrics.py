@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.api.context import RequestContext
 from app.config import Settings
 from app.engines.fake import FakeEngine
 from app.main import create_app
-from app.api.context import RequestContext
 from app.metrics import Metrics, outcome_of
 from tests.api.conftest import hold, make_settings
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import struct
 import threading
-import time
 import warnings
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.openai_schemas import OPENAI_VOICES
-from tests.api.conftest import hold
+from tests.api.conftest import hold, wait_queued
 from tests.api.speech_helpers import (
     CONTENT_TYPES,
     FORMATS,
@@ -214,10 +213,7 @@ def test_overload_is_503_in_openai_shape(make_client, behaviour):
                for _ in range(2)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 5
-    while not behaviour.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.1)  # let the second request take its queue place
+    wait_queued(client, running=1, queued=1)  # one runs, the other holds the only queue place
     r = speech(client, response_format="pcm")
     assert r.status_code == 503
     assert r.json()["error"]["code"] == "overloaded" and set(r.json()["error"]) == ERROR_KEYS
