@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app.api import compat, health, metrics, openai, tts, voices
+from app.api import compat, health, metrics, openai, openapi, tts, voices
 from app.api.admission import AdmissionMiddleware
 from app.api.errors import install_error_handlers
 from app.api.routes import ENDPOINTS
@@ -36,6 +36,7 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
     if runtime.metrics is not None:
         app.include_router(metrics.router)
     install_error_handlers(app)
+    openapi.install(app)
     app.add_middleware(AdmissionMiddleware, pool=lambda: runtime.pool)  # inner: runs after the request id is set
     app.add_middleware(RequestContextMiddleware, access_log=settings.server.access_log,
                        on_done=runtime.metrics.on_done if runtime.metrics is not None else None)

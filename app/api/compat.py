@@ -27,6 +27,7 @@ from starlette.responses import Response
 from app.api.context import context_of
 from app.api.deps import SpeechDep
 from app.api.respond import synthesize
+from app.api.route_docs import UPSTREAM_MEDIA_TYPE, upstream_doc
 from app.api.routes import register
 from app.api.uploads import is_form, read_audio, read_body
 from app.serving.errors import MissingField
@@ -34,7 +35,7 @@ from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
 
 router = APIRouter(tags=["upstream-compatible"])
-MEDIA_TYPE = "application/octet-stream"
+MEDIA_TYPE = UPSTREAM_MEDIA_TYPE
 
 F = TypeVar("F", bound=BaseModel)
 
@@ -110,4 +111,4 @@ def handler(name: str, spec: Upstream) -> Callable[..., Any]:
 
 
 for _name, _spec in UPSTREAM.items():
-    register(router, _name)(handler(_name, _spec))
+    register(router, _name, by_method=upstream_doc(_spec.form, _spec.prompt))(handler(_name, _spec))

@@ -18,10 +18,12 @@ from fastapi.responses import JSONResponse
 from app.api.deps import RuntimeDep
 
 router = APIRouter(tags=["health"])
+PROBE_503 = {503: {"description": "Not live / not ready; the JSON body says why",
+                   "content": {"application/json": {"schema": {"type": "object"}}}}}
 log = logging.getLogger("cosyserve.api")
 
 
-@router.get("/health/live", summary="Liveness: 503 while a slot is stuck in the engine")
+@router.get("/health/live", summary="Liveness: 503 while a slot is stuck in the engine", responses=PROBE_503)
 async def live(runtime: RuntimeDep) -> JSONResponse:
     stuck = runtime.pool.stuck_slots() if runtime.pool is not None else []
     if stuck:
@@ -29,7 +31,8 @@ async def live(runtime: RuntimeDep) -> JSONResponse:
     return JSONResponse({"status": "alive"})
 
 
-@router.get("/health/ready", summary="Readiness: every slot loaded, warm and healthy, not draining")
+@router.get("/health/ready", summary="Readiness: every slot loaded, warm and healthy, not draining",
+            responses=PROBE_503)
 async def ready(runtime: RuntimeDep) -> JSONResponse:
     pool = runtime.pool
     detail: dict = {"draining": runtime.draining}

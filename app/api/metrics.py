@@ -12,7 +12,9 @@ from app.serving.errors import NotFound
 router = APIRouter(tags=["metrics"])
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response,
+            responses={200: {"description": "Prometheus text format",
+                             "content": {"text/plain": {"schema": {"type": "string"}}}}})
 async def metrics(runtime: RuntimeDep) -> Response:
     # Rendered on the event loop on purpose: it is cheap (well under a millisecond for our few
     # dozen series) and the pool's stats may only be read from the loop's thread.

@@ -34,7 +34,9 @@ from app.api.openai_schemas import (
     VoiceList,
     check_speech,
 )
+from app.api.openapi import errors
 from app.api.respond import synthesize
+from app.api.route_docs import SPEECH_DOC
 from app.api.routes import register
 from app.api.sse import (
     SSE_HEADERS,
@@ -62,7 +64,7 @@ def check_model(speech: SpeechService, model: str) -> None:
                        f"{speech.info.name!r} (aliases: {', '.join(MODEL_ALIASES)})", param="model")
 
 
-@register(router, "create_speech")
+@register(router, "create_speech", **SPEECH_DOC)
 async def create_speech(request: Request, speech: SpeechDep) -> Response:
     body, _ = await read_body(request, SpeechRequest, speech.limits)
     check_speech(body, speech.limits.max_text_chars)
@@ -82,18 +84,21 @@ async def create_speech(request: Request, speech: SpeechDep) -> Response:
                             headers={**headers, **SSE_HEADERS}, sink=sink)
 
 
-@router.get("/v1/models", response_model=ModelList, summary="List models (OpenAI-compatible)")
+@router.get("/v1/models", response_model=ModelList, summary="List models (OpenAI-compatible)",
+            responses=errors(503, openai=True))
 async def list_models(runtime: RuntimeDep, speech: SpeechDep) -> ModelList:
     return ModelList(data=[ModelCard(id=speech.info.name, created=runtime.model_created)])
 
 
-@router.get("/v1/models/{model_id:path}", response_model=ModelCard, summary="Retrieve a model (OpenAI-compatible)")
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, summary="Retrieve a model (OpenAI-compatible)",
+            responses=errors(404, 503, openai=True))
 async def retrieve_model(model_id: str, runtime: RuntimeDep, speech: SpeechDep) -> ModelCard:
     check_model(speech, model_id)
     return ModelCard(id=model_id, created=runtime.model_created)
 
 
-@router.get("/v1/audio/voices", response_model=VoiceList, summary="List voices usable as 'voice'")
+@router.get("/v1/audio/voices", response_model=VoiceList, summary="List voices usable as 'voice'",
+            responses=errors(503, openai=True))
 async def list_voices(speech: SpeechDep) -> VoiceList:
     presets = list(speech.presets)
     library = speech.voice_names()

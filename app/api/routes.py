@@ -59,15 +59,20 @@ def is_openai_path(path: str) -> bool:
     return path.startswith(OPENAI_PREFIXES)
 
 
-def register(router: APIRouter, name: str, **openapi: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register a handler for the table's route ``name`` (one operation per method)."""
+def register(router: APIRouter, name: str, by_method: dict[str, dict[str, Any]] | None = None,
+             **openapi: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register a handler for the table's route ``name`` (one operation per method).
+
+    ``openapi`` goes to every operation; ``by_method[METHOD]`` adds to (and wins over) it.
+    """
     spec = route(name)
 
     def add(handler: Callable[..., Any]) -> Callable[..., Any]:
         for method in spec.methods:
             op_id = spec.name if len(spec.methods) == 1 else f"upstream_{spec.name}_{method.lower()}"
+            extra = {**openapi, **(by_method or {}).get(method, {})}
             router.add_api_route(spec.path, handler, methods=[method], summary=spec.summary,
-                                 operation_id=op_id, **openapi)
+                                 operation_id=op_id, **extra)
         return handler
 
     return add

@@ -7,7 +7,9 @@ from starlette.responses import Response
 
 from app.api.context import context_of
 from app.api.deps import SpeechDep
+from app.api.openapi import errors
 from app.api.respond import synthesize
+from app.api.route_docs import TTS_DOC
 from app.api.routes import register
 from app.api.schemas import SpeakersResponse, TTSRequest
 from app.api.uploads import read_audio, read_body
@@ -16,7 +18,7 @@ from app.serving.plan import SpeechFields
 router = APIRouter(tags=["native"])
 
 
-@register(router, "tts")
+@register(router, "tts", **TTS_DOC)
 async def tts(request: Request, speech: SpeechDep) -> Response:
     body, files = await read_body(request, TTSRequest, speech.limits)
     limit = speech.limits.max_upload_bytes
@@ -29,7 +31,8 @@ async def tts(request: Request, speech: SpeechDep) -> Response:
     return await synthesize(request, speech, plan, speech.output(body.format, body.stream, body.sample_rate))
 
 
-@router.get("/v1/speakers", response_model=SpeakersResponse)
+@router.get("/v1/speakers", response_model=SpeakersResponse, summary="Preset speakers, library voices, modes",
+            responses=errors(503))
 async def speakers(speech: SpeechDep) -> SpeakersResponse:
     info = speech.info
     return SpeakersResponse(speakers=list(speech.presets), voices=speech.voice_names(), model=info.name,

@@ -11,6 +11,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from app.api.deps import LibraryDep, PoolDep, SpeechDep
+from app.api.openapi import errors
+from app.api.route_docs import VOICE_DOC
 from app.api.uploads import read_audio, read_body, read_file
 from app.api.voice_schemas import VoiceCard, VoiceForm, VoiceList, check_voice_form
 from app.serving.errors import BadRequest
@@ -20,7 +22,7 @@ from app.voices.store import safe_ext
 router = APIRouter(tags=["voices"])
 
 
-@router.post("/v1/voices", status_code=201, response_model=VoiceCard, summary="Register a voice")
+@router.post("/v1/voices", status_code=201, response_model=VoiceCard, summary="Register a voice", **VOICE_DOC)
 async def create_voice(request: Request, speech: SpeechDep, pool: PoolDep, library: LibraryDep) -> JSONResponse:
     limits = speech.limits
     form, files = await read_body(request, VoiceForm, limits)
@@ -35,12 +37,13 @@ async def create_voice(request: Request, speech: SpeechDep, pool: PoolDep, libra
     return JSONResponse(meta, status_code=201, headers={"Location": f"/v1/voices/{name}"})
 
 
-@router.get("/v1/voices", response_model=VoiceList, summary="List registered voices")
+@router.get("/v1/voices", response_model=VoiceList, summary="List registered voices", responses=errors(503))
 async def list_voices(library: LibraryDep) -> VoiceList:
     return VoiceList(voices=[VoiceCard(**meta) for meta in library.list()])
 
 
-@router.get("/v1/voices/{name}", response_model=VoiceCard, summary="Show a registered voice")
+@router.get("/v1/voices/{name}", response_model=VoiceCard, summary="Show a registered voice",
+            responses=errors(404, 503))
 async def get_voice(name: str, library: LibraryDep) -> VoiceCard:
     meta = library.get(name)
     if meta is None:
@@ -48,7 +51,8 @@ async def get_voice(name: str, library: LibraryDep) -> VoiceCard:
     return VoiceCard(**meta)
 
 
-@router.delete("/v1/voices/{name}", status_code=204, summary="Delete a registered voice")
+@router.delete("/v1/voices/{name}", status_code=204, summary="Delete a registered voice",
+               responses=errors(404, 409, 503))
 async def delete_voice(name: str, library: LibraryDep) -> Response:
     await library.delete(name)
     return Response(status_code=204)
