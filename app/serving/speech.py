@@ -98,9 +98,12 @@ class SpeechService:
         """Admit (unless ``ticket``), acquire, run, encode; raises ClientGone if ``gone`` fires first."""
         ticket = ticket if ticket is not None else self.pool.admit()
         task = asyncio.ensure_future(self._start(plan, out, ticket))
-        if gone is None:
-            return await task
-        return await _unless_gone(task, gone)
+        try:
+            if gone is None:
+                return await task
+            return await _unless_gone(task, gone)
+        finally:
+            task.add_done_callback(lambda _: _release_if_unused(ticket))
 
     async def _start(self, plan: Plan, out: OutputSpec, ticket: Ticket) -> SpeechResult:
         lease = await self.pool.acquire(ticket)  # releases the permit itself if it fails or is cancelled
@@ -123,6 +126,12 @@ class SpeechService:
             raise
         await _shielded_close(job)
         return result
+
+
+def _release_if_unused(ticket: Ticket) -> None:
+    """A task cancelled before it reached ``acquire`` never used its permit: give it back."""
+    if ticket.state == "admitted":
+        ticket.release()
 
 
 async def _rest(job: Job) -> AsyncIterator[Piece]:

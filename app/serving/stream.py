@@ -10,7 +10,9 @@ on the event loop). No extra thread per stream is needed:
   to a bounded deque guarded by a ``threading.Condition``. When the deque holds
   ``maxsize`` items the thread waits on the condition: the engine stops being
   pulled (backpressure), so at most ``maxsize`` chunks are buffered plus the
-  one the thread holds. The wait is woken by the consumer taking an item or by
+  one the thread holds; with ``max_bytes`` it also waits while the buffered items
+  hold that many bytes (encoded pieces have a ``len()``), so backpressure counts
+  bytes, not just chunks. The wait is woken by the consumer taking an item or by
   ``cancel()``; it also re-checks the cancel flag every ``poll_s`` in case the
   flag was set by someone who did not notify.
 * Buffer -> consumer: ``__anext__`` takes an item under the lock (never held
