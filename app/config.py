@@ -32,6 +32,7 @@ class ServerSettings(_Section):
     drain_timeout_s: float = Field(30.0, ge=0)
     max_upload_mb: float = Field(20.0, gt=0)
     max_text_chars: int = Field(4096, ge=1)
+    body_timeout_s: float = Field(30.0, ge=0)  # 0: no deadline
 
 
 class EngineSettings(_Section):
@@ -82,6 +83,8 @@ class PoolSettings(_Section):
     request_timeout_s: float = Field(300.0, ge=0)
     share_engine: bool = False
     stream_buffer_chunks: int = Field(4, ge=1, le=1024)
+    health_timeout_s: float = Field(5.0, gt=0)
+    stuck_grace_s: float = Field(30.0, ge=0)
 
 
 class VoicesSettings(_Section):

@@ -6,16 +6,20 @@ The only place (with ``engine_factory``) that knows concrete engine classes.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import anyio
 from fastapi import FastAPI
 
 from app.config import Settings, batches_llm
 from app.runtime import Runtime
+from app.serving.limits import SpeechLimits
 from app.serving.pool import EnginePool, PoolConfig
+from app.serving.speech import SpeechService
 
 log = logging.getLogger("cosyserve")
 
@@ -66,7 +70,13 @@ def pool_config(settings: Settings, batching: bool = False) -> PoolConfig:
     p = settings.pool
     return PoolConfig(workers=p.workers, max_queue=p.queue_limit, queue_timeout_s=p.queue_timeout_s,
                       request_timeout_s=p.request_timeout_s, share_engine=p.share_engine or batching,
-                      stream_buffer_chunks=p.stream_buffer_chunks)
+                      stream_buffer_chunks=p.stream_buffer_chunks, health_timeout_s=p.health_timeout_s,
+                      stuck_grace_s=p.stuck_grace_s)
+
+
+def speech_limits(settings: Settings) -> SpeechLimits:
+    s = settings.server
+    return SpeechLimits.from_mb(s.max_text_chars, s.max_upload_mb, s.body_timeout_s)
 
 
 @asynccontextmanager
@@ -83,7 +93,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
     log.info("loading %d engine slot(s)...", settings.pool.workers)
     await pool.start()
     runtime.pool = pool
-    info = pool.engine_info()
+    runtime.speech = SpeechService(pool, speech_limits(settings), library=runtime.voices)
+    runtime.model_created = int(time.time())
+    info = runtime.speech.info
     if runtime.voices is not None:
         try:
             await runtime.voices.start(pool)

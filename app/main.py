@@ -7,9 +7,10 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app.api import compat, health, metrics, openai, tts, voices
+from app.api import compat, health, metrics, openai, openapi, tts, voices
 from app.api.admission import AdmissionMiddleware
 from app.api.errors import install_error_handlers
+from app.api.routes import ENDPOINTS
 from app.config import Settings
 from app.lifespan import lifespan
 from app.metrics import Metrics
@@ -24,7 +25,8 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
     runtime = Runtime(settings=settings,
                       voices=VoiceLibrary(settings.voices.dir, max_voices=settings.voices.max_voices))
     if settings.metrics.enabled:
-        runtime.metrics = Metrics(stats=lambda: runtime.pool.stats() if runtime.pool is not None else None)
+        runtime.metrics = Metrics(stats=lambda: runtime.pool.stats() if runtime.pool is not None else None,
+                                  routes=ENDPOINTS)
     app = FastAPI(title="cosyserve", version="0.1.0", lifespan=lifespan,
                   description="A production inference server for CosyVoice text-to-speech.")
     app.state.runtime = runtime
@@ -34,7 +36,8 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
     if runtime.metrics is not None:
         app.include_router(metrics.router)
     install_error_handlers(app)
-    app.add_middleware(AdmissionMiddleware, runtime=runtime)  # inner: runs after the request id is set
+    openapi.install(app)
+    app.add_middleware(AdmissionMiddleware, pool=lambda: runtime.pool)  # inner: runs after the request id is set
     app.add_middleware(RequestContextMiddleware, access_log=settings.server.access_log,
                        on_done=runtime.metrics.on_done if runtime.metrics is not None else None)
     return app

@@ -2,10 +2,11 @@
 
 Three sources feed it, none of them a global:
 
-* ``on_done(scope, state)``: called by ``RequestContextMiddleware`` once per
-  HTTP request (streams included, after the last byte or the abort). Only the
-  synthesis routes (their route templates, so cardinality stays bounded) count
-  in ``tts_requests_total``; probes and ``/metrics`` are skipped.
+* ``on_done(ctx)``: called by ``RequestContextMiddleware`` once per HTTP request
+  with its ``RequestContext`` (streams included, after the last byte or the
+  abort). Only the synthesis routes of the route table (``app/api/routes.py``,
+  passed in as ``routes``, so cardinality stays bounded) count in
+  ``tts_requests_total``; probes and ``/metrics`` are skipped.
 * ``pool_observer()``: the ``PoolObserver`` hooks of the engine pool
   (rejections, queue wait, queue depth, engine jobs).
 * scrape time: a custom collector reads ``pool.stats()`` (slot states, admitted
@@ -30,25 +31,16 @@ from prometheus_client import (
     Histogram,
     ProcessCollector,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from app.api.context import RequestContext
 from app.serving.stats import JOB_OUTCOMES, REJECT_REASONS
 
 log = logging.getLogger("cosyserve.metrics")
 
-__all__ = ["CONTENT_TYPE_LATEST", "OUTCOMES", "SLOT_STATES", "SYNTHESIS_ROUTES", "Metrics", "outcome_of"]
+__all__ = ["CONTENT_TYPE_LATEST", "OUTCOMES", "SLOT_STATES", "Metrics", "outcome_of"]
 
-# Route templates of the endpoints that synthesise speech (one series each).
-SYNTHESIS_ROUTES: tuple[str, ...] = (
-    "/v1/tts",
-    "/v1/audio/speech",
-    "/inference_sft",
-    "/inference_zero_shot",
-    "/inference_cross_lingual",
-    "/inference_instruct",
-    "/inference_instruct2",
-)
 OUTCOMES: tuple[str, ...] = ("ok", "client_error", "rejected", "timeout", "error", "aborted")
 SLOT_STATES: tuple[str, ...] = ("loading", "idle", "busy", "failed", "closed")
 
@@ -62,9 +54,14 @@ STREAM_TIMEOUT_ERRORS = frozenset({"DeadlineExceeded"})
 ENGINE_ERROR_CODES = frozenset({"engine_failure"})
 
 
-def outcome_of(state: dict) -> str:
+CLIENT_GONE_STATUS = 499  # the client hung up before its answer (app/api/errors.py)
+
+
+def outcome_of(ctx: RequestContext) -> str:
     """Map what the middleware saw (status, completed, stream_error) to one of OUTCOMES."""
-    status = int(state.get("status") or 500)
+    status = int(ctx.status or 500)
+    if status == CLIENT_GONE_STATUS:
+        return "aborted"
     if status == 503:
         return "rejected"
     if status == 504:
@@ -73,10 +70,10 @@ def outcome_of(state: dict) -> str:
         return "client_error"
     if status >= 500:
         return "error"
-    stream_error = state.get("stream_error")
+    stream_error = ctx.stream_error
     if stream_error:  # headers were 2xx, then the stream broke on the server side
         return "timeout" if stream_error in STREAM_TIMEOUT_ERRORS else "error"
-    if not state.get("completed", False):
+    if not ctx.completed:
         return "aborted"  # the client left before the last byte
     return "ok"
 
@@ -115,6 +112,11 @@ class _ScrapeCollector:
         inflight.add_metric([], float(stats.get("in_flight", 0)) if stats else 0.0)
         yield slots
         yield inflight
+        yield GaugeMetricFamily("tts_slots_stuck", "Slots stuck in the engine past request_timeout_s + "
+                                "stuck_grace_s (/health/live fails while any is)",
+                                value=float(stats.get("stuck", 0)) if stats else 0.0)
+        yield CounterMetricFamily("tts_stuck_jobs", "Jobs found stuck in the engine since start",
+                                  value=float(stats.get("stuck_total", 0)) if stats else 0.0)
         yield GaugeMetricFamily("tts_process_peak_rss_bytes", "Peak resident set size of this process",
                                 value=_peak_rss_bytes())
 
@@ -168,7 +170,7 @@ class Metrics:
     """All metrics of one app instance, on ``self.registry`` (never the global default registry)."""
 
     def __init__(self, stats: Callable[[], dict | None] = lambda: None,
-                 routes: Iterable[str] = SYNTHESIS_ROUTES, process: bool = True) -> None:
+                 routes: Iterable[str] = (), process: bool = True) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.requests = Counter("tts_requests_total", "Synthesis requests by route template and outcome",
@@ -217,37 +219,32 @@ class Metrics:
     def llm_observer(self) -> _LLMObserver:
         return self._llm_observer
 
-    def on_done(self, scope: dict, state: dict) -> None:
+    def on_done(self, ctx: RequestContext) -> None:
         """The middleware's per-request callback; never raises (a metrics bug must not fail requests)."""
         try:
-            self._record(scope, state)
+            self._record(ctx)
         except Exception:
             log.exception("recording request metrics failed")
 
-    def _record(self, scope: dict, state: dict) -> None:
-        if state.get("error_code") in ENGINE_ERROR_CODES or (
-            state.get("stream_error") and state["stream_error"] not in STREAM_TIMEOUT_ERRORS
-        ):
+    def _record(self, ctx: RequestContext) -> None:
+        if ctx.error_code in ENGINE_ERROR_CODES or (ctx.stream_error and ctx.stream_error not in STREAM_TIMEOUT_ERRORS):
             self.engine_errors.inc()
-        route = scope.get("route")
-        path = getattr(route, "path", None) if route is not None else state.get("endpoint")  # edge 503s
-        by_outcome = self._routes.get(path) if path is not None else None
+        by_outcome = self._routes.get(ctx.endpoint) if ctx.endpoint is not None else None
         if by_outcome is None:
             return  # not a synthesis route: probes, /metrics, listings, 404s
-        outcome = outcome_of(state)
+        outcome = outcome_of(ctx)
         by_outcome[outcome].inc()
-        latency = state.get("latency_s")
+        latency = ctx.latency_s
         if latency is None:
             return
         self.duration.observe(latency)
-        ttfa = state.get("ttfa_s")
-        if ttfa is not None:
-            self.ttfa.observe(ttfa)
-        audio_s = state.get("audio_s") or 0.0
+        if ctx.ttfa_s is not None:
+            self.ttfa.observe(ctx.ttfa_s)
+        audio_s = ctx.audio_s or 0.0
         if audio_s > 0:
             self.audio_seconds.inc(audio_s)
             if outcome == "ok":
-                self.rtf.observe(max(0.0, latency - (state.get("queue_wait_s") or 0.0)) / audio_s)
+                self.rtf.observe(max(0.0, latency - (ctx.queue_wait_s or 0.0)) / audio_s)
 
     # -- exposition -----------------------------------------------------------------------------
     def render(self) -> bytes:

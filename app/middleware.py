@@ -1,8 +1,9 @@
 """Plain ASGI middleware: request id in and out, one access-log line per request.
 
-Handlers record what they know (time to first audio, audio seconds) in
-``scope["cosyserve"]``; this middleware logs it once the response is done,
-streams included, with counters in ``try/finally``.
+Handlers record what they know (time to first audio, audio seconds) in the
+request's typed ``RequestContext`` (``app/api/context.py``); this middleware
+creates it, and logs it once the response is done, streams included, with
+counters in ``try/finally``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ import logging
 import re
 import time
 import uuid
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from app.api.context import RequestContext, context_of
 
 log = logging.getLogger("cosyserve.access")
 
@@ -23,7 +27,8 @@ _VALID_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
 class RequestContextMiddleware:
-    def __init__(self, app: ASGIApp, access_log: bool = True, on_done: Callable[[Scope, dict], None] | None = None) -> None:
+    def __init__(self, app: ASGIApp, access_log: bool = True,
+                 on_done: Callable[[RequestContext], None] | None = None) -> None:
         self.app = app
         self.access_log = access_log
         self.on_done = on_done
@@ -38,8 +43,8 @@ class RequestContextMiddleware:
                 incoming = value.decode("latin-1")
                 break
         rid = incoming if _VALID_ID.match(incoming or "") else uuid.uuid4().hex
-        state = scope.setdefault("cosyserve", {})
-        state["request_id"] = rid
+        ctx = context_of(scope)
+        ctx.request_id = rid
         started = time.perf_counter()
         status = {"code": 0, "completed": False}
 
@@ -57,16 +62,16 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send_wrapper)
         finally:
             elapsed = time.perf_counter() - started
-            state["latency_s"] = elapsed
-            state["status"] = status["code"] or 500
-            state["completed"] = status["completed"]
+            ctx.latency_s = elapsed
+            ctx.status = status["code"] or 500
+            ctx.completed = status["completed"]
             if self.on_done is not None:
-                self.on_done(scope, state)
+                self.on_done(ctx)
             if self.access_log and not scope.get("path", "").startswith("/health"):
-                ttfa = state.get("ttfa_s")
+                ttfa = ctx.ttfa_s
                 log.info(
                     "%s %s %s %d %.1fms ttfa=%s audio=%.2fs%s",
-                    rid, scope.get("method", ""), scope.get("path", ""), state["status"], elapsed * 1000,
-                    f"{ttfa * 1000:.1f}ms" if ttfa is not None else "-", state.get("audio_s", 0.0),
+                    rid, scope.get("method", ""), scope.get("path", ""), ctx.status, elapsed * 1000,
+                    f"{ttfa * 1000:.1f}ms" if ttfa is not None else "-", ctx.audio_s,
                     "" if status["completed"] else " aborted",
                 )

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from app.config import Settings
+
+if TYPE_CHECKING:
+    from app.metrics import Metrics
+    from app.serving.pool import EnginePool
+    from app.serving.speech import SpeechService
+    from app.voices.library import VoiceLibrary
 
 
 @dataclass
 class Runtime:
     settings: Settings
-    pool: Any = None  # app.serving.pool.EnginePool
-    voices: Any = None  # app.voices.library.VoiceLibrary
-    metrics: Any = None  # app.metrics.Metrics
+    voices: VoiceLibrary | None = None
+    metrics: Metrics | None = None
+    pool: EnginePool | None = None  # set by the lifespan once every slot is loaded
+    speech: SpeechService | None = None  # set by the lifespan with the pool
     draining: bool = False
-    extras: dict = field(default_factory=dict)
+    model_created: int = 0  # unix time the model was loaded (OpenAI's "created")

@@ -3,51 +3,49 @@
 Under overload most requests are rejected, so a rejection must cost next to
 nothing, or rejecting steals the CPU (and, with GIL-bound models, the GIL) that
 the engines need. This plain ASGI middleware takes the pool's admission permit
-for synthesis routes first; a refused request gets its 503 envelope without
-touching FastAPI's routing, dependencies or the body. An admitted request carries
-its permit in ``scope["cosyserve"]["ticket"]`` to ``respond.synthesize_response``;
-whatever path the request takes, the permit is released when the response ends.
+for the synthesis routes of the route table first; a refused request gets its
+503 envelope without touching FastAPI's routing, dependencies or the body. An
+admitted request carries its permit in its ``RequestContext`` to the speech
+service; whatever path the request takes, the permit is released when the
+response ends. The body then has ``server.body_timeout_s`` to arrive, and the
+queue wait counts from when it is in (``EnginePool.acquire``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from starlette.requests import Request
 
+from app.api.context import context_of
 from app.api.errors import classify, render
-from app.runtime import Runtime
+from app.api.routes import match
 from app.serving.errors import ServingError
-
-SYNTHESIS_PATHS = frozenset({"/v1/tts", "/v1/audio/speech"})
-SYNTHESIS_PREFIX = "/inference_"
-
-
-def is_synthesis(scope: dict) -> bool:
-    path = scope.get("path", "")
-    return scope.get("method") in ("POST", "GET") and (path in SYNTHESIS_PATHS or path.startswith(SYNTHESIS_PREFIX))
 
 
 class AdmissionMiddleware:
-    def __init__(self, app: Callable, runtime: Runtime) -> None:
+    def __init__(self, app: Callable, pool: Callable[[], Any]) -> None:
         self.app = app
-        self.runtime = runtime
+        self.pool = pool  # () -> EnginePool | None (None until the lifespan started it)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        pool = self.runtime.pool
-        if scope["type"] != "http" or pool is None or not is_synthesis(scope):
+        route = match(scope) if scope["type"] == "http" else None
+        pool = self.pool() if route is not None else None
+        if route is None or pool is None:
             await self.app(scope, receive, send)
             return
-        state = scope.setdefault("cosyserve", {})
+        ctx = context_of(scope)
+        ctx.endpoint = route.path
         try:
-            ticket: Any = pool.admit()
+            ticket = pool.admit()
         except ServingError as exc:
-            state["endpoint"] = scope.get("path")
             response = render(Request(scope), classify(exc))
             await response(scope, receive, send)
             return
-        state["ticket"] = ticket
+        ctx.ticket = ticket
         try:
             await self.app(scope, receive, send)
         finally:
+            ctx.ticket = None
             ticket.release()  # idempotent: a no-op when the job already released it

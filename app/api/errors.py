@@ -19,21 +19,36 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
+from app.api.context import context_of
+from app.api.routes import is_openai_path
 from app.audio.formats import UnsupportedFormat
 from app.engines.base import EngineFailure, InvalidInput
-from app.serving.errors import DeadlineExceeded, Draining, NotReady, Overloaded, QueueTimeout, ServingError
-from app.voices.library import VoiceComputeFailed, VoiceError, VoiceExists, VoiceLimitReached, VoiceNotFound
+from app.serving.errors import (
+    BadRequest,
+    BodyTimeout,
+    ClientGone,
+    DeadlineExceeded,
+    Draining,
+    MissingField,
+    NotFound,
+    NotReady,
+    Overloaded,
+    PayloadTooLarge,
+    QueueTimeout,
+    RequestError,
+    ServingError,
+)
+from app.voices.library import (
+    VoiceComputeFailed,
+    VoiceError,
+    VoiceExists,
+    VoiceLimitReached,
+    VoiceNotFound,
+)
 
 log = logging.getLogger("cosyserve.api")
-
-
-class ApiError(Exception):
-    """An error raised by the HTTP layer itself (bad upload, unknown voice, conflict...)."""
-
-    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.param = status, code, message, param
 
 
 @dataclass(frozen=True)
@@ -45,8 +60,18 @@ class ErrorInfo:
     param: str | None = None
 
 
+# Status of a client that hung up (nginx's convention); nobody reads the body, the log does.
+CLIENT_GONE_STATUS = 499
+
 # (exception type, status, code); the first match wins, so subclasses come first.
+# A RequestError carries its own code (and param); the others take the code here.
 ERROR_TABLE: tuple[tuple[type[BaseException], int, str], ...] = (
+    (BadRequest, 400, "invalid_input"),
+    (MissingField, 422, "validation_error"),
+    (NotFound, 404, "not_found"),
+    (PayloadTooLarge, 413, "payload_too_large"),
+    (BodyTimeout, 408, "body_timeout"),
+    (ClientGone, CLIENT_GONE_STATUS, "client_closed_request"),
     (InvalidInput, 400, "invalid_input"),
     (UnsupportedFormat, 400, "unsupported_format"),
     (Overloaded, 503, "overloaded"),
@@ -61,15 +86,16 @@ ERROR_TABLE: tuple[tuple[type[BaseException], int, str], ...] = (
     (VoiceComputeFailed, 500, "voice_compute_failed"),
 )
 
-OPENAI_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 409: "invalid_request_error",
+OPENAI_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 408: "invalid_request_error",
+                409: "invalid_request_error", 499: "invalid_request_error",
                 413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error",
                 503: "server_overloaded", 504: "timeout", 500: "server_error"}
 
 
 def classify(exc: BaseException) -> ErrorInfo:
-    if isinstance(exc, ApiError):
-        return ErrorInfo(exc.status, exc.code, exc.message, param=exc.param)
     for exc_type, status, code in ERROR_TABLE:
+        if isinstance(exc, RequestError) and isinstance(exc, exc_type):
+            return ErrorInfo(status, exc.code or code, exc.message or code, param=exc.param)
         if isinstance(exc, exc_type):
             message = exc.message if isinstance(exc, ServingError) else str(exc)
             if isinstance(exc, EngineFailure):
@@ -80,26 +106,26 @@ def classify(exc: BaseException) -> ErrorInfo:
 
 
 def request_id_of(request: Request) -> str:
-    return request.scope.get("cosyserve", {}).get("request_id", "")
+    return context_of(request.scope).request_id
 
 
 def is_openai_route(request: Request) -> bool:
-    path = request.url.path
-    return path.startswith("/v1/audio/") or path.startswith("/v1/models")
+    return is_openai_path(request.url.path)
 
 
-def render(request: Request, info: ErrorInfo) -> JSONResponse:
-    headers = {}
+def render(request: Request, info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
+    headers = dict(headers or {})
     if info.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(info.retry_after_s)))
+    if info.status == 408:
+        headers["Connection"] = "close"  # the rest of the body may still be on its way
     rid = request_id_of(request)
     if is_openai_route(request):
         body = {"error": {"message": info.message, "type": OPENAI_TYPES.get(info.status, "invalid_request_error"),
                           "param": info.param, "code": info.code}}
     else:
         body = {"error": {"code": info.code, "message": info.message, "request_id": rid}}
-    state = request.scope.setdefault("cosyserve", {})
-    state["error_code"] = info.code
+    context_of(request.scope).error_code = info.code
     return JSONResponse(body, status_code=info.status, headers=headers)
 
 
@@ -111,6 +137,19 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         param = param or (loc[-1] if loc else None)
         parts.append(f"{where}: {err.get('msg', 'invalid')}")
     return "; ".join(parts) or "invalid request", param
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path (Starlette names only the first route's)."""
+    allowed = []
+    for method in _METHODS:
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] == Match.FULL for route in request.app.router.routes):
+            allowed.append(method)
+    return ", ".join(allowed)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -126,13 +165,16 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return render(request, ErrorInfo(exc.status_code, code, str(exc.detail)))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = allowed_methods(request) or headers.get("Allow", "")
+        return render(request, ErrorInfo(exc.status_code, code, str(exc.detail)), headers=headers)
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("unhandled error in request %s", request_id_of(request), exc_info=exc)
         return render(request, ErrorInfo(500, "internal_error", "internal server error"))
 
-    for exc_type in (ApiError, ServingError, InvalidInput, EngineFailure, UnsupportedFormat, VoiceError):
+    for exc_type in (RequestError, ServingError, InvalidInput, EngineFailure, UnsupportedFormat, VoiceError):
         app.add_exception_handler(exc_type, on_known)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)

@@ -19,14 +19,11 @@ Mapping onto CosyVoice:
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from app.api.deps import PoolDep, RuntimeDep
-from app.api.errors import ApiError
+from app.api.context import context_of
+from app.api.deps import RuntimeDep, SpeechDep
 from app.api.openai_schemas import (
     MODEL_ALIASES,
     OPENAI_VOICES,
@@ -37,7 +34,10 @@ from app.api.openai_schemas import (
     VoiceList,
     check_speech,
 )
-from app.api.respond import synthesize_response
+from app.api.openapi import errors
+from app.api.respond import synthesize
+from app.api.route_docs import SPEECH_DOC
+from app.api.routes import register
 from app.api.sse import (
     SSE_HEADERS,
     SSE_MEDIA_TYPE,
@@ -45,10 +45,10 @@ from app.api.sse import (
     speech_sse_sink,
     speech_tokens_per_second,
 )
-from app.api.tts import resolve_voice
 from app.api.uploads import read_body
-from app.engines.base import SynthesisRequest
-from app.runtime import Runtime
+from app.serving.errors import NotFound
+from app.serving.plan import SpeechFields, alias_speaker
+from app.serving.speech import SpeechService
 
 router = APIRouter(tags=["openai"])
 
@@ -58,95 +58,50 @@ PCM_RATE = 24000  # OpenAI's pcm: 24 kHz, 16-bit signed little-endian, mono
 WHOLE_FORMATS = frozenset({"flac"})
 
 
-def alias_speaker(name: str, presets: list[str]) -> str | None:
-    """The preset an OpenAI built-in voice name speaks with, or None."""
-    key = name.lower()
-    if not presets or key not in OPENAI_VOICES:
-        return None
-    return presets[OPENAI_VOICES.index(key) % len(presets)]
+def check_model(speech: SpeechService, model: str) -> None:
+    if model not in {speech.info.name, *MODEL_ALIASES}:
+        raise NotFound("model_not_found", f"the model {model!r} does not exist; this server serves "
+                       f"{speech.info.name!r} (aliases: {', '.join(MODEL_ALIASES)})", param="model")
 
 
-def pick_voice(runtime: Runtime, pool: Any, name: str) -> dict[str, Any]:
-    """Library voice or preset speaker (``resolve_voice``), else an OpenAI built-in alias."""
-    try:
-        return resolve_voice(runtime, pool, name)
-    except ApiError as exc:
-        speaker = alias_speaker(name, list(pool.voices()))
-        if speaker is not None:
-            return {"speaker": speaker}
-        if name.lower() in OPENAI_VOICES:
-            raise ApiError(exc.status, exc.code, f"{exc.message}; {name!r} is an OpenAI voice name, and this model "
-                           "has no preset speakers to map it to", param=exc.param) from exc
-        raise
+@register(router, "create_speech", **SPEECH_DOC)
+async def create_speech(request: Request, speech: SpeechDep) -> Response:
+    body, _ = await read_body(request, SpeechRequest, speech.limits)
+    check_speech(body, speech.limits.max_text_chars)
+    check_model(speech, body.model)
+    ctx = context_of(request.scope)
+    fields = SpeechFields(text=body.input, voice=body.voice_name, instructions=body.instructions, speed=body.speed,
+                          stream=True, aliases=True, text_param="input")
+    plan = speech.plan(fields, ctx.request_id)
+    headers = {"X-Instructions-Ignored": "true"} if plan.instructions_ignored else {}
+    out = speech.output(body.response_format, stream=body.response_format not in WHOLE_FORMATS,
+                        sample_rate=PCM_RATE if body.response_format == "pcm" else None)
+    if body.stream_format != "sse":
+        return await synthesize(request, speech, plan, out, headers=headers)
+    sink = speech_sse_sink(estimate_text_tokens(body.input, plan.request.instruct_text),
+                           speech_tokens_per_second(speech.info.family), lambda: ctx.audio_s)
+    return await synthesize(request, speech, plan, out, media_type=SSE_MEDIA_TYPE,
+                            headers={**headers, **SSE_HEADERS}, sink=sink)
 
 
-def check_model(pool: Any, model: str) -> None:
-    if model not in served_names(pool):
-        raise ApiError(404, "model_not_found", f"the model {model!r} does not exist; this server serves "
-                       f"{pool.engine_info().name!r} (aliases: {', '.join(MODEL_ALIASES)})", param="model")
+@router.get("/v1/models", response_model=ModelList, summary="List models (OpenAI-compatible)",
+            responses=errors(503, openai=True))
+async def list_models(runtime: RuntimeDep, speech: SpeechDep) -> ModelList:
+    return ModelList(data=[ModelCard(id=speech.info.name, created=runtime.model_created)])
 
 
-def served_names(pool: Any) -> set[str]:
-    return {pool.engine_info().name, *MODEL_ALIASES}
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, summary="Retrieve a model (OpenAI-compatible)",
+            responses=errors(404, 503, openai=True))
+async def retrieve_model(model_id: str, runtime: RuntimeDep, speech: SpeechDep) -> ModelCard:
+    check_model(speech, model_id)
+    return ModelCard(id=model_id, created=runtime.model_created)
 
 
-def speech_request(runtime: Runtime, pool: Any, body: SpeechRequest) -> tuple[SynthesisRequest, bool]:
-    """The synthesis request for ``body``, and whether its instructions are ignored."""
-    modes = pool.engine_info().modes
-    picked = pick_voice(runtime, pool, body.voice_name)
-    instructions = (body.instructions or "").strip() or None
-    if "voice" in picked:
-        mode = "instruct2" if instructions and "instruct2" in modes else "zero_shot"
-    else:
-        mode = "instruct" if instructions and "instruct" in modes else "sft"
-    used = instructions if mode in ("instruct", "instruct2") else None
-    sreq = SynthesisRequest(text=body.input, mode=mode, speaker=picked.get("speaker"), voice=picked.get("voice"),
-                            instruct_text=used, speed=body.speed, stream=True)
-    return sreq, bool(instructions) and used is None
-
-
-@router.post("/v1/audio/speech", summary="Create speech (OpenAI-compatible)")
-async def create_speech(request: Request, runtime: RuntimeDep, pool: PoolDep) -> Response:
-    server = runtime.settings.server
-    body, _ = await read_body(request, SpeechRequest, int(server.max_upload_mb * 1024 * 1024))
-    check_speech(body, server.max_text_chars)
-    check_model(pool, body.model)
-    sreq, ignored = speech_request(runtime, pool, body)
-    headers = {"X-Instructions-Ignored": "true"} if ignored else {}
-    out_rate = PCM_RATE if body.response_format == "pcm" else None
-    stream = body.response_format not in WHOLE_FORMATS
-    if body.stream_format == "sse":
-        info = pool.engine_info()
-        sink = speech_sse_sink(estimate_text_tokens(body.input, sreq.instruct_text),
-                               speech_tokens_per_second(info.family),
-                               lambda: float(request.scope.get("cosyserve", {}).get("audio_s", 0.0)))
-        return await synthesize_response(request, pool, sreq, fmt=body.response_format, stream=stream,
-                                         out_rate=out_rate, extra_headers={**headers, **SSE_HEADERS},
-                                         chunk_sink=sink, media_type=SSE_MEDIA_TYPE)
-    return await synthesize_response(request, pool, sreq, fmt=body.response_format, stream=stream,
-                                     out_rate=out_rate, extra_headers=headers)
-
-
-def model_created(runtime: Runtime) -> int:
-    """When this server first described its model (stable for the process's life)."""
-    return runtime.extras.setdefault("model_created", int(time.time()))
-
-
-@router.get("/v1/models", response_model=ModelList, summary="List models (OpenAI-compatible)")
-async def list_models(runtime: RuntimeDep, pool: PoolDep) -> ModelList:
-    return ModelList(data=[ModelCard(id=pool.engine_info().name, created=model_created(runtime))])
-
-
-@router.get("/v1/models/{model_id:path}", response_model=ModelCard, summary="Retrieve a model (OpenAI-compatible)")
-async def retrieve_model(model_id: str, runtime: RuntimeDep, pool: PoolDep) -> ModelCard:
-    check_model(pool, model_id)
-    return ModelCard(id=model_id, created=model_created(runtime))
-
-
-@router.get("/v1/audio/voices", response_model=VoiceList, summary="List voices usable as 'voice'")
-async def list_voices(runtime: RuntimeDep, pool: PoolDep) -> VoiceList:
-    presets = list(pool.voices())
-    library = runtime.voices.names() if runtime.voices is not None else []
+@router.get("/v1/audio/voices", response_model=VoiceList, summary="List voices usable as 'voice'",
+            responses=errors(503, openai=True))
+async def list_voices(speech: SpeechDep) -> VoiceList:
+    presets = list(speech.presets)
+    library = speech.voice_names()
     cards = [VoiceCard(id=n, type="preset") for n in presets]
     cards += [VoiceCard(id=n, type="library") for n in library]
     taken = set(presets) | set(library)

@@ -12,22 +12,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.api.errors import ApiError
 from app.audio.formats import FORMAT_NAMES
+from app.serving.errors import BadRequest
+from app.serving.limits import OPENAI_MAX_INPUT_CHARS, SPEED_MAX, SPEED_MIN
+from app.serving.plan import OPENAI_VOICES
 
 # Model names accepted besides the served model's own name, so OpenAI apps work unchanged.
 MODEL_ALIASES: tuple[str, ...] = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts", "cosyvoice")
 
-# OpenAI's built-in voice names. When the loaded model has preset speakers, the i-th name
-# here speaks with preset ``i % len(presets)`` (presets in the engine's order), so the
-# mapping is deterministic and stable for a given model. A preset or library voice with
-# the same name wins over the alias.
-OPENAI_VOICES: tuple[str, ...] = (
-    "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "marin", "cedar",
-)
-
-MAX_INPUT_CHARS = 4096  # OpenAI's documented limit
-SPEED_RANGE = (0.25, 4.0)
+MAX_INPUT_CHARS = OPENAI_MAX_INPUT_CHARS
+SPEED_RANGE = (SPEED_MIN, SPEED_MAX)
+__all__ = ["MODEL_ALIASES", "OPENAI_VOICES", "SpeechRequest", "check_speech"]
 STREAM_FORMATS: tuple[str, ...] = ("audio", "sse")
 
 
@@ -67,23 +62,23 @@ def check_speech(body: SpeechRequest, max_chars: int = MAX_INPUT_CHARS) -> None:
     """Range and vocabulary checks (everything that does not need the loaded model)."""
     limit = min(MAX_INPUT_CHARS, max_chars)
     if not body.input.strip():
-        raise ApiError(400, "empty_input", "input is empty; send the text to speak (1 to "
+        raise BadRequest("empty_input", "input is empty; send the text to speak (1 to "
                        f"{limit} characters)", param="input")
     if len(body.input) > limit:
-        raise ApiError(400, "string_above_max_length", f"input is {len(body.input)} characters; "
+        raise BadRequest("string_above_max_length", f"input is {len(body.input)} characters; "
                        f"the maximum is {limit}", param="input")
     if body.response_format not in FORMAT_NAMES:
-        raise ApiError(400, "unsupported_format", f"unsupported response_format {body.response_format!r}; "
+        raise BadRequest("unsupported_format", f"unsupported response_format {body.response_format!r}; "
                        f"use one of: {', '.join(FORMAT_NAMES)}", param="response_format")
     low, high = SPEED_RANGE
     if not (low <= body.speed <= high):
-        raise ApiError(400, "invalid_speed", f"speed must be between {low} and {high}; got {body.speed}",
+        raise BadRequest("invalid_speed", f"speed must be between {low} and {high}; got {body.speed}",
                        param="speed")
     if body.stream_format not in STREAM_FORMATS:
-        raise ApiError(400, "invalid_stream_format", f"unsupported stream_format {body.stream_format!r}; "
+        raise BadRequest("invalid_stream_format", f"unsupported stream_format {body.stream_format!r}; "
                        f"use one of: {', '.join(STREAM_FORMATS)}", param="stream_format")
     if not body.voice_name:
-        raise ApiError(400, "voice_required", "voice is empty; name a preset speaker or a registered voice",
+        raise BadRequest("voice_required", "voice is empty; name a preset speaker or a registered voice",
                        param="voice")
 
 

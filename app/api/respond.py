@@ -1,26 +1,30 @@
-"""Turn a synthesis request into an HTTP response: whole file or a chunked stream.
+"""A ``SpeechResult`` as an HTTP response: a whole file, or a chunked stream.
 
-Shared by every surface (native, OpenAI, upstream-compatible). The pool admits
-the request (or raises 503 at once); we wait for the first chunk before sending
-headers, so errors before the first byte get a proper status; after it, an
-error aborts the stream (logged and counted) and the client sees a truncated
-chunked body. The slot is released when the engine's thread has returned, on
-every path: done, error, client gone.
+After the first byte a stream cannot change its status: an error then aborts it
+(logged, counted, the client sees a truncated chunked body). The job is closed
+(shielded) when the response ends, on every path: done, error, client gone.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import anyio
-from fastapi import Request
+from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from app.audio.encode import make_encoder
-from app.engines.base import SynthesisRequest
+from app.api.context import RequestContext, context_of
+from app.api.disconnect import watch_disconnect
+from app.serving.encoded import OutputSpec
+from app.serving.plan import Plan
+from app.serving.speech import SpeechResult, SpeechService
 
 log = logging.getLogger("cosyserve.api")
+
+# Re-frames encoded bytes for a surface (OpenAI SSE): sink(data, final) -> bytes to send.
+Sink = Callable[[bytes, bool], bytes]
 
 
 class JobStreamingResponse(StreamingResponse):
@@ -38,72 +42,47 @@ class JobStreamingResponse(StreamingResponse):
                 await self._on_close()
 
 
-def _note(request: Request, **values: Any) -> None:
-    request.scope.setdefault("cosyserve", {}).update(values)
+def speech_response(request: Request, result: SpeechResult, *, media_type: str | None = None,
+                    headers: dict[str, str] | None = None, sink: Sink | None = None) -> Response:
+    ctx = context_of(request.scope)
+    ctx.ttfa_s, ctx.queue_wait_s = result.ttfa_s, result.queue_wait_s
+    all_headers = {"X-Sample-Rate": str(result.sample_rate), "Cache-Control": "no-store", **(headers or {})}
+    media_type = media_type or result.media_type
+    if result.data is not None:
+        ctx.audio_s = result.audio_s
+        body = sink(result.data, True) if sink is not None else result.data
+        return Response(body, media_type=media_type, headers=all_headers)
+    assert result.body is not None
+    return JobStreamingResponse(_framed(result, ctx, sink), on_close=result.aclose, media_type=media_type,
+                                headers=all_headers)
 
 
-async def synthesize_response(
-    request: Request,
-    pool: Any,
-    sreq: SynthesisRequest,
-    *,
-    fmt: str,
-    stream: bool,
-    out_rate: int | None = None,
-    extra_headers: dict[str, str] | None = None,
-    chunk_sink: Callable[[bytes, bool], bytes] | None = None,
-    media_type: str | None = None,
-) -> Response:
-    """Run ``sreq`` on the pool and answer with audio in ``fmt``.
-
-    ``chunk_sink(data, final)`` lets a surface re-frame encoded bytes (OpenAI SSE).
-    """
-    sreq.request_id = sreq.request_id or request.scope.get("cosyserve", {}).get("request_id", "")
-    job = await pool.synthesize(sreq, ticket=request.scope.get("cosyserve", {}).pop("ticket", None))
+async def _framed(result: SpeechResult, ctx: RequestContext, sink: Sink | None) -> AsyncIterator[bytes]:
+    assert result.body is not None
     try:
-        first = await job.first_chunk()
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await job.aclose()
+        async for data in result.body:
+            ctx.audio_s = result.audio_s
+            yield sink(data, False) if sink is not None else data
+        ctx.audio_s = result.audio_s  # a sink's final call may read it (OpenAI SSE usage)
+        if sink is not None:
+            yield sink(b"", True)
+    except Exception as exc:
+        ctx.stream_error = type(exc).__name__
+        log.error("stream %s aborted after the first byte: %s", ctx.request_id, type(exc).__name__, exc_info=exc)
         raise
-    rate = first.sample_rate if first is not None else pool.engine_info().sample_rate
-    encoder = make_encoder(fmt, rate, stream=stream, out_rate=out_rate)
-    _note(request, ttfa_s=job.time_to_first_chunk_s, queue_wait_s=job.queue_wait_s)
-    headers = {"X-Sample-Rate": str(encoder.sample_rate), "Cache-Control": "no-store"}
-    headers.update(extra_headers or {})
-    sink = chunk_sink or (lambda data, final: data)
+    finally:
+        ctx.audio_s = result.audio_s
 
-    if not stream:
-        try:
-            parts, audio_s = [], 0.0
-            async for chunk in job:  # starts with the first chunk again
-                parts.append(encoder.feed(chunk.pcm))
-                audio_s += chunk.duration_s
-            parts.append(encoder.finish())
-        finally:
-            encoder.close()
-            with anyio.CancelScope(shield=True):
-                await job.aclose()
-        _note(request, audio_s=audio_s)
-        body = sink(b"".join(parts), True)
-        return Response(body, media_type=media_type or encoder.content_type, headers=headers)
 
-    async def body() -> AsyncIterator[bytes]:
-        audio_s = 0.0
-        try:
-            async for chunk in job:  # starts with the first chunk again
-                audio_s += chunk.duration_s
-                data = encoder.feed(chunk.pcm)
-                if data:
-                    yield sink(data, False)
-            _note(request, audio_s=audio_s)  # a sink's final call may read it (OpenAI SSE usage)
-            yield sink(encoder.finish(), True)
-        except Exception as exc:
-            _note(request, stream_error=type(exc).__name__)
-            log.error("stream %s aborted after the first byte: %s", sreq.request_id, type(exc).__name__, exc_info=exc)
-            raise
-        finally:
-            encoder.close()
-            _note(request, audio_s=audio_s)
-
-    return JobStreamingResponse(body(), on_close=job.aclose, media_type=media_type or encoder.content_type, headers=headers)
+async def synthesize(request: Request, speech: SpeechService, plan: Plan, out: OutputSpec, *,
+                     media_type: str | None = None, headers: dict[str, str] | None = None,
+                     sink: Sink | None = None) -> Response:
+    """Run ``plan`` (with the edge's permit), watching for the client leaving, and answer."""
+    ctx = context_of(request.scope)
+    async with watch_disconnect(request) as gone:
+        result = await speech.run(plan, out, ticket=ctx.take_ticket(), gone=gone)
+    try:
+        return speech_response(request, result, media_type=media_type, headers=headers, sink=sink)
+    except BaseException:
+        await result.aclose()
+        raise

@@ -6,8 +6,17 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-FormatName = Literal["wav", "pcm", "mp3", "opus", "aac", "flac"]
-ModeName = Literal["sft", "zero_shot", "cross_lingual", "instruct", "instruct2", "vc"]
+from app.audio.formats import FORMAT_NAMES
+from app.serving.limits import (
+    ALL_MODES,
+    OUTPUT_RATE_MAX,
+    OUTPUT_RATE_MIN,
+    SPEED_MAX,
+    SPEED_MIN,
+)
+
+FormatName = Literal[FORMAT_NAMES]  # type: ignore[valid-type]
+ModeName = Literal[ALL_MODES]  # type: ignore[valid-type]
 
 
 class TTSRequest(BaseModel):
@@ -21,10 +30,11 @@ class TTSRequest(BaseModel):
     voice: str | None = Field(None, description="A registered library voice, or a preset speaker name.")
     prompt_text: str | None = Field(None, description="Transcript of the prompt audio (zero_shot).")
     instruct_text: str | None = Field(None, description="Style instruction (instruct / instruct2).")
-    speed: float = Field(1.0, ge=0.25, le=4.0)
+    speed: float = Field(1.0, ge=SPEED_MIN, le=SPEED_MAX)
     stream: bool = False
     format: FormatName = "wav"
-    sample_rate: int | None = Field(None, ge=8000, le=48000, description="Resample the output (pcm/wav/flac/mp3/aac).")
+    sample_rate: int | None = Field(None, ge=OUTPUT_RATE_MIN, le=OUTPUT_RATE_MAX,
+                                    description="Resample the output (pcm/wav/flac/mp3/aac).")
 
 
 class SpeakersResponse(BaseModel):

@@ -46,7 +46,7 @@ def sse_event(payload: dict[str, Any]) -> bytes:
 
 def speech_sse_sink(input_tokens: int, tokens_per_second: float,
                     audio_seconds: Callable[[], float]) -> Callable[[bytes, bool], bytes]:
-    """A ``chunk_sink`` for :func:`app.api.respond.synthesize_response`.
+    """A ``chunk_sink`` for :func:`app.api.respond.synthesize`.
 
     ``audio_seconds()`` is read once, at the final call, for the usage numbers.
     """

@@ -1,7 +1,16 @@
-"""Reading request bodies: JSON or multipart forms, uploaded audio with a size limit."""
+"""Reading request bodies: JSON or forms under a deadline and a size limit; uploaded audio.
+
+The body must arrive within ``server.body_timeout_s`` (else ``BodyTimeout``, 408):
+a slow uploader cannot hold its admission permit for long. Uploaded audio is
+decoded off the event loop; what the decoder said is logged with the request id,
+never put in the response.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 import anyio
@@ -9,17 +18,22 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 
-from app.api.errors import ApiError
+from app.api.context import context_of
 from app.audio.decode import AudioDecodeError, decode_audio
 from app.engines.base import PromptAudio
+from app.serving.errors import BadRequest, BodyTimeout, PayloadTooLarge
+from app.serving.limits import (
+    PROMPT_MAX_S,
+    PROMPT_MIN_S,
+    PROMPT_RATE,
+    SpeechLimits,
+    size_text,
+)
 
 M = TypeVar("M", bound=BaseModel)
-PROMPT_RATE = 16000
-
-
-def _size(limit: int) -> str:
-    return f"{limit / (1024 * 1024):g} MB" if limit >= 1024 * 1024 else f"{limit // 1024} KB"
+log = logging.getLogger("cosyserve.api")
 
 
 def _validation(exc: ValidationError) -> RequestValidationError:
@@ -31,11 +45,30 @@ def is_form(request: Request) -> bool:
     return ctype.startswith("multipart/form-data") or ctype.startswith("application/x-www-form-urlencoded")
 
 
-async def read_body(request: Request, model: type[M], max_bytes: int) -> tuple[M, dict[str, UploadFile]]:
+def _deadline(limits: SpeechLimits) -> Any:
+    return asyncio.timeout(limits.body_timeout_s) if limits.body_timeout_s > 0 else nullcontext()
+
+
+async def read_body(request: Request, model: type[M], limits: SpeechLimits) -> tuple[M, dict[str, UploadFile]]:
     """Parse JSON or form fields into ``model``; return uploaded files separately."""
+    try:
+        async with _deadline(limits):
+            return await _read(request, model, limits.max_upload_bytes)
+    except TimeoutError:
+        raise BodyTimeout("body_timeout", f"the request body did not arrive within {limits.body_timeout_s:g} s") from None
+
+
+async def _read(request: Request, model: type[M], max_bytes: int) -> tuple[M, dict[str, UploadFile]]:
     files: dict[str, UploadFile] = {}
     if is_form(request):
-        form = await request.form(max_part_size=max_bytes)
+        try:
+            form = await request.form(max_part_size=max_bytes)
+        except HTTPException as exc:  # Starlette's multipart errors: its words stay in the log
+            log.info("request %s: unreadable form: %s", context_of(request.scope).request_id, exc.detail)
+            if "maximum size" in str(exc.detail):
+                raise PayloadTooLarge("payload_too_large", f"a form part is larger than {size_text(max_bytes)}") from None
+            raise BadRequest("invalid_form", "the form body could not be parsed; send multipart/form-data "
+                             "or application/x-www-form-urlencoded") from None
         fields: dict[str, Any] = {}
         for key, value in form.multi_items():
             if isinstance(value, UploadFile):
@@ -48,27 +81,36 @@ async def read_body(request: Request, model: type[M], max_bytes: int) -> tuple[M
             raise _validation(exc) from exc
     raw = await request.body()
     if len(raw) > max_bytes:
-        raise ApiError(413, "payload_too_large", f"request body is larger than {_size(max_bytes)}")
+        raise PayloadTooLarge("payload_too_large", f"request body is larger than {size_text(max_bytes)}")
     try:
         return model.model_validate_json(raw or b"{}"), files
     except ValidationError as exc:
         raise _validation(exc) from exc
 
 
-async def read_audio(upload: UploadFile | bytes | None, field: str, max_bytes: int, target_rate: int = PROMPT_RATE) -> PromptAudio | None:
+async def read_file(upload: UploadFile, field: str, max_bytes: int) -> bytes:
+    data = await upload.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise PayloadTooLarge("payload_too_large", f"{field} is larger than {size_text(max_bytes)}", param=field)
+    return data
+
+
+async def read_audio(request: Request, upload: UploadFile | bytes | None, field: str, max_bytes: int,
+                     target_rate: int = PROMPT_RATE) -> PromptAudio | None:
     """Decode an uploaded audio file to mono float32 at ``target_rate`` (off the event loop)."""
     if upload is None:
         return None
-    data = upload if isinstance(upload, bytes) else await upload.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise ApiError(413, "payload_too_large", f"{field} is larger than {_size(max_bytes)}", param=field)
+    data = upload if isinstance(upload, bytes) else await read_file(upload, field, max_bytes)
     if not data:
-        raise ApiError(400, "invalid_audio", f"{field} is empty; upload 1-30 s of speech", param=field)
+        raise BadRequest("invalid_audio", f"{field} is empty; upload 1-30 s of speech", param=field)
     try:
         samples = await anyio.to_thread.run_sync(decode_audio, data, target_rate)
     except AudioDecodeError as exc:
-        raise ApiError(400, "invalid_audio", f"{field}: {exc}", param=field) from exc
+        log.info("request %s: %s could not be decoded: %s", context_of(request.scope).request_id, field,
+                 exc.detail or exc.reason)
+        raise BadRequest("invalid_audio", f"{field}: {exc.reason}", param=field) from exc
     audio = PromptAudio(samples=samples, sample_rate=target_rate)
-    if audio.duration_s < 1.0 or audio.duration_s > 30.0:
-        raise ApiError(400, "invalid_audio", f"{field} is {audio.duration_s:.2f} s long; send 1 to 30 seconds of speech", param=field)
+    if not PROMPT_MIN_S <= audio.duration_s <= PROMPT_MAX_S:
+        raise BadRequest("invalid_audio", f"{field} is {audio.duration_s:.2f} s long; send {PROMPT_MIN_S:g} to "
+                         f"{PROMPT_MAX_S:g} seconds of speech", param=field)
     return audio

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.errors import ApiError
+from app.serving.errors import BadRequest
 from app.voices.store import valid_name
 
 MAX_DESCRIPTION_CHARS = 1000
@@ -38,17 +38,17 @@ def check_voice_form(form: VoiceForm, max_transcript_chars: int) -> tuple[str, s
     """(name, transcript, description), or a 400 naming the field to fix."""
     name = form.name or ""
     if not valid_name(name):
-        raise ApiError(400, "invalid_name", "name must be 1-64 characters of letters, digits, '_' or '-' "
+        raise BadRequest("invalid_name", "name must be 1-64 characters of letters, digits, '_' or '-' "
                        f"(got {name[:80]!r})", param="name")
     transcript = (form.transcript or "").strip()
     if not transcript:
-        raise ApiError(400, "invalid_transcript", "transcript is required: the words spoken in the audio",
+        raise BadRequest("invalid_transcript", "transcript is required: the words spoken in the audio",
                        param="transcript")
     if len(transcript) > max_transcript_chars:
-        raise ApiError(400, "invalid_transcript", f"transcript is {len(transcript)} characters; "
+        raise BadRequest("invalid_transcript", f"transcript is {len(transcript)} characters; "
                        f"the limit is {max_transcript_chars}", param="transcript")
     description = (form.description or "").strip()
     if len(description) > MAX_DESCRIPTION_CHARS:
-        raise ApiError(400, "invalid_description", f"description is {len(description)} characters; "
+        raise BadRequest("invalid_description", f"description is {len(description)} characters; "
                        f"the limit is {MAX_DESCRIPTION_CHARS}", param="description")
     return name, transcript, description

@@ -7,57 +7,43 @@ once at registration and are not recomputed per request.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
-
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from app.api.deps import PoolDep, RuntimeDep
-from app.api.errors import ApiError
-from app.api.uploads import read_audio, read_body
+from app.api.deps import LibraryDep, PoolDep, SpeechDep
+from app.api.openapi import errors
+from app.api.route_docs import VOICE_DOC
+from app.api.uploads import read_audio, read_body, read_file
 from app.api.voice_schemas import VoiceCard, VoiceForm, VoiceList, check_voice_form
-from app.runtime import Runtime
-from app.serving.errors import NotReady
+from app.serving.errors import BadRequest
 from app.voices import VoiceNotFound
 from app.voices.store import safe_ext
 
 router = APIRouter(tags=["voices"])
 
 
-def get_library(runtime: RuntimeDep) -> Any:
-    if runtime.voices is None:
-        raise NotReady("the voice library is not started")
-    return runtime.voices
-
-
-LibraryDep = Annotated[Any, Depends(get_library)]
-
-
-def _max_bytes(runtime: Runtime) -> int:
-    return int(runtime.settings.server.max_upload_mb * 1024 * 1024)
-
-
-@router.post("/v1/voices", status_code=201, response_model=VoiceCard, summary="Register a voice")
-async def create_voice(request: Request, runtime: RuntimeDep, pool: PoolDep, library: LibraryDep) -> JSONResponse:
-    max_bytes = _max_bytes(runtime)
-    form, files = await read_body(request, VoiceForm, max_bytes)
-    name, transcript, description = check_voice_form(form, runtime.settings.server.max_text_chars)
+@router.post("/v1/voices", status_code=201, response_model=VoiceCard, summary="Register a voice", **VOICE_DOC)
+async def create_voice(request: Request, speech: SpeechDep, pool: PoolDep, library: LibraryDep) -> JSONResponse:
+    limits = speech.limits
+    form, files = await read_body(request, VoiceForm, limits)
+    name, transcript, description = check_voice_form(form, limits.max_text_chars)
     upload = files.get("audio")
     if upload is None:
-        raise ApiError(400, "invalid_audio", "upload 1-30 s of the voice's speech as the multipart file 'audio'",
-                       param="audio")
-    original = await upload.read(max_bytes + 1)
-    audio = await read_audio(original, "audio", max_bytes)
+        raise BadRequest("invalid_audio", "upload 1-30 s of the voice's speech as the multipart file 'audio'",
+                         param="audio")
+    original = await read_file(upload, "audio", limits.max_upload_bytes)
+    audio = await read_audio(request, original, "audio", limits.max_upload_bytes)
     meta = await library.register(pool, name, transcript, description, audio, original, safe_ext(upload.filename))
     return JSONResponse(meta, status_code=201, headers={"Location": f"/v1/voices/{name}"})
 
 
-@router.get("/v1/voices", response_model=VoiceList, summary="List registered voices")
+@router.get("/v1/voices", response_model=VoiceList, summary="List registered voices", responses=errors(503))
 async def list_voices(library: LibraryDep) -> VoiceList:
     return VoiceList(voices=[VoiceCard(**meta) for meta in library.list()])
 
 
-@router.get("/v1/voices/{name}", response_model=VoiceCard, summary="Show a registered voice")
+@router.get("/v1/voices/{name}", response_model=VoiceCard, summary="Show a registered voice",
+            responses=errors(404, 503))
 async def get_voice(name: str, library: LibraryDep) -> VoiceCard:
     meta = library.get(name)
     if meta is None:
@@ -65,7 +51,8 @@ async def get_voice(name: str, library: LibraryDep) -> VoiceCard:
     return VoiceCard(**meta)
 
 
-@router.delete("/v1/voices/{name}", status_code=204, summary="Delete a registered voice")
+@router.delete("/v1/voices/{name}", status_code=204, summary="Delete a registered voice",
+               responses=errors(404, 409, 503))
 async def delete_voice(name: str, library: LibraryDep) -> Response:
     await library.delete(name)
     return Response(status_code=204)

@@ -33,11 +33,20 @@ _MAX_CHANNELS = 8  # av.AudioFrame.to_ndarray is only safe up to AV_NUM_DATA_POI
 
 
 class AudioDecodeError(ValueError):
-    """The upload is not audio we can decode; the message says what to send instead."""
+    """The upload is not audio we can decode.
+
+    ``reason`` is our own words, safe to show a client (it says what to send
+    instead); ``detail`` is what the decoding library said, for the logs only.
+    """
+
+    def __init__(self, reason: str, detail: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail
 
 
-def _fail(reason: str) -> AudioDecodeError:
-    return AudioDecodeError(f"could not decode the uploaded audio: {reason}; {ACCEPTED_HINT}")
+def _fail(reason: str, detail: str | None = None) -> AudioDecodeError:
+    return AudioDecodeError(f"could not decode the uploaded audio: {reason}; {ACCEPTED_HINT}", detail)
 
 
 def decode_audio(
@@ -81,7 +90,7 @@ def _decode_native(data: bytes, max_duration_s: float | None) -> tuple[np.ndarra
     except MemoryError:
         raise _fail("the audio is too large") from None
     except Exception as exc:
-        raise _fail(_describe(exc)) from exc
+        raise _fail("it is not a recognised or supported audio file", f"{type(exc).__name__}: {exc}") from exc
 
 
 def _looks_like_wav_or_flac(data: bytes) -> bool:
@@ -167,10 +176,3 @@ def _check_rate(rate: int) -> int:
 def _check_duration(samples: int, rate: int, max_duration_s: float | None) -> None:
     if max_duration_s is not None and rate > 0 and samples > max_duration_s * rate:
         raise _fail(f"the audio is longer than {max_duration_s:g} s")
-
-
-def _describe(exc: Exception) -> str:
-    if isinstance(exc, av.error.FFmpegError):
-        msg = (getattr(exc, "strerror", None) or "").rstrip(".").lower()
-        return "it is not a recognised or supported audio file" + (f" (ffmpeg: {msg})" if msg else "")
-    return f"{type(exc).__name__}: {exc}"

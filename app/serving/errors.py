@@ -48,3 +48,42 @@ class NotReady(ServingError):
     """The engine slots are not loaded (yet, or loading failed)."""
 
     default_retry_after_s = 5.0
+
+
+class ClientGone(ServingError):
+    """The client closed the connection before its answer was ready; its work was dropped."""
+
+
+class HealthCheckTimeout(ServingError):
+    """The engine's health check did not return within ``health_timeout_s``."""
+
+
+class RequestError(Exception):
+    """A request that cannot be served as sent. ``code`` and ``param`` say what to fix.
+
+    Subclasses pick the HTTP status in the one error table (``app/api/errors.py``).
+    """
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+class BadRequest(RequestError):
+    """Invalid input (unknown voice, text too long, undecodable audio, ...)."""
+
+
+class NotFound(RequestError):
+    """The named thing (a model, a voice) does not exist."""
+
+
+class PayloadTooLarge(RequestError):
+    """A body or upload over ``server.max_upload_mb``."""
+
+
+class BodyTimeout(RequestError):
+    """The request body did not arrive within ``server.body_timeout_s``."""
+
+
+class MissingField(RequestError):
+    """A required field or file is absent (rendered like a schema validation error)."""

@@ -24,12 +24,19 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from typing import Any
 
 from app.engines.base import Engine, EngineInfo, SynthesisRequest
-from app.serving.errors import Draining, NotReady, Overloaded, QueueTimeout
+from app.serving.errors import (
+    Draining,
+    HealthCheckTimeout,
+    NotReady,
+    Overloaded,
+    QueueTimeout,
+)
+from app.serving.lease import Lease, PoolConfig, Ticket
+from app.serving.lease import Slot as _Slot
 from app.serving.stats import (
     NullObserver,
     PoolObserver,
@@ -44,86 +51,12 @@ log = logging.getLogger(__name__)
 
 THREAD_PREFIX = "cosyserve-slot-"
 
-
-@dataclass
-class PoolConfig:
-    workers: int = 2
-    max_queue: int = 8  # waiting requests beyond the running ones
-    queue_timeout_s: float = 30.0
-    request_timeout_s: float = 300.0  # 0 = no deadline
-    share_engine: bool = False  # one engine instance shared by all slots
-    stream_buffer_chunks: int = 4  # bounded queue between slot thread and consumer
-    close_timeout_s: float = 30.0  # close(): how long to wait for slot threads to return
-
-    def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise ValueError("workers must be at least 1")
-        if self.max_queue < 0:
-            raise ValueError("max_queue must be 0 or more")
-        if self.queue_timeout_s <= 0:
-            raise ValueError("queue_timeout_s must be positive")
-        if self.request_timeout_s < 0:
-            raise ValueError("request_timeout_s must be 0 (no deadline) or positive")
-        if self.stream_buffer_chunks < 1:
-            raise ValueError("stream_buffer_chunks must be at least 1")
-
-
-@dataclass(eq=False)
-class _Slot:
-    index: int
-    executor: ThreadPoolExecutor
-    engine: Engine | None = None
-    state: str = "loading"  # loading | idle | busy | failed | closed
-    jobs_done: int = 0
+# Wraps an engine generator inside the slot thread: (chunks, cancel flag) -> items.
+Transform = Callable[[Iterator[Any], threading.Event], Iterator[Any]]
 
 
 def _name_thread(name: str) -> None:
     threading.current_thread().name = name
-
-
-class Ticket:
-    """An admission permit; released exactly once (idempotent ``release``)."""
-
-    def __init__(self, pool: EnginePool) -> None:
-        self._pool = pool
-        self.state = "admitted"  # admitted -> leased -> released
-        self.admitted_at = time.monotonic()
-
-    @property
-    def released(self) -> bool:
-        return self.state == "released"
-
-    def release(self) -> None:
-        if self.state != "released":
-            was_queued = self.state == "admitted"
-            self.state = "released"
-            self._pool._release_permit(was_queued)
-
-
-class Lease:
-    """A slot held for one ticket. ``release`` is for leases never passed to ``run``."""
-
-    def __init__(self, pool: EnginePool, slot: _Slot, ticket: Ticket, queue_wait_s: float) -> None:
-        self._pool = pool
-        self._slot = slot
-        self.ticket = ticket
-        self.queue_wait_s = queue_wait_s
-        self._slot_held = True
-        self._owned = False  # handed to a Job, which releases it
-
-    @property
-    def slot_index(self) -> int:
-        return self._slot.index
-
-    def _release_slot(self) -> None:
-        if self._slot_held:
-            self._slot_held = False
-            self._pool._return_slot(self._slot, leased=True)
-
-    def release(self) -> None:
-        if not self._owned:
-            self._release_slot()
-            self.ticket.release()
 
 
 class EnginePool:
@@ -156,6 +89,7 @@ class EnginePool:
         self._running = 0
         self._admitted_total = 0
         self._rejected: dict[str, int] = {}
+        self._stuck_total = 0
         self._idle_event = asyncio.Event()
         self._idle_event.set()
 
@@ -297,7 +231,11 @@ class EnginePool:
         return list(self._engine().voices())
 
     async def check_health(self) -> None:
-        """Run engine.health_check() in an idle slot's thread; skipped when no slot is free."""
+        """Run engine.health_check() in an idle slot's thread; skipped when no slot is free.
+
+        Bounded by ``health_timeout_s`` (then ``HealthCheckTimeout``); the slot comes
+        back only when its thread has returned from the check.
+        """
         if self._closed:
             raise Draining("the engine pool is closed")
         self._engine()  # NotReady until loaded
@@ -314,7 +252,37 @@ class EnginePool:
             self._return_slot(slot, leased=False)
 
         fut.add_done_callback(done)
-        await asyncio.shield(fut)
+        try:
+            async with asyncio.timeout(self.config.health_timeout_s):
+                await asyncio.shield(fut)
+        except TimeoutError:
+            log.error("engine health check did not return within %g s (slot %d)", self.config.health_timeout_s,
+                      slot.index)
+            raise HealthCheckTimeout(f"the engine health check did not return within "
+                                     f"{self.config.health_timeout_s:g} s") from None
+
+    def stuck_slots(self) -> list[int]:
+        """Slots whose job has been in the engine past ``request_timeout_s + stuck_grace_s``.
+
+        Such a job's deadline has fired and its cancel flag is set, yet its thread has not
+        returned: the engine is wedged, and only a restart frees the slot. Each job is
+        logged once when first found. Empty when ``request_timeout_s`` is 0 (no deadline).
+        """
+        if self.config.request_timeout_s <= 0:
+            return []
+        limit = self.config.request_timeout_s + self.config.stuck_grace_s
+        now = time.monotonic()
+        stuck = []
+        for job in self._jobs:
+            if not job.done and now - job.started_at > limit:
+                stuck.append(job.slot_index)
+                if not job.stuck_reported:
+                    job.stuck_reported = True
+                    self._stuck_total += 1
+                    log.error("slot %d is stuck in the engine: job %s has run %.0f s (deadline %g s + grace %g s)",
+                              job.slot_index, job.request_id, now - job.started_at,
+                              self.config.request_timeout_s, self.config.stuck_grace_s)
+        return sorted(stuck)
 
     # -- admission ----------------------------------------------------------------------------
     def retry_after_s(self) -> float:
@@ -357,9 +325,15 @@ class EnginePool:
         return any(not w.done() for w in self._waiters)
 
     async def acquire(self, ticket: Ticket) -> Lease:
-        """Wait FIFO for a free slot. On any failure the ticket's permit is released."""
+        """Wait FIFO for a free slot. On any failure the ticket's permit is released.
+
+        The queue wait (and ``queue_timeout_s``) counts from this call, not from
+        ``admit()``: a permit taken at the edge before the request body arrived
+        does not charge the upload time to the queue.
+        """
         if ticket._pool is not self or ticket.state != "admitted":
             raise RuntimeError("acquire() needs a fresh ticket from this pool's admit()")
+        asked_at = time.monotonic()
         try:
             slot = await self._wait_for_slot()
         except QueueTimeout:
@@ -369,7 +343,7 @@ class EnginePool:
         except BaseException:
             ticket.release()
             raise
-        wait = time.monotonic() - ticket.admitted_at
+        wait = time.monotonic() - asked_at
         ticket.state = "leased"
         self._queued -= 1
         self._running += 1
@@ -421,9 +395,16 @@ class EnginePool:
         self._idle.append(slot)
 
     # -- running --------------------------------------------------------------------------------
-    def run(self, lease: Lease, req: SynthesisRequest) -> Job:
-        """Start engine.synthesize(req, cancel) in the lease's slot thread."""
-        return self._start(lease, lambda engine, cancel: engine.synthesize(req, cancel), req.request_id)
+    def run(self, lease: Lease, req: SynthesisRequest, transform: Transform | None = None) -> Job:
+        """Start engine.synthesize(req, cancel) in the lease's slot thread.
+
+        ``transform(chunks, cancel)``, when given, wraps the engine generator in the same
+        thread (e.g. encoding PCM to bytes); the job then yields what it yields.
+        """
+        if transform is None:
+            return self._start(lease, lambda engine, cancel: engine.synthesize(req, cancel), req.request_id)
+        return self._start(lease, lambda engine, cancel: transform(engine.synthesize(req, cancel), cancel),
+                           req.request_id)
 
     async def call(self, fn: Callable[[Engine], Any], request_id: str = "") -> Any:
         """Run ``fn(engine)`` once in a slot's thread, under the same admission, queue and deadline.
@@ -456,6 +437,7 @@ class EnginePool:
                 queue_wait_s=lease.queue_wait_s,
                 slot_index=lease.slot_index,
                 buffer_chunks=self.config.stream_buffer_chunks,
+                buffer_bytes=self.config.stream_buffer_bytes,
                 deadline_s=self.config.request_timeout_s,
                 on_thread_done=lambda j: self._job_ended(j, lease),
                 on_released=lambda j: lease.ticket.release(),
@@ -501,6 +483,8 @@ class EnginePool:
             "admitted": self._admitted_total,
             "rejected": dict(self._rejected),
             "avg_service_s": self._estimator.average_s,
+            "stuck": len(self.stuck_slots()),
+            "stuck_total": self._stuck_total,
             "ready": self.ready,
             "draining": self.draining,
         }

@@ -10,7 +10,9 @@ on the event loop). No extra thread per stream is needed:
   to a bounded deque guarded by a ``threading.Condition``. When the deque holds
   ``maxsize`` items the thread waits on the condition: the engine stops being
   pulled (backpressure), so at most ``maxsize`` chunks are buffered plus the
-  one the thread holds. The wait is woken by the consumer taking an item or by
+  one the thread holds; with ``max_bytes`` it also waits while the buffered items
+  hold that many bytes (encoded pieces have a ``len()``), so backpressure counts
+  bytes, not just chunks. The wait is woken by the consumer taking an item or by
   ``cancel()``; it also re-checks the cancel flag every ``poll_s`` in case the
   flag was set by someone who did not notify.
 * Buffer -> consumer: ``__anext__`` takes an item under the lock (never held
@@ -67,11 +69,16 @@ class BlockingStream(Generic[T]):
         maxsize: int,
         cancel_event: threading.Event | None = None,
         poll_s: float = 0.1,
+        max_bytes: int | None = None,
     ) -> None:
         if maxsize < 1:
             raise ValueError("maxsize must be at least 1")
+        if max_bytes is not None and max_bytes < 1:
+            raise ValueError("max_bytes must be at least 1")
         self._loop = loop
         self._maxsize = maxsize
+        self._max_bytes = max_bytes  # also bound the buffered bytes (items with a len())
+        self._bytes = 0
         self._poll_s = poll_s
         self.cancel_event = cancel_event if cancel_event is not None else threading.Event()
         self._lock = threading.Lock()
@@ -86,6 +93,7 @@ class BlockingStream(Generic[T]):
         self.exhausted = False  # the generator ran to its end
         self.produced = 0  # items pulled from the generator
         self.max_buffered = 0  # high-water mark of the buffer
+        self.max_buffered_bytes = 0  # high-water mark of the buffered bytes
         self.first_item_at: float | None = None  # time.monotonic() of the first item
 
     # -- owner side ------------------------------------------------------------------
@@ -115,6 +123,7 @@ class BlockingStream(Generic[T]):
             if self._abort is None and not self._delivered_end:
                 self._abort = exc
             self._items.clear()
+            self._bytes = 0
             self.cancel_event.set()
             self._space.notify_all()
             waiter, self._waiter = self._waiter, None
@@ -151,16 +160,23 @@ class BlockingStream(Generic[T]):
                     error = error or exc
         self._finish(error)
 
+    def _full(self) -> bool:
+        if len(self._items) >= self._maxsize:
+            return True
+        return self._max_bytes is not None and bool(self._items) and self._bytes >= self._max_bytes
+
     def _put(self, item: T) -> bool:
         with self._space:
-            while len(self._items) >= self._maxsize:
+            while self._full():
                 if self.cancel_event.is_set():
                     return False
                 self._space.wait(self._poll_s)
             if self.cancel_event.is_set():
                 return False
             self._items.append(item)
+            self._bytes += _size(item)
             self.max_buffered = max(self.max_buffered, len(self._items))
+            self.max_buffered_bytes = max(self.max_buffered_bytes, self._bytes)
             if self.first_item_at is None:
                 self.first_item_at = time.monotonic()
             waiter, self._waiter = self._waiter, None
@@ -196,6 +212,7 @@ class BlockingStream(Generic[T]):
                     raise self._abort
                 if self._items:
                     item = self._items.popleft()
+                    self._bytes -= _size(item)
                     self._space.notify()
                     return item
                 if self._finished:
@@ -213,6 +230,14 @@ class BlockingStream(Generic[T]):
                 with self._lock:
                     if self._waiter is waiter:
                         self._waiter = None
+
+
+def _size(item: object) -> int:
+    """Bytes an item holds in the buffer: ``len()`` of encoded pieces, 0 for anything else."""
+    try:
+        return len(item)  # type: ignore[arg-type]
+    except TypeError:
+        return 0
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:
@@ -241,6 +266,7 @@ class Job:
         slot_index: int,
         buffer_chunks: int,
         deadline_s: float,
+        buffer_bytes: int | None = None,
         on_thread_done: Callable[[Job], None],
         on_released: Callable[[Job], None],
     ) -> None:
@@ -259,8 +285,9 @@ class Job:
         self._settled = False  # the thread-returned bookkeeping ran
         self._released = False
         self._pending_first: AudioChunk | None = None
-        self._stream: BlockingStream[AudioChunk] = BlockingStream(loop, buffer_chunks)
+        self._stream: BlockingStream[AudioChunk] = BlockingStream(loop, buffer_chunks, max_bytes=buffer_bytes)
         self._started_at = time.monotonic()
+        self.stuck_reported = False  # the pool logged this job as stuck in the engine
         self._thread_done = self._stream.start(executor, open_gen)
         self._thread_done.add_done_callback(self._on_thread_done)
         self._timer = loop.call_later(deadline_s, self._on_deadline) if deadline_s > 0 else None
@@ -284,11 +311,23 @@ class Job:
             raise StopAsyncIteration
         return chunk
 
-    async def aclose(self) -> None:
-        """Idempotent: cancel if still running, wait until the slot thread returned, release."""
+    async def aclose(self, wait_s: float | None = None) -> None:
+        """Idempotent: cancel if still running, wait until the slot thread returned, release.
+
+        ``wait_s`` bounds the wait: an engine that ignores its cancel flag must not hold
+        the caller (and its client) hostage. The slot and the permit are then released
+        by the thread-done callback, whenever the thread returns.
+        """
         self._stream.cancel()
         self._consumer_finished()
-        await asyncio.shield(self._thread_done)
+        if wait_s is None:
+            await asyncio.shield(self._thread_done)
+        else:
+            await asyncio.wait({self._thread_done}, timeout=wait_s)
+            if not self._thread_done.done():
+                log.warning("job %s: slot %d has not returned from the engine %g s after cancel; the slot stays "
+                            "busy until it does", self.request_id, self.slot_index, wait_s)
+                return
         self._settle()  # an await on a finished future resumes before its done callbacks run
 
     async def __aenter__(self) -> Self:
@@ -296,6 +335,11 @@ class Job:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+    @property
+    def started_at(self) -> float:
+        """``time.monotonic()`` when the job was handed to its slot thread."""
+        return self._started_at
 
     @property
     def done(self) -> bool:

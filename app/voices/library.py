@@ -88,6 +88,12 @@ def _compute(engine: Any, transcript: str, audio: PromptAudio) -> tuple[Any, byt
         raise VoiceComputeFailed("the engine could not compute features for this voice") from exc
 
 
+def _prepare(audio: PromptAudio, original: bytes) -> tuple[bytes, PromptAudio, str]:
+    """In a worker thread: the stored prompt WAV, the audio decoded back from it, the upload's hash."""
+    prompt_wav = encode_wav(audio)
+    return prompt_wav, decode_wav(prompt_wav), hashlib.sha256(original).hexdigest()
+
+
 def _import_all(engine: Any, family: str, blobs: list[bytes]) -> list[Any]:
     """In a slot thread: import each blob; a failure is returned in its place, not raised."""
     eng = _capable(engine)
@@ -227,8 +233,8 @@ class VoiceLibrary:
             family = pool.engine_info().voice_family
             if not family:
                 raise InvalidInput("the loaded model does not support registered voices")
-            prompt_wav = encode_wav(audio)
-            audio = decode_wav(prompt_wav)  # compute from exactly what is stored, as a restart would
+            # Off the loop: WAV encoding, decoding and hashing of up to max_upload_mb.
+            prompt_wav, audio, digest = await asyncio.to_thread(_prepare, audio, original)
             voice, blob = await pool.call(lambda e: _compute(e, transcript, audio))
         except BaseException:
             self._release(name)
@@ -236,7 +242,7 @@ class VoiceLibrary:
         meta = {
             "name": name, "transcript": transcript, "description": description or "",
             "created_at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-            "audio_sha256": hashlib.sha256(original).hexdigest(), "sample_rate": audio.sample_rate,
+            "audio_sha256": digest, "sample_rate": audio.sample_rate,
             "duration_s": round(audio.duration_s, 3), "original_file": f"original.{ext}",
         }
         # Shielded: once the features exist, a client that leaves does not undo (or half-do) the commit.

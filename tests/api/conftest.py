@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 
@@ -74,3 +75,12 @@ def hold(behaviour: FakeBehaviour) -> threading.Event:
     """Make every synthesis wait until the returned event is set."""
     behaviour.gate = threading.Event()
     return behaviour.gate
+
+
+def wait_queued(client, running: int = 1, queued: int = 1, timeout: float = 5.0) -> None:
+    """Poll the pool until ``running`` jobs run and ``queued`` wait (no sleeping to order events)."""
+    stats = client.app.state.runtime.pool.stats
+    deadline = time.monotonic() + timeout
+    while (stats()["running"], stats()["queued"]) != (running, queued):
+        assert time.monotonic() < deadline, f"pool never reached {running} running, {queued} queued: {stats()}"
+        time.sleep(0.005)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
 
-from tests.api.conftest import hold
+from tests.api.conftest import hold, wait_queued
 from tests.api.speech_helpers import StubLibrary, prompt_wav
 
 RATE = 22050  # CosyVoice-300M's native rate: the compat surface must not resample
@@ -77,7 +76,7 @@ def test_cross_lingual_instruct_and_instruct2(make_client, behaviour, seen):
 
 def test_spk_id_may_name_a_library_voice(make_client, behaviour, seen):
     client = make_client(sample_rate=RATE)
-    client.app.state.runtime.voices = StubLibrary("narrator")
+    client.app.state.runtime.speech.library = StubLibrary("narrator")
     check_pcm(client.post("/inference_sft", data={"tts_text": "hi", "spk_id": "narrator"}), behaviour)
     assert seen[-1].mode == "zero_shot" and seen[-1].voice == {"voice": "narrator"}
 
@@ -132,10 +131,7 @@ def test_overload_is_503(make_client, behaviour):
     threads = [threading.Thread(target=call) for _ in range(2)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 5
-    while not behaviour.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.1)
+    wait_queued(client, running=1, queued=1)  # one runs, the other holds the only queue place
     r = client.request("GET", "/inference_zero_shot", data={"tts_text": "x", "prompt_text": "p"}, files=files())
     assert r.status_code == 503
     assert r.json()["error"]["code"] == "overloaded" and "retry-after" in r.headers

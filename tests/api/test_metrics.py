@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.api.context import RequestContext
 from app.config import Settings
 from app.engines.fake import FakeEngine
 from app.main import create_app
@@ -239,11 +240,13 @@ def test_each_app_has_its_own_registry(tmp_path):
     ({"status": 504, "completed": True}, "timeout"),
     ({"status": 500, "completed": True}, "error"),
     ({"status": 0}, "error"),
+    ({"status": 499, "completed": True}, "aborted"),
 ])
 def test_outcome_mapping(state, outcome):
-    assert outcome_of(state) == outcome
+    assert outcome_of(RequestContext(**state)) == outcome
 
 
 def test_a_failing_hook_never_breaks_a_request(tmp_path, behaviour):
     metrics = Metrics(process=False)
-    metrics.on_done({"route": object()}, {"latency_s": "not a number"})  # logged, not raised
+    metrics = Metrics(process=False, routes=("/v1/tts",))
+    metrics.on_done(RequestContext(endpoint="/v1/tts", latency_s="not a number"))  # logged, not raised

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import struct
 import threading
-import time
 import warnings
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.openai_schemas import OPENAI_VOICES
-from tests.api.conftest import hold
+from tests.api.conftest import hold, wait_queued
 from tests.api.speech_helpers import (
     CONTENT_TYPES,
     FORMATS,
@@ -103,7 +102,7 @@ def test_voice_as_string_object_and_openai_alias(make_client, seen):
 
 def test_library_voice_and_instructions(make_client, seen):
     client = make_client()
-    client.app.state.runtime.voices = StubLibrary("narrator", "alloy")
+    client.app.state.runtime.speech.library = StubLibrary("narrator", "alloy")
     r = speech(client, voice={"id": "narrator"}, response_format="pcm")
     assert r.status_code == 200 and "x-instructions-ignored" not in r.headers
     assert seen[-1].mode == "zero_shot" and seen[-1].voice == {"voice": "narrator"}
@@ -156,7 +155,7 @@ def test_models_list_and_retrieve(make_client):
 
 def test_voices_lists_presets_library_and_aliases(make_client):
     client = make_client()
-    client.app.state.runtime.voices = StubLibrary("narrator")
+    client.app.state.runtime.speech.library = StubLibrary("narrator")
     body = client.get("/v1/audio/voices").json()
     assert body["object"] == "list"
     by_id = {v["id"]: v for v in body["data"]}
@@ -214,10 +213,7 @@ def test_overload_is_503_in_openai_shape(make_client, behaviour):
                for _ in range(2)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 5
-    while not behaviour.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.1)  # let the second request take its queue place
+    wait_queued(client, running=1, queued=1)  # one runs, the other holds the only queue place
     r = speech(client, response_format="pcm")
     assert r.status_code == 503
     assert r.json()["error"]["code"] == "overloaded" and set(r.json()["error"]) == ERROR_KEYS

@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 
 from app.engines.base import EngineFailure
-from tests.api.conftest import hold
+from tests.api.conftest import hold, wait_queued
 
 
 def _wav(data: bytes) -> tuple[np.ndarray, int]:
@@ -130,10 +130,7 @@ def test_overload_is_503_with_retry_after_at_once(client_factory, behaviour):
     threads = [threading.Thread(target=call) for _ in range(2)]
     for t in threads:
         t.start()
-    deadline = time.monotonic() + 5
-    while len(behaviour.started) < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.1)  # let the second request take its queue place
+    wait_queued(client, running=1, queued=1)  # one runs, the other holds the only queue place
     t0 = time.perf_counter()
     r = client.post("/v1/tts", json={"text": "rejected"})
     elapsed = time.perf_counter() - t0

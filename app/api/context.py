@@ -1,0 +1,44 @@
+"""The typed request context: what one request's modules tell each other.
+
+``RequestContextMiddleware`` creates it (request id, timing); admission adds the
+synthesis route and the permit; the speech response adds time to first audio,
+queue wait and audio seconds; the error handlers add the error code. The access
+log and the metrics read it once the response is done. One object, one key in
+the ASGI scope, typed fields: nothing else writes request state into the scope.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from app.serving.pool import Ticket
+
+SCOPE_KEY = "cosyserve.context"
+
+
+@dataclass
+class RequestContext:
+    request_id: str = ""
+    endpoint: str | None = None  # the synthesis route template (a metrics label); None for other routes
+    ticket: Ticket | None = None  # the admission permit taken at the edge, until the service takes it
+    queue_wait_s: float | None = None
+    ttfa_s: float | None = None
+    audio_s: float = 0.0
+    error_code: str | None = None
+    stream_error: str | None = None  # an error after the first byte (exception type name)
+    status: int = 0
+    latency_s: float | None = None
+    completed: bool = False  # the last body byte was sent
+
+    def take_ticket(self) -> Ticket | None:
+        ticket, self.ticket = self.ticket, None
+        return ticket
+
+
+def context_of(scope: dict[str, Any]) -> RequestContext:
+    """The request's context (created empty if the middleware did not run, e.g. in a unit test)."""
+    ctx = scope.get(SCOPE_KEY)
+    if ctx is None:
+        ctx = scope[SCOPE_KEY] = RequestContext()
+    return ctx

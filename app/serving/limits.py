@@ -1,0 +1,34 @@
+"""Request limits: written once here, read by the schemas, the planner and the uploads.
+
+``SpeechLimits`` carries the configurable ones (built by the lifespan from
+settings); the module constants are fixed by the model or by the APIs we follow.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.engines.base import MODES
+
+SPEED_MIN, SPEED_MAX = 0.25, 4.0
+PROMPT_MIN_S, PROMPT_MAX_S = 1.0, 30.0  # prompt and source audio, seconds
+PROMPT_RATE = 16000  # uploads are decoded to this rate for the model
+OPENAI_MAX_INPUT_CHARS = 4096  # OpenAI's documented limit for /v1/audio/speech
+OUTPUT_RATE_MIN, OUTPUT_RATE_MAX = 8000, 48000  # sample_rate a client may ask for
+ALL_MODES: tuple[str, ...] = MODES
+
+
+@dataclass(frozen=True)
+class SpeechLimits:
+    max_text_chars: int = 4096
+    max_upload_bytes: int = 20 * 1024 * 1024
+    body_timeout_s: float = 30.0  # 0: no deadline for reading a request body
+
+    @classmethod
+    def from_mb(cls, max_text_chars: int, max_upload_mb: float, body_timeout_s: float) -> SpeechLimits:
+        return cls(max_text_chars, int(max_upload_mb * 1024 * 1024), body_timeout_s)
+
+
+def size_text(limit: int) -> str:
+    """A byte limit for people: '20 MB', '512 KB'."""
+    return f"{limit / (1024 * 1024):g} MB" if limit >= 1024 * 1024 else f"{limit // 1024} KB"

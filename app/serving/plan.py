@@ -1,0 +1,147 @@
+"""One planning function from any surface's fields to a ``SynthesisRequest``.
+
+Every surface (native ``/v1/tts``, OpenAI ``/v1/audio/speech``, upstream
+``/inference_*``) says the same few things in its own words; the router maps its
+fields onto :class:`SpeechFields` and :func:`plan` decides the rest:
+
+* ``voice`` names a registered library voice (wins), a preset speaker, or, when
+  ``aliases`` is on (OpenAI), an OpenAI built-in name mapped onto the presets;
+  anything else is ``unknown_voice``.
+* ``mode``: as asked, except that a library voice turns ``sft`` into
+  ``zero_shot`` and ``instruct`` into ``instruct2`` (a library voice is a prompt).
+  When not asked: prompt audio or a library voice -> ``instruct2`` with
+  instructions (when the model has it), else ``zero_shot`` with a transcript or
+  library voice, else ``cross_lingual``; no prompt -> ``instruct`` with
+  instructions (when the model has it), else ``sft``.
+* ``sft`` / ``instruct`` without a speaker speak with the first preset.
+* Instructions the chosen mode cannot use are dropped, and the plan says so.
+
+The engine still checks what only the model knows (``check_mode_inputs``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.engines.base import EngineInfo, PromptAudio, SynthesisRequest
+from app.serving.errors import BadRequest
+from app.serving.limits import SPEED_MAX, SPEED_MIN, SpeechLimits
+
+# OpenAI's built-in voice names. When the model has preset speakers, the i-th name here
+# speaks with preset ``i % len(presets)`` (the engine's order): deterministic and stable.
+# A preset or library voice with the same name wins over the alias.
+OPENAI_VOICES: tuple[str, ...] = (
+    "alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "marin", "cedar",
+)
+_LIBRARY_MODE = {"sft": "zero_shot", "instruct": "instruct2"}
+_USES_INSTRUCTIONS = frozenset({"instruct", "instruct2"})
+
+
+@dataclass
+class SpeechFields:
+    """What a surface asked for, in the planner's words."""
+
+    text: str = ""
+    mode: str | None = None
+    voice: str | None = None
+    instructions: str | None = None
+    prompt_text: str | None = None
+    prompt_audio: PromptAudio | None = None
+    source_audio: PromptAudio | None = None
+    speed: float = 1.0
+    stream: bool = False  # ask the engine for its streaming mode (smaller first chunk)
+    aliases: bool = False  # OpenAI built-in voice names map onto the presets
+    text_param: str = "text"  # the surface's name for the text field, for error messages
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    request: SynthesisRequest
+    instructions_ignored: bool = False
+
+
+def alias_speaker(name: str, presets: Sequence[str]) -> str | None:
+    """The preset an OpenAI built-in voice name speaks with, or None."""
+    key = name.lower()
+    if not presets or key not in OPENAI_VOICES:
+        return None
+    return presets[OPENAI_VOICES.index(key) % len(presets)]
+
+
+@dataclass(frozen=True)
+class Voice:
+    speaker: str | None = None
+    library: Any | None = None  # engine-ready features of a registered voice
+
+
+def resolve_voice(name: str | None, presets: Sequence[str], library: Callable[[str], Any | None],
+                  known_library: Callable[[], list[str]], aliases: bool) -> Voice:
+    """A user-facing voice name -> a library voice, a preset speaker or (OpenAI) an alias."""
+    name = (name or "").strip()
+    if not name:
+        return Voice()
+    features = library(name)
+    if features is not None:
+        return Voice(library=features)
+    if name in presets:
+        return Voice(speaker=name)
+    speaker = alias_speaker(name, presets) if aliases else None
+    if speaker is not None:
+        return Voice(speaker=speaker)
+    known = list(presets) + known_library()
+    message = f"unknown voice {name!r}; known voices: {', '.join(known) or 'none'}"
+    if aliases and name.lower() in OPENAI_VOICES:
+        message += f"; {name!r} is an OpenAI voice name, and this model has no preset speakers to map it to"
+    raise BadRequest("unknown_voice", message, param="voice")
+
+
+def choose_mode(fields: SpeechFields, voice: Voice, modes: Sequence[str]) -> str:
+    instructions = bool(fields.instructions)
+    if fields.mode:
+        if voice.library is not None and fields.mode in _LIBRARY_MODE:
+            wanted = _LIBRARY_MODE[fields.mode]
+            return wanted if wanted in modes else "zero_shot"
+        return fields.mode
+    if fields.prompt_audio is not None or voice.library is not None:
+        if instructions and "instruct2" in modes:
+            return "instruct2"
+        return "zero_shot" if (fields.prompt_text or voice.library is not None) else "cross_lingual"
+    if instructions and "instruct" in modes:
+        return "instruct"
+    return "sft"
+
+
+def check_fields(fields: SpeechFields, limits: SpeechLimits) -> None:
+    """The checks that need no model: text length and speed."""
+    if len(fields.text) > limits.max_text_chars:
+        raise BadRequest("text_too_long", f"{fields.text_param} is {len(fields.text)} characters; the limit is "
+                         f"{limits.max_text_chars}", param=fields.text_param)
+    if not SPEED_MIN <= fields.speed <= SPEED_MAX:
+        raise BadRequest("invalid_speed", f"speed must be between {SPEED_MIN} and {SPEED_MAX}; got {fields.speed}",
+                         param="speed")
+
+
+def plan(fields: SpeechFields, info: EngineInfo, presets: Sequence[str], limits: SpeechLimits,
+         library: Callable[[str], Any | None] = lambda name: None,
+         known_library: Callable[[], list[str]] = list) -> Plan:
+    """The synthesis request for ``fields`` on the loaded model (raises BadRequest)."""
+    check_fields(fields, limits)
+    fields.instructions = (fields.instructions or "").strip() or None
+    voice = resolve_voice(fields.voice, presets, library, known_library, fields.aliases)
+    mode = choose_mode(fields, voice, info.modes)
+    speaker = voice.speaker
+    if mode in ("sft", "instruct") and speaker is None:
+        if not presets:
+            raise BadRequest("voice_required", "this model has no preset speakers; send prompt audio or name a "
+                             "registered voice", param="voice")
+        speaker = presets[0]
+    used = fields.instructions if mode in _USES_INSTRUCTIONS else None
+    request = SynthesisRequest(
+        text=fields.text, mode=mode, speaker=speaker, voice=voice.library, prompt_text=fields.prompt_text,
+        prompt_audio=fields.prompt_audio, instruct_text=used, source_audio=fields.source_audio,
+        speed=fields.speed, stream=fields.stream, extra=dict(fields.extra),
+    )
+    return Plan(request, instructions_ignored=fields.instructions is not None and used is None)

@@ -1,0 +1,185 @@
+"""SpeechService: the one request path behind every speech surface.
+
+    plan = service.plan(fields)                       # fields -> SynthesisRequest (no I/O)
+    out = service.output("mp3", stream=True)          # format + rate, checked up front
+    result = await service.run(plan, out, ticket=..., gone=event)
+    # result.media_type, result.sample_rate, result.body (async bytes) or result.data
+
+``run`` admits (unless the edge already did), waits FIFO for a slot, runs the
+engine with the encoder in the slot's thread (see ``app/serving/encoded.py``),
+and waits for the first piece before returning, so errors before the first byte
+still get a status. ``gone`` is set by the HTTP layer when the client hangs up:
+a request still queued leaves the queue at once (its permit is released, no
+engine work is done); a whole-file request that is running is cancelled (the
+engine's cancel flag, so within one chunk); a stream is cancelled by its
+response when the client leaves. On every path the job is closed, which frees
+the slot once its thread has returned and then the permit.
+
+``EngineInfo`` and the preset speakers are read once, when the service is built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from app.audio.encode import make_encoder
+from app.engines.base import EngineInfo
+from app.serving.encoded import EncoderFactory, OutputSpec, Piece, pieces
+from app.serving.errors import ClientGone
+from app.serving.limits import SpeechLimits
+from app.serving.plan import Plan, SpeechFields, plan
+from app.serving.pool import EnginePool, Job, Ticket
+
+log = logging.getLogger("cosyserve.speech")
+
+# How long an answer waits for a cancelled job's slot thread to return. A healthy engine
+# returns within one chunk; one that ignores its cancel flag is left to release its slot
+# when it does return (and is reported as stuck by the pool past its deadline + grace).
+CLOSE_WAIT_S = 2.0
+
+
+@dataclass
+class SpeechResult:
+    """The answer to one synthesis: whole bytes (``data``) or a stream (``body``)."""
+
+    media_type: str
+    sample_rate: int
+    data: bytes | None = None
+    body: AsyncIterator[bytes] | None = None
+    ttfa_s: float | None = None
+    queue_wait_s: float = 0.0
+    job: Job | None = field(default=None, repr=False)
+
+    @property
+    def audio_s(self) -> float:
+        return self.job.audio_s if self.job is not None else 0.0
+
+    async def aclose(self) -> None:
+        """Cancel (if still running) and wait for the slot thread; idempotent."""
+        if self.job is not None:
+            await _shielded_close(self.job)
+
+
+class SpeechService:
+    def __init__(self, pool: EnginePool, limits: SpeechLimits, library: Any | None = None,
+                 encoder_factory: EncoderFactory | None = None) -> None:
+        self.pool = pool
+        self.limits = limits
+        self.library = library  # VoiceLibrary (names(), features(name, family)) or None
+        self.info: EngineInfo = pool.engine_info()
+        self.presets: tuple[str, ...] = tuple(pool.voices())
+        self._make_encoder: EncoderFactory = encoder_factory or make_encoder
+
+    # -- planning (no I/O) ---------------------------------------------------------------------
+    def voice_names(self) -> list[str]:
+        return self.library.names() if self.library is not None else []
+
+    def _library_voice(self, name: str) -> Any | None:
+        if self.library is None:
+            return None
+        return self.library.features(name, self.info.voice_family)
+
+    def plan(self, fields: SpeechFields, request_id: str = "") -> Plan:
+        p = plan(fields, self.info, self.presets, self.limits, self._library_voice, self.voice_names)
+        p.request.request_id = request_id
+        return p
+
+    def output(self, fmt: str, stream: bool, sample_rate: int | None = None) -> OutputSpec:
+        return OutputSpec.build(fmt, stream, self.info.sample_rate, sample_rate)
+
+    # -- running ---------------------------------------------------------------------------------
+    async def run(self, plan: Plan, out: OutputSpec, *, ticket: Ticket | None = None,
+                  gone: asyncio.Event | None = None) -> SpeechResult:
+        """Admit (unless ``ticket``), acquire, run, encode; raises ClientGone if ``gone`` fires first."""
+        ticket = ticket if ticket is not None else self.pool.admit()
+        task = asyncio.ensure_future(self._start(plan, out, ticket))
+        try:
+            if gone is None:
+                return await task
+            return await _unless_gone(task, gone)
+        finally:
+            task.add_done_callback(lambda _: _release_if_unused(ticket))
+
+    async def _start(self, plan: Plan, out: OutputSpec, ticket: Ticket) -> SpeechResult:
+        lease = await self.pool.acquire(ticket)  # releases the permit itself if it fails or is cancelled
+        transform = partial(pieces, out=out, native_rate=self.info.sample_rate, make=self._make_encoder)
+        job = self.pool.run(lease, plan.request, transform=transform)
+        try:
+            first: Piece | None = await job.first_chunk()
+            result = SpeechResult(out.content_type, out.sample_rate, queue_wait_s=job.queue_wait_s, job=job)
+            if out.stream:
+                result.ttfa_s = job.time_to_first_chunk_s
+                result.body = _body(job)
+                return result
+            parts = [first.data] if first is not None else []
+            async for piece in _rest(job):
+                parts.append(piece.data)
+            result.ttfa_s = job.time_to_first_chunk_s
+            result.data = b"".join(parts)
+        except BaseException:
+            await _shielded_close(job)
+            raise
+        await _shielded_close(job)
+        return result
+
+
+def _release_if_unused(ticket: Ticket) -> None:
+    """A task cancelled before it reached ``acquire`` never used its permit: give it back."""
+    if ticket.state == "admitted":
+        ticket.release()
+
+
+async def _rest(job: Job) -> AsyncIterator[Piece]:
+    """The pieces after the first one (``first_chunk`` already handed that one out)."""
+    it = aiter(job)
+    await anext(it)  # the first piece again: Job re-delivers it
+    async for piece in it:
+        yield piece
+
+
+async def _body(job: Job) -> AsyncIterator[bytes]:
+    """The stream's bytes; empty pieces are skipped."""
+    async for piece in job:  # starts with the first piece again
+        if piece.data:
+            yield piece.data
+
+
+async def _shielded_close(job: Job) -> None:
+    close = asyncio.ensure_future(job.aclose(wait_s=CLOSE_WAIT_S))
+    try:
+        await asyncio.shield(close)
+    except asyncio.CancelledError:
+        await close  # finish releasing even if our caller was cancelled, then propagate
+        raise
+
+
+async def _unless_gone(task: asyncio.Future[SpeechResult], gone: asyncio.Event) -> SpeechResult:
+    """``task``'s result, unless ``gone`` is set first: then cancel it and raise ClientGone."""
+    waiter = asyncio.ensure_future(gone.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        waiter.cancel()
+        await _settle(task)
+        raise
+    waiter.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()  # queued: leaves the queue; running: its job is closed (cancel flag set)
+    await _settle(task)
+    raise ClientGone("the client closed the connection; its request was dropped")
+
+
+async def _settle(task: asyncio.Future[SpeechResult]) -> None:
+    """Wait for a cancelled task to end; a result that raced the cancel is closed, not leaked."""
+    await asyncio.wait({task})
+    if task.cancelled():
+        return
+    if task.exception() is None:
+        await task.result().aclose()
