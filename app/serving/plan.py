@@ -52,6 +52,7 @@ class SpeechFields:
     source_audio: PromptAudio | None = None
     speed: float = 1.0
     stream: bool = False  # ask the engine for its streaming mode (smaller first chunk)
+    seed: int | None = None  # the LLM's sampling seed (reproducible output)
     aliases: bool = False  # OpenAI built-in voice names map onto the presets
     text_param: str = "text"  # the surface's name for the text field, for error messages
     extra: dict = field(default_factory=dict)
@@ -142,6 +143,6 @@ def plan(fields: SpeechFields, info: EngineInfo, presets: Sequence[str], limits:
     request = SynthesisRequest(
         text=fields.text, mode=mode, speaker=speaker, voice=voice.library, prompt_text=fields.prompt_text,
         prompt_audio=fields.prompt_audio, instruct_text=used, source_audio=fields.source_audio,
-        speed=fields.speed, stream=fields.stream, extra=dict(fields.extra),
+        speed=fields.speed, stream=fields.stream, seed=fields.seed, extra=dict(fields.extra),
     )
     return Plan(request, instructions_ignored=fields.instructions is not None and used is None)

@@ -211,3 +211,12 @@ def test_overload_is_refused_at_the_edge_before_the_body_is_read(client_factory,
     # a bad request that was admitted gives its permit back
     assert client.post("/v1/tts", json={"text": ""}).status_code == 400
     assert client.app.state.runtime.pool.stats()["in_flight"] == 0
+
+
+def test_seed_reaches_the_engine_and_is_validated(make_client, seen):
+    client = make_client()
+    assert client.post("/v1/tts", json={"text": "hello", "seed": 1234}).status_code == 200
+    assert client.post("/v1/tts", json={"text": "hello"}).status_code == 200
+    assert [r.seed for r in seen[-2:]] == [1234, None]
+    r = client.post("/v1/tts", json={"text": "hello", "seed": -1})
+    assert r.status_code == 422 and r.json()["error"]["code"]
