@@ -32,7 +32,7 @@ class TTSRequest(BaseModel):
     instruct_text: str | None = Field(None, description="Style instruction (instruct / instruct2).")
     speed: float = Field(1.0, ge=SPEED_MIN, le=SPEED_MAX)
     stream: bool = False
-    seed: int | None = Field(None, ge=0, le=2**63 - 1,
+    seed: int | None = Field(None, ge=0, le=2**32 - 1,
                              description="Fix the LLM's sampling: the same text, voice and seed give the same speech "
                                          "tokens (CosyVoice2/3 with batching).")
     format: FormatName = "wav"
