@@ -55,6 +55,17 @@ from bench.procs import ROOT, THREAD_ENV, ServerProc, free_port, python_module
 FULL_DIR = ROOT / ".cache" / "full2"
 
 
+def _shown_path(path: str) -> str:
+    """A path for the results files: repo-relative or ~-relative, never this machine's absolute path."""
+    p = Path(path).resolve()
+    for base, shown in ((ROOT, ""), (Path.home(), "~/")):
+        try:
+            return shown + str(p.relative_to(base))
+        except ValueError:
+            continue
+    return p.name
+
+
 def log(msg: str) -> None:
     print(f"[batching {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -227,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for plan in plans:
         mdir = model_dir(plan.key, args)
-        results["models"][plan.key] = {"model_dir": mdir, "systems": {}}
+        results["models"][plan.key] = {"model_dir": _shown_path(mdir), "systems": {}}
         for system in chosen:
             log(f"{plan.key} / {system.label}: starting")
             srv = server(system, mdir, run_dir, plan, args)
