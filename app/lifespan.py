@@ -57,12 +57,7 @@ def engine_factory(settings: Settings, llm_observer: Any = None) -> EngineFactor
                           torch_threads=eng.torch_threads, prompt_cache_size=eng.prompt_cache_size,
                           batching=batches_llm(eng), max_batch_size=eng.max_batch_size,
                           llm_greedy=eng.llm_greedy, token2wav_workers=eng.token2wav_workers)
-
-    def factory(index: int) -> CosyVoiceEngine:
-        return CosyVoiceEngine(cfg, name=eng.name, llm_observer=llm_observer)
-
-    factory.batching = cfg.batching  # type: ignore[attr-defined]
-    return factory
+    return lambda index: CosyVoiceEngine(cfg, name=eng.name, llm_observer=llm_observer)
 
 
 def pool_config(settings: Settings, batching: bool = False) -> PoolConfig:
@@ -84,11 +79,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
     runtime: Runtime = app.state.runtime
     settings = runtime.settings
     factory = app.state.engine_factory
+    batching = factory is None and batches_llm(settings.engine)  # an injected factory (tests) is not shared
     if factory is None:
         llm_observer = runtime.metrics.llm_observer() if runtime.metrics is not None else None
         factory = await anyio.to_thread.run_sync(engine_factory, settings, llm_observer)
     observer = runtime.metrics.pool_observer() if runtime.metrics is not None else None
-    batching = getattr(factory, "batching", False)
     pool = EnginePool(factory, pool_config(settings, batching), observer=observer)
     log.info("loading %d engine slot(s)...", settings.pool.workers)
     await pool.start()

@@ -366,9 +366,13 @@ class CosyVoiceEngine:
                                         seed=req.seed, request_id=req.request_id):
             if cancel.is_set():
                 return
-            pcm = float_to_int16(speech.detach().cpu().float().numpy())
-            if len(pcm):
-                yield AudioChunk(pcm=pcm, sample_rate=self.sample_rate)
+            yield from self._chunk(speech)
+
+    def _chunk(self, speech: Any) -> Iterator[AudioChunk]:
+        """A CosyVoice speech tensor as one int16 chunk (none if it is empty)."""
+        pcm = float_to_int16(speech.detach().cpu().float().numpy())
+        if len(pcm):
+            yield AudioChunk(pcm=pcm, sample_rate=self.sample_rate)
 
     def _run_tts(self, model: Any, model_input: dict, stream: bool, speed: float, cancel: threading.Event) -> Iterator[AudioChunk]:
         key = model_input.get("text") if model_input.get("source_speech_token") is None else model_input["source_speech_token"]
@@ -382,9 +386,7 @@ class CosyVoiceEngine:
             for out in gen:
                 if cancel.is_set():
                     return
-                pcm = float_to_int16(out["tts_speech"].detach().cpu().float().numpy())
-                if len(pcm):
-                    yield AudioChunk(pcm=pcm, sample_rate=self.sample_rate)
+                yield from self._chunk(out["tts_speech"])
                 if cancel.is_set():
                     return
             finished = True

@@ -10,7 +10,8 @@ Voice conversion has no LLM: its source tokens go straight to token2wav.
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from app.engines.base import InvalidInput
 from app.engines.batching.gate import PriorityGate

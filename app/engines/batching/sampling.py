@@ -28,7 +28,7 @@ class SamplingRules:
     greedy: bool = False
 
     @classmethod
-    def from_llm(cls, llm: Any, greedy: bool = False) -> "SamplingRules":
+    def from_llm(cls, llm: Any, greedy: bool = False) -> SamplingRules:
         """Read the yaml's ``ras_sampling`` parameters (a functools.partial on the LLM)."""
         kw = dict(getattr(getattr(llm, "sampling", None), "keywords", None) or {})
         base = cls()

@@ -23,8 +23,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from app.engines.batching.lm import BatchedLM
 from app.engines.batching.sampling import Sampler, SamplingRules
@@ -272,6 +273,6 @@ class LLMScheduler:
             self._pending.clear()
         for seq in list(self._rows) + pending:
             if not seq.done:
-                self._leave(seq, error) if seq._row is not None else seq._finish(error)
+                self._leave(seq, error)  # frees its row, if it has one
         self._rows.clear()
         self._kv.clear()

@@ -21,8 +21,9 @@ import math
 import threading
 import time
 import uuid as uuidlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from app.engines.batching.gate import PriorityGate
 
@@ -38,7 +39,7 @@ class HopSchedule:
     lookahead: int
 
     @classmethod
-    def of(cls, model: Any, initial_hop: int | None = None) -> "HopSchedule":
+    def of(cls, model: Any, initial_hop: int | None = None) -> HopSchedule:
         hop = int(initial_hop or model.token_hop_len)
         return cls(hop=hop, max_hop=int(getattr(model, "token_max_hop_len", hop)),
                    scale=float(getattr(model, "stream_scale_factor", 1)),
@@ -86,10 +87,9 @@ def _wait(source: Any, filt: SilenceFilter, need: int, cancel: threading.Event) 
         if cancel.is_set():
             return None
         raw = len(source.tokens)
+        done = source.done  # read first: once done, every token is already there
         kept = filt.update(source.tokens)
-        if len(kept) >= need or source.done:
-            if source.done:
-                kept = filt.update(source.tokens)
+        if len(kept) >= need or done:
             return kept
         source.wait_for(raw + max(1, need - len(kept)), timeout=POLL_S)
 
