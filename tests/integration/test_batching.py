@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
 
 import numpy as np
 import psutil
@@ -16,6 +15,7 @@ import pytest
 
 from app.engines.base import PromptAudio, SynthesisRequest
 from tests.integration.conftest import speechlike
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -30,13 +30,6 @@ TEXTS = [
     "Numbers like four and seven, then a pause, and a longer closing clause to end it.",
 ]
 
-
-def wait_until(cond, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.002)
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +147,7 @@ def test_a_batch_of_8_gets_what_each_request_gets_alone(v2):
     lm, sched = make_scheduler(v2)
     try:
         first = [submit(lm, sched, mi) for mi in inputs[:4]]
-        wait_until(lambda: len(first[0].tokens) >= 3)  # the rest join a running batch
+        wait_until(lambda: len(first[0].tokens) >= 3, timeout=30)  # the rest join a running batch
         later = [submit(lm, sched, mi) for mi in inputs[4:]]
         for seq in first + later:
             seq.wait_for(1 << 30, timeout=60)
@@ -197,10 +190,10 @@ def test_cancelling_one_request_removes_it_within_one_step_and_leaves_the_others
             seq.wait_for(1 << 30, timeout=120)
         victim = submit(lm, sched, inputs[0])
         rest = [submit(lm, sched, mi) for mi in inputs[1:]]
-        wait_until(lambda: len(victim.tokens) >= 20)
+        wait_until(lambda: len(victim.tokens) >= 20, timeout=30)
         victim.cancel()
         at_cancel, steps_at_cancel = len(victim.tokens), sched.steps
-        wait_until(lambda: victim.done)
+        wait_until(lambda: victim.done, timeout=30)
         assert len(victim.tokens) <= at_cancel + 1
         assert sched.steps <= steps_at_cancel + 2
         for seq, want in zip(rest, solo):

@@ -8,13 +8,7 @@ import time
 import pytest
 
 from app.engines.batching.gate import PriorityGate
-
-
-def wait_until(cond, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.001)
+from tests.waiting import wait_until
 
 
 def test_limit_must_be_positive():

@@ -19,10 +19,7 @@ from app.serving import (
     QueueTimeout,
 )
 from app.serving.stats import ServiceTimeEstimator
-
-
-def run(coro, timeout: float = 10.0):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
+from tests.waiting import await_until, run
 
 
 def req(rid: str = "r", **kw) -> SynthesisRequest:
@@ -41,13 +38,6 @@ def make_pool(b: FakeBehaviour | None = None, **cfg) -> tuple[EnginePool, list[F
 
     return EnginePool(factory, PoolConfig(**cfg)), engines, b
 
-
-async def wait_until(pred, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.001)
 
 
 def slot_threads() -> list[str]:
@@ -116,7 +106,7 @@ def test_exact_admission_limits_and_fast_rejection() -> None:
         await pool.start()
         try:
             clients = [asyncio.create_task(consume(pool, f"c{i}")) for i in range(5)]
-            await wait_until(lambda: len(b.started) == 2 and pool.stats()["queued"] == 3)
+            await await_until(lambda: len(b.started) == 2 and pool.stats()["queued"] == 3)
             t0 = time.monotonic()
             with pytest.raises(Overloaded) as info:
                 pool.admit()
@@ -165,7 +155,7 @@ def test_queue_timeout_releases_the_permit() -> None:
         await pool.start()
         try:
             running = asyncio.create_task(consume(pool, "running"))
-            await wait_until(lambda: len(b.started) == 1)
+            await await_until(lambda: len(b.started) == 1)
             t0 = time.monotonic()
             with pytest.raises(QueueTimeout) as info:
                 await pool.synthesize(req("waits"))
@@ -205,9 +195,9 @@ def test_fifo_order_and_cancelled_waiters_give_their_place_back() -> None:
             tasks = []
             for i in range(6):
                 tasks.append(asyncio.create_task(waiter(i)))
-                await wait_until(lambda n=i + 1: pool.stats()["queued"] == n)
+                await await_until(lambda n=i + 1: pool.stats()["queued"] == n)
             tasks[2].cancel()
-            await wait_until(lambda: pool.stats()["queued"] == 5)
+            await await_until(lambda: pool.stats()["queued"] == 5)
             holder.release()
             results = await asyncio.gather(*tasks, return_exceptions=True)
             assert isinstance(results[2], asyncio.CancelledError)
@@ -234,7 +224,7 @@ def test_a_freed_slot_goes_to_the_oldest_waiter_not_to_a_later_arrival() -> None
 
             holder = await pool.acquire(pool.admit())
             first = asyncio.create_task(take("first"))
-            await wait_until(lambda: pool.stats()["queued"] == 1)
+            await await_until(lambda: pool.stats()["queued"] == 1)
             holder.release()  # handed straight to "first", which has not resumed yet
             late = asyncio.create_task(take("late"))
             await asyncio.gather(first, late)
@@ -255,9 +245,9 @@ def test_a_waiter_cancelled_just_after_a_slot_was_handed_to_it_passes_the_slot_o
 
             holder = await pool.acquire(pool.admit())
             w1 = asyncio.create_task(admit_and_acquire())
-            await wait_until(lambda: pool.stats()["queued"] == 1)
+            await await_until(lambda: pool.stats()["queued"] == 1)
             w2 = asyncio.create_task(admit_and_acquire())
-            await wait_until(lambda: pool.stats()["queued"] == 2)
+            await await_until(lambda: pool.stats()["queued"] == 2)
             holder.release()  # w1's future now holds the slot ...
             w1.cancel()  # ... and w1 is cancelled before it could resume
             with pytest.raises(asyncio.CancelledError):
@@ -299,7 +289,7 @@ def test_drain_stops_admission_and_lets_queued_and_running_work_finish() -> None
         await pool.start()
         try:
             clients = [asyncio.create_task(consume(pool, f"c{i}")) for i in range(2)]
-            await wait_until(lambda: len(b.started) == 1 and pool.stats()["queued"] == 1)
+            await await_until(lambda: len(b.started) == 1 and pool.stats()["queued"] == 1)
             await pool.begin_drain()
             assert not pool.ready and pool.draining
             with pytest.raises(Draining) as info:
@@ -340,7 +330,7 @@ def test_close_cancels_running_work_fails_waiters_and_joins_threads() -> None:
         jobs = [await pool.synthesize(req(f"r{i}")) for i in range(2)]
         waiting = asyncio.create_task(pool.synthesize(req("queued")))
         readers = [asyncio.create_task(job.first_chunk()) for job in jobs]
-        await wait_until(lambda: len(b.started) == 2 and pool.stats()["queued"] == 1)
+        await await_until(lambda: len(b.started) == 2 and pool.stats()["queued"] == 1)
         await pool.close()
         for reader in readers:
             with pytest.raises(Draining):
@@ -373,7 +363,7 @@ def test_share_engine_builds_and_loads_exactly_one_engine_used_by_all_slots() ->
         try:
             assert len(engines) == 1 and engines[0].threads == {"cosyserve-slot-0"}
             clients = [asyncio.create_task(consume(pool, f"c{i}")) for i in range(3)]
-            await wait_until(lambda: len(b.started) == 3)
+            await await_until(lambda: len(b.started) == 3)
             gate.set()
             assert await asyncio.gather(*clients) == [3, 3, 3]
             assert engines[0].threads == {f"cosyserve-slot-{i}" for i in range(3)}
@@ -435,7 +425,7 @@ def test_check_health_runs_in_an_idle_slot_thread_and_is_skipped_when_all_are_bu
                 await pool.check_health()
             assert pool.stats()["slots"][0]["state"] == "idle"
             client = asyncio.create_task(consume(pool, "busy"))
-            await wait_until(lambda: len(b.started) == 1)
+            await await_until(lambda: len(b.started) == 1)
             await pool.check_health()  # no idle slot: the engine call is skipped
             gate.set()
             assert await client == 3

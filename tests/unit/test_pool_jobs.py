@@ -13,23 +13,13 @@ import pytest
 from app.engines.base import AudioChunk, EngineFailure, InvalidInput, SynthesisRequest
 from app.engines.fake import FakeBehaviour, FakeEngine
 from app.serving import DeadlineExceeded, EnginePool, PoolConfig
-
-
-def run(coro, timeout: float = 10.0):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
+from tests.waiting import await_until, run
 
 
 def req(rid: str = "r", **kw) -> SynthesisRequest:
     kw.setdefault("speaker", "fake_female")
     return SynthesisRequest(text="hello", mode="sft", request_id=rid, **kw)
 
-
-async def wait_until(pred, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.001)
 
 
 def assert_idle(pool: EnginePool) -> None:
@@ -114,7 +104,7 @@ def test_engine_errors_reach_the_consumer_and_free_the_slot(case: str) -> None:
                     async for chunk in job:
                         got.append(chunk)
                 # The consumer saw the error and the thread returned: released even before aclose.
-                await wait_until(lambda: pool.stats()["in_flight"] == 0)
+                await await_until(lambda: pool.stats()["in_flight"] == 0)
                 assert [c async for c in job] == []  # the stream is over
             assert len(got) == (2 if case == "fail_mid_stream" else 0)
             assert job.outcome == "error"
@@ -149,7 +139,7 @@ def test_a_client_cancelled_while_iterating_frees_the_slot(calls_aclose: bool) -
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            await wait_until(lambda: pool.stats()["in_flight"] == 0)
+            await await_until(lambda: pool.stats()["in_flight"] == 0)
             assert b.cancelled == ["c"] and b.finished == []
             assert_idle(pool)
             b.chunks = 1
@@ -216,7 +206,7 @@ def test_deadline_with_a_cooperative_engine_and_a_late_reader() -> None:
         pool = await started_pool(b, workers=1, request_timeout_s=0.05)
         try:
             async with await pool.synthesize(req("slow")) as job:
-                await wait_until(lambda: job.done)  # nobody reads; the deadline cancels the engine
+                await await_until(lambda: job.done)  # nobody reads; the deadline cancels the engine
                 with pytest.raises(DeadlineExceeded):
                     async for _ in job:
                         pass
@@ -246,7 +236,7 @@ def test_backpressure_bounds_what_a_slow_consumer_makes_the_engine_produce() -> 
         pool = await started_pool(engine, workers=1, stream_buffer_chunks=4)
         try:
             async with await pool.synthesize(req("slow-reader")) as job:
-                await wait_until(lambda: engine.yielded == 5)  # 4 buffered + 1 held by the thread
+                await await_until(lambda: engine.yielded == 5)  # 4 buffered + 1 held by the thread
                 await asyncio.sleep(0.2)
                 assert engine.yielded == 5  # the engine is not pulled further: memory stays bounded
                 got = 0
@@ -257,7 +247,7 @@ def test_backpressure_bounds_what_a_slow_consumer_makes_the_engine_produce() -> 
             assert job.outcome == "ok"
             # A non-reading consumer that gives up: aclose wakes the blocked thread at once.
             job = await pool.synthesize(req("gives-up"))
-            await wait_until(lambda: engine.yielded == 55)
+            await await_until(lambda: engine.yielded == 55)
             t0 = time.monotonic()
             await job.aclose()
             assert time.monotonic() - t0 < 0.5 and job.outcome == "cancelled"
@@ -288,7 +278,7 @@ def test_close_gives_up_on_a_stuck_slot_thread_after_close_timeout() -> None:
         pool = await started_pool(engine, workers=1, request_timeout_s=0, close_timeout_s=0.1)
         try:
             job = await pool.synthesize(req("stuck"))
-            await wait_until(engine.entered.is_set)
+            await await_until(engine.entered.is_set)
             t0 = time.monotonic()
             await pool.close()  # the stuck thread ignores its cancel flag
             assert time.monotonic() - t0 < 2.0
@@ -297,7 +287,7 @@ def test_close_gives_up_on_a_stuck_slot_thread_after_close_timeout() -> None:
             release.set()
         await asyncio.wait_for(asyncio.shield(job.thread_returned), 5)
         await job.aclose()
-        await wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("cosyserve-slot-")])
+        await await_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("cosyserve-slot-")])
 
     run(main())
 

@@ -16,18 +16,7 @@ from app.serving.errors import ClientGone
 from app.serving.limits import SpeechLimits
 from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
-
-
-def run(coro, timeout: float = 10.0):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-async def wait_until(pred, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.001)
+from tests.waiting import await_until, run
 
 
 async def started(b: FakeBehaviour | None = None, encoder_factory=None, **cfg) -> tuple[SpeechService, FakeBehaviour]:
@@ -90,7 +79,7 @@ def test_an_encoder_that_fails_to_open_closes_the_job_and_frees_slot_and_permit(
         try:
             with pytest.raises(RuntimeError, match="codec went away"):
                 await service.run(service.plan(SpeechFields(text="hi")), service.output("mp3", stream=True))
-            await wait_until(lambda: idle(service))  # no deadline configured: only a closed job frees it
+            await await_until(lambda: idle(service))  # no deadline configured: only a closed job frees it
             assert b.finished == [] and len(b.cancelled) + len(b.started) >= 1
         finally:
             await service.pool.close()
@@ -105,11 +94,11 @@ def test_a_client_gone_while_queued_leaves_the_queue_without_engine_work():
         try:
             first = asyncio.ensure_future(service.run(service.plan(SpeechFields(text="a"), "held"),
                                                       service.output("wav", stream=False)))
-            await wait_until(lambda: b.started == ["held"])
+            await await_until(lambda: b.started == ["held"])
             gone = asyncio.Event()
             queued = asyncio.ensure_future(service.run(service.plan(SpeechFields(text="b"), "leaver"),
                                                        service.output("wav", stream=False), gone=gone))
-            await wait_until(lambda: service.pool.stats()["queued"] == 1)
+            await await_until(lambda: service.pool.stats()["queued"] == 1)
             gone.set()
             with pytest.raises(ClientGone):
                 await queued
@@ -117,7 +106,7 @@ def test_a_client_gone_while_queued_leaves_the_queue_without_engine_work():
             assert (s["queued"], s["in_flight"]) == (0, 1)  # its permit is back at once
             b.gate.set()
             await first
-            await wait_until(lambda: idle(service))
+            await await_until(lambda: idle(service))
             assert b.started == ["held"]  # the leaver never reached the engine
         finally:
             b.gate.set()
@@ -134,7 +123,7 @@ def test_a_client_gone_while_its_whole_file_runs_cancels_the_engine_job():
             gone = asyncio.Event()
             task = asyncio.ensure_future(service.run(service.plan(SpeechFields(text="long"), "leaver"),
                                                      service.output("wav", stream=False), gone=gone))
-            await wait_until(lambda: b.started == ["leaver"])
+            await await_until(lambda: b.started == ["leaver"])
             gone.set()
             t0 = time.monotonic()
             with pytest.raises(ClientGone):
@@ -155,7 +144,7 @@ def test_backpressure_counts_bytes():
         try:
             result = await service.run(service.plan(SpeechFields(text="x")), service.output("pcm", stream=True))
             stream = result.job._stream
-            await wait_until(lambda: stream.produced >= 3)
+            await await_until(lambda: stream.produced >= 3)
             for _ in range(20):  # let the producer run ahead as far as it may
                 await asyncio.sleep(0.005)
             assert stream.buffered <= 2 and stream.max_buffered_bytes <= 60_000 + 48_000

@@ -11,18 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from app.serving.stream import BlockingStream
-
-
-def run(coro, timeout: float = 10.0):
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-async def wait_until(pred, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.001)
+from tests.waiting import await_until, run
 
 
 async def with_executor(body):
@@ -135,7 +124,7 @@ def test_cancel_wakes_a_producer_blocked_on_a_full_buffer_and_closes_the_generat
         async def body(ex):
             stream: BlockingStream[int] = BlockingStream(asyncio.get_running_loop(), 3, poll_s=30.0)
             done = stream.start(ex, gen)
-            await wait_until(lambda: len(pulled) == 4)  # 3 buffered + 1 held by the blocked thread
+            await await_until(lambda: len(pulled) == 4)  # 3 buffered + 1 held by the blocked thread
             await asyncio.sleep(0.05)
             assert len(pulled) == 4 and stream.buffered == 3
             t0 = time.monotonic()
@@ -164,7 +153,7 @@ def test_abort_raises_at_once_and_drops_buffered_items() -> None:
             stream: BlockingStream[int] = BlockingStream(asyncio.get_running_loop(), 4)
             done = stream.start(ex, gen)
             assert await stream.__anext__() == 1
-            await wait_until(lambda: stream.buffered == 1)
+            await await_until(lambda: stream.buffered == 1)
             stream.abort(TimeoutError("deadline"))
             with pytest.raises(TimeoutError, match="deadline"):
                 await stream.__anext__()

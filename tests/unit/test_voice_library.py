@@ -12,6 +12,7 @@ from app.engines.base import PromptAudio
 from app.engines.fake import FakeBehaviour, FakeEngine
 from app.voices import VoiceExists, VoiceLibrary, VoiceLimitReached, VoiceNotFound
 from app.voices import library as library_module
+from tests.waiting import run
 
 
 class ThreadPool:
@@ -34,9 +35,6 @@ def audio(seconds: float = 2.0) -> PromptAudio:
     t = np.arange(int(seconds * 16000)) / 16000
     return PromptAudio((0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32), 16000)
 
-
-def run(coro):
-    return asyncio.run(asyncio.wait_for(coro, 10))
 
 
 def test_register_prepares_the_prompt_off_the_event_loop(tmp_path, monkeypatch):
