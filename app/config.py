@@ -8,13 +8,27 @@ receives plain values.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cosyserve"
 
@@ -33,6 +47,62 @@ class ServerSettings(_Section):
     max_upload_mb: float = Field(20.0, gt=0)
     max_text_chars: int = Field(4096, ge=1)
     body_timeout_s: float = Field(30.0, ge=0)  # 0: no deadline
+    # NoDecode: an env var is a comma-separated list (or a JSON list), split by _split
+    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)  # empty (and no file): no keys, every route open
+    api_keys_file: str | None = None  # one key per line; blank lines and '#' comments ignored
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)  # origins browsers may call from; ["*"]: any
+    _file_keys: frozenset[str] = PrivateAttr(default_factory=frozenset)
+
+    @field_validator("api_keys", "cors_origins", mode="before")
+    @classmethod
+    def _split(cls, v: Any) -> Any:
+        """A plain string (an env var) is a comma-separated list."""
+        if isinstance(v, str):
+            if v.lstrip().startswith("["):
+                try:
+                    return json.loads(v)
+                except ValueError:
+                    raise ValueError("not a valid JSON list (or use a comma-separated list)") from None
+            return [part.strip() for part in v.split(",") if part.strip()]
+        return v
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, v: list[str]) -> list[str]:
+        for key in v:
+            _check_key(key)
+        return v
+
+    @model_validator(mode="after")
+    def _read_keys_file(self) -> ServerSettings:
+        if self.api_keys_file:
+            self._file_keys = read_keys_file(self.api_keys_file)
+        return self
+
+    @property
+    def keys(self) -> frozenset[str]:
+        """Every accepted API key: ``api_keys`` and the keys file's lines."""
+        return frozenset(self.api_keys) | self._file_keys
+
+
+def _check_key(key: str) -> None:
+    # Never echo a key in an error: the message goes to logs and terminals.
+    if not key or len(key) > 512 or not all(33 <= ord(c) < 127 for c in key):
+        raise ValueError("an API key must be 1-512 printable ASCII characters without spaces")
+
+
+def read_keys_file(path: str) -> frozenset[str]:
+    """The keys in ``path``: one a line, blank lines and '#' comments skipped; at least one."""
+    try:
+        lines = Path(path).expanduser().read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read api_keys_file {path!r}: {getattr(exc, 'strerror', None) or exc}") from None
+    keys = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+    if not keys:
+        raise ValueError(f"api_keys_file {path!r} holds no key (one a line)")
+    for key in keys:
+        _check_key(key)
+    return frozenset(keys)
 
 
 class EngineSettings(_Section):
@@ -99,6 +169,7 @@ class VoicesSettings(_Section):
 
 class MetricsSettings(_Section):
     enabled: bool = True
+    require_key: bool = False  # with API keys on: /metrics needs a key too (else it stays open for scrapers)
 
 
 class Settings(BaseSettings):

@@ -6,9 +6,11 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
-from app.api import compat, health, metrics, openai, openapi, tts, voices
+from app.api import compat, health, metrics, openai, openapi, playground, tts, voices
 from app.api.admission import AdmissionMiddleware
+from app.api.auth import APIKeyMiddleware
 from app.api.errors import install_error_handlers
 from app.api.routes import ENDPOINTS
 from app.config import Settings
@@ -31,13 +33,31 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
                   description="A production inference server for CosyVoice text-to-speech.")
     app.state.runtime = runtime
     app.state.engine_factory = engine_factory
-    for module in (health, tts, openai, compat, voices):
+    for module in (health, tts, openai, compat, voices, playground):
         app.include_router(module.router)
+    playground.mount(app)
     if runtime.metrics is not None:
         app.include_router(metrics.router)
     install_error_handlers(app)
     openapi.install(app)
-    app.add_middleware(AdmissionMiddleware, pool=lambda: runtime.pool)  # inner: runs after the request id is set
+    # Outermost last: CORS (so its headers reach 401s and 503s too) -> request id + access log
+    # -> API keys (before admission: a request without a key takes no permit) -> admission.
+    app.add_middleware(AdmissionMiddleware, pool=lambda: runtime.pool)
+    app.add_middleware(APIKeyMiddleware, keys=settings.server.keys, metrics_open=not settings.metrics.require_key)
     app.add_middleware(RequestContextMiddleware, access_log=settings.server.access_log,
                        on_done=runtime.metrics.on_done if runtime.metrics is not None else None)
+    if settings.server.cors_origins:
+        app.add_middleware(CORSMiddleware, **cors_options(settings.server.cors_origins))
     return app
+
+
+def cors_options(origins: list[str]) -> dict[str, Any]:
+    """Browsers on ``origins`` may call the API with a key; they can read our headers and errors."""
+    return {
+        "allow_origins": origins,
+        "allow_methods": ["GET", "POST", "DELETE", "OPTIONS"],
+        "allow_headers": ["Authorization", "X-API-Key", "Content-Type", "X-Request-ID"],
+        "expose_headers": ["X-Request-ID", "X-Sample-Rate", "Retry-After", "WWW-Authenticate", "Location"],
+        "allow_credentials": False,  # keys travel in headers, never in cookies
+        "max_age": 600,
+    }

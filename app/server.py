@@ -17,6 +17,7 @@ from types import FrameType
 
 import uvicorn
 
+from app.api.auth import exposure_warning
 from app.config import Settings
 from app.main import create_app
 from app.runtime import Runtime
@@ -58,7 +59,15 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def warn_if_exposed(settings: Settings) -> None:
+    """Log a warning when the bind address is reachable from other machines and no keys are set."""
+    warning = exposure_warning(settings.server.host, settings.server.keys)
+    if warning:
+        log.warning(warning)
+
+
 def run(settings: Settings) -> None:
+    warn_if_exposed(settings)
     app = create_app(settings)
     config = uvicorn.Config(
         app, host=settings.server.host, port=settings.server.port, log_config=None,

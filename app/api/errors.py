@@ -39,6 +39,7 @@ from app.serving.errors import (
     QueueTimeout,
     RequestError,
     ServingError,
+    Unauthorized,
 )
 from app.voices.library import (
     VoiceComputeFailed,
@@ -67,6 +68,7 @@ CLIENT_GONE_STATUS = 499
 # A RequestError carries its own code (and param); the others take the code here.
 ERROR_TABLE: tuple[tuple[type[BaseException], int, str], ...] = (
     (BadRequest, 400, "invalid_input"),
+    (Unauthorized, 401, "invalid_api_key"),
     (MissingField, 422, "validation_error"),
     (NotFound, 404, "not_found"),
     (PayloadTooLarge, 413, "payload_too_large"),
@@ -86,7 +88,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], int, str], ...] = (
     (VoiceComputeFailed, 500, "voice_compute_failed"),
 )
 
-OPENAI_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 408: "invalid_request_error",
+OPENAI_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error", 408: "invalid_request_error",
                 409: "invalid_request_error", 499: "invalid_request_error",
                 413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error",
                 503: "server_overloaded", 504: "timeout", 500: "server_error"}
@@ -113,20 +115,29 @@ def is_openai_route(request: Request) -> bool:
     return is_openai_path(request.url.path)
 
 
-def render(request: Request, info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
+def envelope(path: str, info: ErrorInfo, request_id: str) -> dict:
+    """The error body for ``path``: OpenAI's error object on OpenAI routes, ours elsewhere."""
+    if is_openai_path(path):
+        return {"error": {"message": info.message, "type": OPENAI_TYPES.get(info.status, "invalid_request_error"),
+                          "param": info.param, "code": info.code}}
+    return {"error": {"code": info.code, "message": info.message, "request_id": request_id}}
+
+
+def render_scope(scope: dict, info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The error response for an ASGI scope (``http``, or a ``websocket`` handshake being denied)."""
     headers = dict(headers or {})
     if info.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(info.retry_after_s)))
     if info.status == 408:
         headers["Connection"] = "close"  # the rest of the body may still be on its way
-    rid = request_id_of(request)
-    if is_openai_route(request):
-        body = {"error": {"message": info.message, "type": OPENAI_TYPES.get(info.status, "invalid_request_error"),
-                          "param": info.param, "code": info.code}}
-    else:
-        body = {"error": {"code": info.code, "message": info.message, "request_id": rid}}
-    context_of(request.scope).error_code = info.code
-    return JSONResponse(body, status_code=info.status, headers=headers)
+    ctx = context_of(scope)
+    ctx.error_code = info.code
+    return JSONResponse(envelope(scope.get("path", ""), info, ctx.request_id), status_code=info.status,
+                        headers=headers)
+
+
+def render(request: Request, info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
+    return render_scope(request.scope, info, headers)
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:

@@ -73,6 +73,10 @@ class BadRequest(RequestError):
     """Invalid input (unknown voice, text too long, undecodable audio, ...)."""
 
 
+class Unauthorized(RequestError):
+    """No API key, or one that is not configured (``server.api_keys``)."""
+
+
 class NotFound(RequestError):
     """The named thing (a model, a voice) does not exist."""
 

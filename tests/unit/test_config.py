@@ -92,3 +92,45 @@ def test_default_workers_follow_llm_batching(tmp_path, monkeypatch):
     assert load_settings(None, engine={"model_dir": str(v2), "batching": False}).pool.workers == cores
     assert load_settings(None, engine={"kind": "fake"}).pool.workers == cores
     assert load_settings(None, engine={"model_dir": str(v2)}, pool={"workers": 3}).pool.workers == 3
+
+
+def test_api_keys_and_cors_origins_from_env_comma_or_json(monkeypatch):
+    monkeypatch.setenv("COSYSERVE_SERVER__API_KEYS", "k-one, k-two")
+    monkeypatch.setenv("COSYSERVE_SERVER__CORS_ORIGINS", '["https://a.example", "https://b.example"]')
+    s = load_settings(None)
+    assert s.server.api_keys == ["k-one", "k-two"] and s.server.keys == {"k-one", "k-two"}
+    assert s.server.cors_origins == ["https://a.example", "https://b.example"]
+
+
+def test_keys_off_by_default():
+    s = load_settings(None)
+    assert s.server.keys == frozenset() and s.server.cors_origins == [] and s.metrics.require_key is False
+
+
+def test_api_keys_file_adds_to_the_list(tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("# team keys\nk-file-1\n\n  k-file-2  \n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"server:\n  api_keys: [k-inline]\n  api_keys_file: {keys}\n")
+    assert load_settings(cfg).server.keys == {"k-inline", "k-file-1", "k-file-2"}
+
+
+@pytest.mark.parametrize("content, expected", [(None, "cannot read api_keys_file"),
+                                               ("# only a comment\n\n", "holds no key")])
+def test_a_keys_file_that_gives_no_keys_fails_closed(tmp_path, content, expected):
+    keys = tmp_path / "keys"
+    if content is not None:
+        keys.write_text(content)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"server:\n  api_keys_file: {keys}\n")
+    with pytest.raises(ConfigError, match=expected):
+        load_settings(cfg)
+
+
+@pytest.mark.parametrize("bad", ["has space", "tab\tkey", "ключ"])
+def test_an_invalid_key_is_refused_without_echoing_it(tmp_path, bad):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("server:\n  api_keys: [ok-key, " + repr(bad).replace("'", '"') + "]\n")
+    with pytest.raises(ConfigError) as err:
+        load_settings(cfg)
+    assert "server.api_keys" in str(err.value) and bad not in str(err.value)

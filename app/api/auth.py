@@ -1,0 +1,143 @@
+"""API keys: a plain ASGI middleware in front of every route, HTTP and WebSocket alike.
+
+With ``server.api_keys`` (or ``server.api_keys_file``) set, a request must carry
+one of the keys, as ``Authorization: Bearer KEY`` (what the OpenAI SDK sends) or
+``X-API-Key: KEY``. A browser cannot set headers on a WebSocket, so WebSocket
+handshakes (only they) may also carry it as the query parameter ``api_key``,
+which is then removed from the scope so no handler or log downstream sees it.
+
+A missing or wrong key gets 401 with the usual error envelope (OpenAI's error
+object on OpenAI routes) and ``WWW-Authenticate: Bearer``; a WebSocket is
+refused before it is accepted (an HTTP 401 where the server supports denial
+responses, else close code 1008). Keys are compared in constant time
+(``hmac.compare_digest``, against every configured key) and never logged: the
+access log names the path only, never headers or the query string.
+
+Open without a key: the probes (``/health/*``), the playground page and its
+assets (it asks for a key and sends it with every call), the API docs
+(``/docs``, ``/openapi.json``), and ``/metrics`` unless ``metrics.require_key``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Callable, Iterable
+from urllib.parse import parse_qsl, urlencode
+
+from app.api.errors import classify, render_scope
+from app.serving.errors import Unauthorized
+
+QUERY_PARAM = "api_key"  # WebSocket handshakes only
+REALM = 'Bearer realm="cosyserve"'
+OPEN_PATHS = frozenset({"/", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/favicon.ico"})
+OPEN_PREFIXES = ("/health/", "/playground/")
+
+
+def is_open(path: str, metrics_open: bool) -> bool:
+    """Paths served without a key."""
+    if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
+        return True
+    return metrics_open and path == "/metrics"
+
+
+class KeyChecker:
+    """Constant-time membership test over the configured keys."""
+
+    def __init__(self, keys: Iterable[str]) -> None:
+        self._keys = tuple(k.encode("utf-8") for k in keys)
+
+    def __bool__(self) -> bool:
+        return bool(self._keys)
+
+    def valid(self, key: str) -> bool:
+        candidate = key.encode("utf-8", "surrogateescape")
+        ok = False
+        for k in self._keys:  # no early exit: the time taken does not say which key came close
+            ok |= hmac.compare_digest(candidate, k)
+        return ok
+
+
+def presented_keys(scope: dict) -> list[str]:
+    """The keys a request carries: the Bearer token, X-API-Key, and (WebSocket only) ?api_key=."""
+    keys = []
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").strip().partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                keys.append(token.strip())
+        elif name == b"x-api-key" and value.strip():
+            keys.append(value.decode("latin-1").strip())
+    if scope["type"] == "websocket":
+        keys.extend(v for k, v in parse_qsl(scope.get("query_string", b"").decode("latin-1"),
+                                            keep_blank_values=True) if k == QUERY_PARAM and v)
+    return keys
+
+
+def scrub_query_key(scope: dict) -> None:
+    """Take ``api_key`` out of the scope's query string, in place.
+
+    In place on purpose: the server logs WebSocket handshakes from this same dict
+    (uvicorn: ``"WebSocket /path?query" 101``), so a copy would leave the key there.
+    """
+    query = scope.get("query_string", b"").decode("latin-1")
+    if QUERY_PARAM not in query:
+        return
+    kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != QUERY_PARAM]
+    scope["query_string"] = urlencode(kept).encode("latin-1")
+
+
+class APIKeyMiddleware:
+    def __init__(self, app: Callable, keys: Iterable[str], metrics_open: bool = True) -> None:
+        self.app = app
+        self.checker = KeyChecker(keys)
+        self.metrics_open = metrics_open
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        kind = scope["type"]
+        if kind == "websocket":
+            keys = presented_keys(scope)
+            scrub_query_key(scope)  # keys on or off: a key in a URL is never logged or seen downstream
+        if kind not in ("http", "websocket") or not self.checker or is_open(scope["path"], self.metrics_open):
+            await self.app(scope, receive, send)
+            return
+        if kind == "http":
+            keys = presented_keys(scope)
+        if any(self.checker.valid(k) for k in keys):
+            await self.app(scope, receive, send)
+            return
+        if keys:
+            exc = Unauthorized("invalid_api_key", "the API key is not valid")
+            challenge = f'{REALM}, error="invalid_token"'
+        else:
+            exc = Unauthorized("missing_api_key", "an API key is required: send 'Authorization: Bearer KEY' "
+                                                  "or 'X-API-Key: KEY'")
+            challenge = REALM
+        response = render_scope(scope, classify(exc), headers={"WWW-Authenticate": challenge})
+        if scope["type"] == "http":
+            await response(scope, receive, send)
+            return
+        message = await receive()  # the handshake's websocket.connect; refuse before any accept
+        if message["type"] != "websocket.connect":
+            return
+        if "websocket.http.response" in scope.get("extensions", {}):
+            await response(scope, receive, send)
+        else:
+            await send({"type": "websocket.close", "code": 1008, "reason": exc.code})
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost: assume it is reachable from elsewhere
+
+
+def exposure_warning(host: str, keys: Iterable[str]) -> str | None:
+    """The warning to log at startup when the server is reachable beyond this host without keys."""
+    if any(True for _ in keys) or is_loopback(host):
+        return None
+    return (f"listening on {host}, beyond this machine, with no API keys: anyone who can reach it can use it. "
+            "Set server.api_keys or server.api_keys_file (env COSYSERVE_SERVER__API_KEYS / __API_KEYS_FILE).")
