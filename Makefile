@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.cosyserve-setup
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup run test test-unit test-integration test-upstream loadtest bench bench-batching lint clean
+.PHONY: setup setup-browser run test test-unit test-integration test-upstream loadtest bench bench-batching lint clean
 
 setup: $(STAMP)
 
@@ -23,16 +23,27 @@ $(STAMP): pyproject.toml requirements/engine.txt requirements/nodeps.txt
 	$(PY) -c "import torch, torchaudio, cosyvoice, matcha, whisper, av, fastapi; print('setup ok: torch', torch.__version__)"
 	touch $(STAMP)
 
+# The playground's browser test drives Debian's chromium with the playwright package (a dev
+# extra; never `playwright install`, no browser download). Quick when chromium is already there.
+setup-browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
+	  else \
+	    echo "cosyserve: the browser test needs Debian's chromium: sudo apt-get install --no-install-recommends chromium" >&2; \
+	    exit 1; \
+	  fi; }
+
 run: setup
 	$(VENV)/bin/cosyserve serve --config config.yaml --host $(HOST) --port $(PORT)
 
-test: setup
+test: setup setup-browser
 	$(PY) -m pytest -q
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit tests/api
 
-test-integration: setup
+test-integration: setup setup-browser
 	$(PY) -m pytest -q tests/integration
 
 test-upstream: setup

@@ -106,6 +106,10 @@ function showStats(s) {
   $("stat-samples").textContent = s.samples == null ? "–" : String(s.samples);
   $("stat-bytes").textContent = String(s.bytes || 0);
   $("stat-total").textContent = fmt(s.totalMs, 0, " ms");
+  // for scripts and tests: how many network reads brought audio, and when the first one was
+  // queued for playback (pcm), measured from the click like the time to first audio
+  $("stats").dataset.pieces = String(s.pieces || 0);
+  $("stats").dataset.firstPlayMs = s.firstPlayMs == null ? "" : s.firstPlayMs.toFixed(1);
 }
 
 // 16-bit little-endian PCM -> one WebAudio buffer scheduled right after the previous one.
@@ -120,6 +124,7 @@ function playPcm(bytes, rate, run) {
   source.connect(audioCtx.destination);
   run.next = Math.max(run.next, audioCtx.currentTime + 0.05);
   source.start(run.next);
+  if (run.firstPlayMs === null) run.firstPlayMs = performance.now() - run.t0; // queued to play now
   run.next += buffer.duration;
   run.sources.push(source);
   return n;
@@ -131,16 +136,18 @@ async function speak() {
   await audioCtx.resume();
   const format = $("format").value;
   const controller = new AbortController();
-  const run = { abort: () => controller.abort(), sources: [], next: 0 };
+  const run = { abort: () => controller.abort(), sources: [], next: 0, t0: 0, firstPlayMs: null };
   current = run;
   $("speak").disabled = true;
   $("stop").disabled = false;
   $("player").hidden = true;
   $("download").hidden = true;
-  const stats = { ttfaMs: null, rtf: null, audioS: null, samples: null, bytes: 0, totalMs: null };
+  const stats = { ttfaMs: null, rtf: null, audioS: null, samples: null, bytes: 0, totalMs: null, pieces: 0,
+    firstPlayMs: null };
   showStats(stats);
   setState("speaking", "synthesising…");
   const t0 = performance.now();
+  run.t0 = t0;
   try {
     const response = await api("v1/tts", {
       method: "POST", headers: { "Content-Type": "application/json" },
@@ -157,6 +164,7 @@ async function speak() {
       if (done) break;
       if (stats.ttfaMs === null) stats.ttfaMs = performance.now() - t0;
       stats.bytes += value.length;
+      stats.pieces += 1;
       if (format === "pcm") {
         const joined = new Uint8Array(carry.length + value.length);
         joined.set(carry);
@@ -166,6 +174,7 @@ async function speak() {
         carry = joined.slice(usable);
         stats.samples = samples;
         stats.audioS = samples / rate;
+        stats.firstPlayMs = run.firstPlayMs;
       } else {
         chunks.push(value);
       }
@@ -186,6 +195,7 @@ async function speak() {
       $("player").play().catch(() => {});
     }
     stats.rtf = stats.audioS ? stats.totalMs / 1000 / stats.audioS : null;
+    stats.firstPlayMs = run.firstPlayMs;
     showStats(stats);
     if (!stats.samples) throw new Error("the server sent no audio");
     setState("done", `done: ${stats.audioS.toFixed(2)} s of audio`, "ok");
