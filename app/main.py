@@ -10,7 +10,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from app.api import compat, health, metrics, openai, openapi, playground, tts, voices
 from app.api.admission import AdmissionMiddleware
-from app.api.auth import APIKeyMiddleware
+from app.api.auth import APIKeyMiddleware, document_keys
 from app.api.errors import install_error_handlers
 from app.api.routes import ENDPOINTS
 from app.config import Settings
@@ -40,6 +40,8 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
         app.include_router(metrics.router)
     install_error_handlers(app)
     openapi.install(app)
+    if settings.server.keys:
+        document_keys(app, metrics_open=not settings.metrics.require_key)
     # Outermost last: CORS (so its headers reach 401s and 503s too) -> request id + access log
     # -> API keys (before admission: a request without a key takes no permit) -> admission.
     app.add_middleware(AdmissionMiddleware, pool=lambda: runtime.pool)

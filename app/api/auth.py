@@ -23,6 +23,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from collections.abc import Callable, Iterable
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from app.api.errors import classify, render_scope
@@ -124,6 +125,33 @@ class APIKeyMiddleware:
             await response(scope, receive, send)
         else:
             await send({"type": "websocket.close", "code": 1008, "reason": exc.code})
+
+
+SECURITY_SCHEMES = {
+    "bearer": {"type": "http", "scheme": "bearer", "description": "Authorization: Bearer KEY (the OpenAI SDK's api_key)"},
+    "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+}
+
+
+def document_keys(app: Any, metrics_open: bool) -> None:
+    """With keys on, the OpenAPI schema says so: two security schemes, open routes marked open.
+
+    Swagger UI (``/docs``) then shows an Authorize button and sends the key with "Try it out".
+    """
+    build = app.openapi
+
+    def openapi() -> dict:
+        schema = build()
+        if "security" not in schema:
+            schema.setdefault("components", {})["securitySchemes"] = SECURITY_SCHEMES
+            schema["security"] = [{"bearer": []}, {"apiKey": []}]
+            for path, operations in schema.get("paths", {}).items():
+                if is_open(path, metrics_open):
+                    for operation in operations.values():
+                        operation["security"] = []
+        return schema
+
+    app.openapi = openapi
 
 
 def is_loopback(host: str) -> bool:

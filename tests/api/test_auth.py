@@ -111,6 +111,16 @@ def test_probes_playground_and_docs_are_open(keyed):
         assert r.status_code == 200, (path, r.status_code)
 
 
+def test_the_openapi_schema_documents_the_keys(keyed, client):
+    schema = keyed().get("/openapi.json").json()
+    assert set(schema["components"]["securitySchemes"]) == {"bearer", "apiKey"}
+    assert schema["security"] == [{"bearer": []}, {"apiKey": []}]
+    assert "security" not in schema["paths"]["/v1/tts"]["post"]  # inherits the global requirement
+    assert schema["paths"]["/health/ready"]["get"]["security"] == []
+    assert schema["paths"]["/metrics"]["get"]["security"] == []
+    assert "security" not in client.get("/openapi.json").json()  # keys off: nothing to document
+
+
 def test_metrics_can_require_a_key(keyed):
     client = keyed(require_metrics_key=True)
     assert client.get("/metrics").status_code == 401
