@@ -45,7 +45,8 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
     # Outermost last: CORS (so its headers reach 401s and 503s too) -> request id + access log
     # -> API keys (before admission: a request without a key takes no permit) -> admission.
     app.add_middleware(AdmissionMiddleware, pool=lambda: runtime.pool)
-    app.add_middleware(APIKeyMiddleware, keys=settings.server.keys, metrics_open=not settings.metrics.require_key)
+    app.add_middleware(APIKeyMiddleware, keys=settings.server.keys, metrics_open=not settings.metrics.require_key,
+                       on_refused=runtime.metrics.on_unauthorized if runtime.metrics is not None else None)
     app.add_middleware(RequestContextMiddleware, access_log=settings.server.access_log,
                        on_done=runtime.metrics.on_done if runtime.metrics is not None else None)
     if settings.server.cors_origins:

@@ -34,6 +34,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from app.api.auth import UNAUTHORIZED_REASONS
 from app.api.context import RequestContext
 from app.serving.stats import JOB_OUTCOMES, REJECT_REASONS
 
@@ -177,6 +178,8 @@ class Metrics:
                                 ["endpoint", "outcome"], registry=r)
         self.rejected = Counter("tts_rejected_total", "Requests refused by admission control (503)",
                                 ["reason"], registry=r)
+        self.unauthorized = Counter("tts_unauthorized_total", "Requests and WebSocket handshakes refused with "
+                                    "401 (server.api_keys)", ["reason"], registry=r)
         self.queue_depth = Gauge("tts_queue_depth", "Admitted requests waiting for an engine slot", registry=r)
         self.queue_wait = Histogram("tts_queue_wait_seconds", "Time from admission to an engine slot",
                                     buckets=WAIT_BUCKETS, registry=r)
@@ -206,6 +209,8 @@ class Metrics:
             self.rejected.labels(reason=reason)
         for outcome in JOB_OUTCOMES:
             self.engine_jobs.labels(outcome=outcome)
+        for reason in UNAUTHORIZED_REASONS:
+            self.unauthorized.labels(reason=reason)
         r.register(_ScrapeCollector(stats))
         if process:
             ProcessCollector(registry=r)  # process_resident_memory_bytes, cpu seconds, fds (Linux /proc)
@@ -218,6 +223,10 @@ class Metrics:
 
     def llm_observer(self) -> _LLMObserver:
         return self._llm_observer
+
+    def on_unauthorized(self, reason: str) -> None:
+        """The API key middleware's callback: ``missing_api_key`` or ``invalid_api_key``."""
+        self.unauthorized.labels(reason=reason).inc()
 
     def on_done(self, ctx: RequestContext) -> None:
         """The middleware's per-request callback; never raises (a metrics bug must not fail requests)."""

@@ -30,6 +30,7 @@ from app.api.errors import classify, render_scope
 from app.serving.errors import Unauthorized
 
 QUERY_PARAM = "api_key"  # WebSocket handshakes only
+UNAUTHORIZED_REASONS = ("missing_api_key", "invalid_api_key")  # the 401's error codes
 REALM = 'Bearer realm="cosyserve"'
 OPEN_PATHS = frozenset({"/", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json", "/favicon.ico"})
 OPEN_PREFIXES = ("/health/", "/playground/")
@@ -89,10 +90,12 @@ def scrub_query_key(scope: dict) -> None:
 
 
 class APIKeyMiddleware:
-    def __init__(self, app: Callable, keys: Iterable[str], metrics_open: bool = True) -> None:
+    def __init__(self, app: Callable, keys: Iterable[str], metrics_open: bool = True,
+                 on_refused: Callable[[str], None] | None = None) -> None:
         self.app = app
         self.checker = KeyChecker(keys)
         self.metrics_open = metrics_open
+        self.on_refused = on_refused  # (reason) -> None: counts the 401s, WebSocket ones included
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         kind = scope["type"]
@@ -114,6 +117,8 @@ class APIKeyMiddleware:
             exc = Unauthorized("missing_api_key", "an API key is required: send 'Authorization: Bearer KEY' "
                                                   "or 'X-API-Key: KEY'")
             challenge = REALM
+        if self.on_refused is not None:
+            self.on_refused(exc.code)
         response = render_scope(scope, classify(exc), headers={"WWW-Authenticate": challenge})
         if scope["type"] == "http":
             await response(scope, receive, send)

@@ -121,6 +121,19 @@ def test_the_openapi_schema_documents_the_keys(keyed, client):
     assert "security" not in client.get("/openapi.json").json()  # keys off: nothing to document
 
 
+def test_refusals_are_counted_by_reason(keyed):
+    client = keyed()
+    client.get("/v1/speakers")
+    client.get("/v1/speakers", headers=bearer(WRONG))
+    client.get("/v1/speakers", headers=bearer(WRONG))
+    with pytest.raises(WebSocketDenialResponse), client.websocket_connect("/ws/echo"):
+        pass
+    client.get("/v1/speakers", headers=bearer(KEY))
+    text = client.get("/metrics").text
+    assert 'tts_unauthorized_total{reason="missing_api_key"} 2.0' in text
+    assert 'tts_unauthorized_total{reason="invalid_api_key"} 2.0' in text
+
+
 def test_metrics_can_require_a_key(keyed):
     client = keyed(require_metrics_key=True)
     assert client.get("/metrics").status_code == 401
