@@ -88,8 +88,8 @@ ERROR_TABLE: tuple[tuple[type[BaseException], int, str], ...] = (
     (VoiceComputeFailed, 500, "voice_compute_failed"),
 )
 
-OPENAI_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error", 408: "invalid_request_error",
-                409: "invalid_request_error", 499: "invalid_request_error",
+OPENAI_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+                408: "invalid_request_error", 409: "invalid_request_error", 499: "invalid_request_error",
                 413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error",
                 503: "server_overloaded", 504: "timeout", 500: "server_error"}
 
