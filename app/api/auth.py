@@ -120,7 +120,7 @@ class APIKeyMiddleware:
         if self.on_refused is not None:
             self.on_refused(exc.code)
         response = render_scope(scope, classify(exc), headers={"WWW-Authenticate": challenge})
-        if scope["type"] == "http":
+        if kind == "http":
             await response(scope, receive, send)
             return
         message = await receive()  # the handshake's websocket.connect; refuse before any accept

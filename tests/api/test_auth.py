@@ -134,6 +134,28 @@ def test_refusals_are_counted_by_reason(keyed):
     assert 'tts_unauthorized_total{reason="invalid_api_key"} 2.0' in text
 
 
+@pytest.mark.parametrize("path", ["/playground/../v1/speakers", "/health/../v1/speakers", "/playground/../../v1/voices"])
+def test_an_open_prefix_does_not_reach_a_keyed_route(tmp_path, behaviour, path):
+    """The key check and the router read the same decoded path: a path that is open by prefix
+    is routed to the open handler (the static files, which stay inside their directory), never to the API."""
+    from tests.waiting import run
+
+    app = create_app(keyed_settings(tmp_path), engine_factory=lambda i: FakeEngine(behaviour))
+    sent: list[dict] = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"", "headers": [],
+             "server": ("testserver", 80), "client": ("127.0.0.1", 1234)}
+    run(app(scope, receive, send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 404
+
+
 def test_metrics_can_require_a_key(keyed):
     client = keyed(require_metrics_key=True)
     assert client.get("/metrics").status_code == 401
