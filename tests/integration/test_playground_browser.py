@@ -194,3 +194,69 @@ def test_the_key_is_remembered_across_reloads(page):
     assert page.evaluate("localStorage.getItem('cosyserve.apiKey')") == KEY
     options = page.eval_on_selector_all("#voice optgroup[label='Library voices'] option", "os => os.map(o => o.value)")
     assert options == ["voice:browser_voice", "voice:recorded_voice"]
+
+
+# -- keys off, and CORS as a browser enforces it: two quick fake-engine servers ------------------
+
+FAKE_KEY = "sk-fake-Lp6Ve1Xn3Cu8"
+FAKE_SAMPLES = 3 * 4800  # FakeBehaviour: 3 chunks of 0.2 s at 24 kHz
+
+
+def fake_server(tmp, server: dict) -> ServerProcess:
+    return ServerProcess(tmp, {"engine": {"kind": "fake"}, "pool": {"workers": 1, "max_queue": 1},
+                               "server": {"drain_timeout_s": 5, **server}, "voices": {"dir": str(tmp / "voices")}})
+
+
+@pytest.fixture(scope="module")
+def open_server(tmp_path_factory):
+    with fake_server(tmp_path_factory.mktemp("open"), {}) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def cors_server(tmp_path_factory, server):
+    """Keys on, and pages served by the tiny server's origin may call it."""
+    with fake_server(tmp_path_factory.mktemp("cors"), {"api_keys": [FAKE_KEY], "cors_origins": [server.base_url]}) as srv:
+        yield srv
+
+
+def test_with_keys_off_the_page_never_asks_and_decodes_every_sample(browser, open_server):
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        page.goto(open_server.base_url + "/")
+        assert wait_state(page, "idle", "needs-key") == "idle"
+        assert not page.is_visible("#key-panel")
+        page.fill("#text", "One sentence from the fake engine.")
+        s = speak(page, "pcm")
+        assert int(s["samples"]) == FAKE_SAMPLES and int(s["bytes"]) == 2 * FAKE_SAMPLES
+        assert s["audio"] == "0.60 s"
+    finally:
+        context.close()
+
+
+FETCH = """async ([url, headers]) => {
+  try {
+    const r = await fetch(url, {method: "POST", headers: {"Content-Type": "application/json", ...headers},
+                                body: JSON.stringify({text: "Across origins.", format: "pcm"})});
+    const body = r.headers.get("content-type").startsWith("application/json") ? await r.json()
+                                                                              : (await r.arrayBuffer()).byteLength;
+    return {status: r.status, body, rate: r.headers.get("X-Sample-Rate"),
+            challenge: r.headers.get("WWW-Authenticate")};
+  } catch (err) {
+    return {blocked: err.name};
+  }
+}"""
+
+
+def test_cors_lets_a_page_on_an_allowed_origin_call_and_read_the_401(page, server, cors_server, open_server):
+    """The playground page (the tiny server's origin) calls two other origins from inside Chromium."""
+    page.goto(server.base_url + "/")
+    url = cors_server.base_url + "/v1/tts"
+    ok = page.evaluate(FETCH, [url, {"Authorization": f"Bearer {FAKE_KEY}"}])  # a preflighted request
+    assert ok == {"status": 200, "body": 2 * FAKE_SAMPLES, "rate": "24000", "challenge": None}
+    refused = page.evaluate(FETCH, [url, {}])
+    assert refused["status"] == 401 and refused["challenge"] == 'Bearer realm="cosyserve"'
+    assert refused["body"]["error"]["code"] == "missing_api_key"
+    # a server without server.cors_origins: the browser itself refuses to hand over the answer
+    assert page.evaluate(FETCH, [open_server.base_url + "/v1/tts", {}]) == {"blocked": "TypeError"}
