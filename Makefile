@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.cosyserve-setup
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup run test test-unit test-integration test-upstream loadtest bench bench-batching lint clean
+.PHONY: setup test-deps run test test-unit test-integration test-cluster test-upstream loadtest bench bench-batching lint clean
 
 setup: $(STAMP)
 
@@ -23,10 +23,14 @@ $(STAMP): pyproject.toml requirements/engine.txt requirements/nodeps.txt
 	$(PY) -c "import torch, torchaudio, cosyvoice, matcha, whisper, av, fastapi; print('setup ok: torch', torch.__version__)"
 	touch $(STAMP)
 
+# Debian packages the tests need: nginx (tests/cluster) and kubectl (deploy/ rendering), installed if missing.
+test-deps:
+	bash tests/install-system-deps.sh
+
 run: setup
 	$(VENV)/bin/cosyserve serve --config config.yaml --host $(HOST) --port $(PORT)
 
-test: setup
+test: setup test-deps
 	$(PY) -m pytest -q
 
 test-unit: setup
@@ -34,6 +38,10 @@ test-unit: setup
 
 test-integration: setup
 	$(PY) -m pytest -q tests/integration
+
+# three replicas behind a real nginx: rolling restart, SIGKILL, capacity; prints the figures (~2 min)
+test-cluster: setup test-deps
+	$(PY) -m pytest -q -s -m cluster tests/cluster
 
 test-upstream: setup
 	COSYSERVE_TEST_UPSTREAM=$(UPSTREAM) $(PY) -m pytest -q -m upstream tests/integration/test_upstream_checkout.py
