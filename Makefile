@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml requirements/engine.txt requirements/nodeps.txt
 	$(PY) -c "import torch, torchaudio, cosyvoice, matcha, whisper, av, fastapi; print('setup ok: torch', torch.__version__)"
 	touch $(STAMP)
 
-# Debian packages the tests need: nginx (tests/cluster) and kubectl (deploy/ rendering), installed if missing.
+# Debian packages the tests need (nginx for tests/cluster), installed if missing.
 test-deps:
 	bash tests/install-system-deps.sh
 

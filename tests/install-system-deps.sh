@@ -1,13 +1,12 @@
 #!/usr/bin/env bash
 # System packages the test suite needs, from Debian, installed only when missing:
 #   nginx     the load balancer in front of three replicas (tests/cluster, `make test-cluster`)
-#   kubectl   `kubectl kustomize` renders deploy/ (tests/unit/test_deploy_manifests.py)
+# (kubectl, hadolint and kubernetes-validate come as wheels with the dev extra.)
 # Needs root for apt-get (CI runs as root); without root it says what to install and fails.
 set -euo pipefail
 
 missing=()
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || missing+=(nginx-light)
-command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then
