@@ -64,7 +64,7 @@ pid {tmp / 'nginx.pid'};
 error_log {tmp / 'error.log'} info;
 events {{ worker_connections 1024; }}
 http {{
-    log_format upstreams '$request_time $status "$request" -> $upstream_addr $upstream_status';
+    log_format upstreams '$msec $request_time $status "$request" -> $upstream_addr $upstream_status';
     access_log {tmp / 'access.log'} upstreams;
     add_header X-Upstream $upstream_addr always;  # test only: which replica(s) a response came from
 {temp}
