@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.cosyserve-setup
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup setup-browser run test test-unit test-integration test-upstream loadtest bench bench-batching lint clean
+.PHONY: setup test-deps run test test-unit test-integration test-cluster test-upstream loadtest bench bench-batching lint clean
 
 setup: $(STAMP)
 
@@ -23,28 +23,25 @@ $(STAMP): pyproject.toml requirements/engine.txt requirements/nodeps.txt
 	$(PY) -c "import torch, torchaudio, cosyvoice, matcha, whisper, av, fastapi; print('setup ok: torch', torch.__version__)"
 	touch $(STAMP)
 
-# The playground's browser test drives Debian's chromium with the playwright package (a dev
-# extra; never `playwright install`, no browser download). Quick when chromium is already there.
-setup-browser:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
-	  else \
-	    echo "cosyserve: the browser test needs Debian's chromium: sudo apt-get install --no-install-recommends chromium" >&2; \
-	    exit 1; \
-	  fi; }
+# Debian packages the tests need (nginx for tests/cluster, chromium for the playground test), installed if missing.
+test-deps:
+	bash tests/install-system-deps.sh
 
 run: setup
 	$(VENV)/bin/cosyserve serve --config config.yaml --host $(HOST) --port $(PORT)
 
-test: setup setup-browser
+test: setup test-deps
 	$(PY) -m pytest -q
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit tests/api
 
-test-integration: setup setup-browser
+test-integration: setup test-deps
 	$(PY) -m pytest -q tests/integration
+
+# three replicas behind a real nginx: rolling restart, SIGKILL, capacity; prints the figures (~2 min)
+test-cluster: setup test-deps
+	$(PY) -m pytest -q -s -m cluster tests/cluster
 
 test-upstream: setup
 	COSYSERVE_TEST_UPSTREAM=$(UPSTREAM) $(PY) -m pytest -q -m upstream tests/integration/test_upstream_checkout.py

@@ -119,6 +119,7 @@ class EngineSettings(_Section):
     tiny_version: Literal[1, 2, 3] = 2
     tiny_cache_dir: str = str(DEFAULT_CACHE / "models")
     name: str | None = None
+    fake_chunk_delay_s: float = Field(0.0, ge=0, le=60)  # kind fake: sleep before each chunk (latency-bound)
 
     @field_validator("tiny_cache_dir", "model_dir", "cosyvoice_path")
     @classmethod
@@ -160,6 +161,7 @@ class PoolSettings(_Section):
 class VoicesSettings(_Section):
     dir: str = str(DEFAULT_CACHE / "voices")
     max_voices: int = Field(1000, ge=1)
+    sync_interval_s: float = Field(0.25, ge=0)  # follow other replicas on a shared dir; 0: do not
 
     @field_validator("dir")
     @classmethod

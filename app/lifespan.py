@@ -48,7 +48,8 @@ def engine_factory(settings: Settings, llm_observer: Any = None) -> EngineFactor
     if eng.kind == "fake":
         from app.engines.fake import FakeBehaviour, FakeEngine
 
-        behaviour = FakeBehaviour()
+        delay = eng.fake_chunk_delay_s  # sleeping, not computing: a latency-bound engine for cluster tests
+        behaviour = FakeBehaviour(first_chunk_delay_s=delay, chunk_delay_s=delay)
         return lambda index: FakeEngine(behaviour, name=eng.name or "fake")
     from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
 
@@ -103,6 +104,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
         yield {"runtime": runtime}
     finally:
         runtime.draining = True
+        if runtime.voices is not None:
+            await runtime.voices.close()
         await pool.begin_drain()
         if not await pool.wait_idle(settings.server.drain_timeout_s):
             log.warning("drain timeout (%.0fs) reached with work in flight; cancelling it", settings.server.drain_timeout_s)

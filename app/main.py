@@ -25,7 +25,8 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
     """Build the app. ``engine_factory`` overrides the engines built from settings (tests)."""
     settings = settings or Settings()
     runtime = Runtime(settings=settings,
-                      voices=VoiceLibrary(settings.voices.dir, max_voices=settings.voices.max_voices))
+                      voices=VoiceLibrary(settings.voices.dir, max_voices=settings.voices.max_voices,
+                                          sync_interval_s=settings.voices.sync_interval_s))
     if settings.metrics.enabled:
         runtime.metrics = Metrics(stats=lambda: runtime.pool.stats() if runtime.pool is not None else None,
                                   routes=ENDPOINTS)

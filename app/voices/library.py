@@ -10,6 +10,15 @@ slot, with no restart.
 
 A name is reserved under the lock before its features are computed, so two
 registrations of one name cannot both succeed, however they race.
+
+Replicas on one shared voices directory: each process keeps its own index and
+follows the directory (:meth:`VoiceLibrary.sync`). A watcher task stats the
+root every ``sync_interval_s`` (one ``stat``, nothing read) and, when it
+changed, or every ``FULL_SYNC_S`` regardless, reads the listing (name -> token)
+and imports the voices that appeared or were replaced (a new meta.json identity), and forgets the ones that
+went. Between two processes the store's atomic rename decides a name race
+(one 201, one 409). Local commits, deletes and syncs are serialized by one
+asyncio lock, so a sync never resurrects a voice this process just deleted.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -28,6 +38,7 @@ from app.voices.store import (
     META_KEYS,
     CorruptVoice,
     StoredVoice,
+    Token,
     VoiceStore,
     decode_wav,
     encode_wav,
@@ -37,6 +48,8 @@ from app.voices.store import (
 log = logging.getLogger("cosyserve.voices")
 
 IMPORT_BATCH = 32  # stored voices imported per pool.call at startup
+STALE_TEMP_S = 600.0  # .tmp- leftovers younger than this may be another replica's write in progress
+FULL_SYNC_S = 10.0  # re-read the listing this often even if the root's stamp looks unchanged
 
 
 class VoiceError(Exception):
@@ -63,6 +76,7 @@ class VoiceComputeFailed(VoiceError):
 class _Entry:
     meta: dict
     features: dict[str, Any] = field(default_factory=dict)  # voice family -> imported voice
+    token: Token | None = None  # store.token() when we read or wrote it
 
 
 def public_meta(meta: dict) -> dict:
@@ -109,13 +123,19 @@ def _import_all(engine: Any, family: str, blobs: list[bytes]) -> list[Any]:
 
 
 class VoiceLibrary:
-    def __init__(self, root: str | os.PathLike, max_voices: int = 1000) -> None:
+    def __init__(self, root: str | os.PathLike, max_voices: int = 1000, sync_interval_s: float = 0.0) -> None:
         self.store = VoiceStore(root)
         self.max_voices = max_voices
+        self.sync_interval_s = sync_interval_s  # 0: do not follow other processes' changes
         self._lock = threading.Lock()
         self._voices: dict[str, _Entry] = {}
         self._pending: set[str] = set()  # names being registered or deleted
-        self._broken: dict[str, str] = {}  # directories skipped at startup -> why
+        self._broken: dict[str, str] = {}  # directories skipped -> why
+        self._broken_tokens: dict[str, Token | None] = {}  # their tokens: not read again until replaced
+        self._changes = asyncio.Lock()  # local commits and deletes vs syncs
+        self._stamp: tuple | None = None  # store.stamp() at the last sync; None: sync at the next tick
+        self._last_sync = 0.0
+        self._watcher: asyncio.Task | None = None
 
     # -- queries (any thread; the event loop never blocks on more than this lock) -----------------
     def names(self) -> list[str]:
@@ -145,63 +165,153 @@ class VoiceLibrary:
     async def start(self, pool: Any) -> None:
         """Load every stored voice for the pool's voice family; skip (and log) the ones that fail."""
         family = pool.engine_info().voice_family
-        stored = await asyncio.to_thread(self._scan)
+        stamp, listing = await asyncio.to_thread(self._scan)
+        stored = await asyncio.to_thread(self._read_all, listing)
         if not family:
             log.warning("voice library: the engine has no voice family; %d stored voice(s) not loaded", len(stored))
             return
-        ready = [(n, sv) for n, sv in stored.items() if family in sv.features]
-        for i in range(0, len(ready), IMPORT_BATCH):
-            batch = ready[i:i + IMPORT_BATCH]
-            blobs = [sv.features[family] for _, sv in batch]
-            results = await pool.call(lambda e, b=blobs: _import_all(e, family, b))
-            for (name, sv), voice in zip(batch, results):
-                if isinstance(voice, Exception):
-                    self._skip(name, str(voice))
-                else:
-                    self._add(name, sv.meta, family, voice)
-        for name, sv in stored.items():
-            if family not in sv.features:
-                await self._recompute(pool, name, sv, family)
+        await self._load(pool, family, stored)
+        self._stamp, self._last_sync = stamp, time.monotonic()
         log.info("voice library %s: %d voice(s) loaded for %s, %d skipped", self.store.root,
                  len(self._voices), family, len(self._broken))
+        if self.sync_interval_s > 0:
+            self._watcher = asyncio.create_task(self._watch(pool), name="voice-library-sync")
 
-    def _scan(self) -> dict[str, StoredVoice]:
-        self.store.ensure()
-        for leftover in self.store.clean_temp():
-            log.warning("voice library: removed %s, left by an interrupted write", leftover)
-        stored: dict[str, StoredVoice] = {}
-        for name in self.store.entries():
+    async def close(self) -> None:
+        """Stop following the directory (the lifespan calls this before draining the pool)."""
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()
             try:
-                stored[name] = self.store.read(name)
+                await watcher
+            except asyncio.CancelledError:
+                pass
+
+    def _scan(self) -> tuple[tuple | None, dict[str, Token]]:
+        self.store.ensure()
+        for leftover in self.store.clean_temp(min_age_s=STALE_TEMP_S):
+            log.warning("voice library: removed %s, left by an interrupted write", leftover)
+        self.store.entries()  # logs what is not a voice directory, once at startup
+        stamp = self.store.stamp()  # before the listing: a change during it triggers another sync
+        return stamp, self.store.listing()
+
+    def _read_all(self, listing: dict[str, Token]) -> dict[str, tuple[StoredVoice, Token]]:
+        stored: dict[str, tuple[StoredVoice, Token]] = {}
+        for name, token in sorted(listing.items()):
+            try:
+                stored[name] = (self.store.read(name), token)
+            except FileNotFoundError:
+                continue  # deleted (by another process) since the listing
             except (CorruptVoice, OSError) as exc:
-                self._skip(name, str(exc))
+                self._skip(name, str(exc), token)
         return stored
 
-    async def _recompute(self, pool: Any, name: str, sv: StoredVoice, family: str) -> None:
+    async def _load(self, pool: Any, family: str, stored: dict[str, tuple[StoredVoice, Token]],
+                    synced: bool = False) -> None:
+        """Import the features of ``stored`` (or compute them from the prompt) and index the voices."""
+        ready = [(n, sv, t) for n, (sv, t) in stored.items() if family in sv.features]
+        for i in range(0, len(ready), IMPORT_BATCH):
+            batch = ready[i:i + IMPORT_BATCH]
+            blobs = [sv.features[family] for _, sv, _ in batch]
+            results = await pool.call(lambda e, b=blobs: _import_all(e, family, b))
+            for (name, sv, token), voice in zip(batch, results):
+                if isinstance(voice, Exception):
+                    self._skip(name, str(voice), token)
+                else:
+                    self._add(name, sv.meta, family, voice, token, synced=synced)
+        for name, (sv, token) in stored.items():
+            if family not in sv.features:
+                await self._recompute(pool, name, sv, family, token, synced=synced)
+
+    # -- following other processes on a shared directory -------------------------------------------
+    async def _watch(self, pool: Any) -> None:
+        while True:
+            await asyncio.sleep(self.sync_interval_s)
+            try:
+                stamp = await asyncio.to_thread(self.store.stamp)
+                if stamp != self._stamp or time.monotonic() - self._last_sync >= FULL_SYNC_S:
+                    await self.sync(pool)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - e.g. 503 while overloaded or draining: retry next tick
+                self._stamp = None
+                log.warning("voice library: following %s failed (%s: %s); retrying", self.store.root,
+                            type(exc).__name__, exc)
+
+    async def sync(self, pool: Any) -> dict[str, list[str]]:
+        """Bring the index in line with the directory: what other processes registered, replaced or deleted.
+
+        Returns the names ``added`` and ``removed``. Pending local changes are left alone.
+        """
+        family = pool.engine_info().voice_family
+        async with self._changes:
+            stamp = await asyncio.to_thread(self.store.stamp)
+            listing = await asyncio.to_thread(self.store.listing)
+            removed, wanted, pending_seen = [], {}, False
+            with self._lock:
+                for name in list(self._voices) + list(self._broken):
+                    if name in self._pending:
+                        pending_seen = True
+                    elif name not in listing:
+                        self._voices.pop(name, None)
+                        self._broken.pop(name, None)
+                        self._broken_tokens.pop(name, None)
+                        removed.append(name)
+                for name, token in listing.items():
+                    if name in self._pending:
+                        pending_seen = True
+                        continue
+                    entry = self._voices.get(name)
+                    if entry is not None and entry.token == token:
+                        continue
+                    if name in self._broken and self._broken_tokens.get(name) == token:
+                        continue
+                    wanted[name] = token
+            stored = await asyncio.to_thread(self._read_all, wanted) if wanted and family else {}
+            if stored:
+                await self._load(pool, family, stored, synced=True)
+            # a name pending here may be settled by the other process: look again at the next tick
+            self._stamp = None if pending_seen else stamp
+            self._last_sync = time.monotonic()
+        added = sorted(n for n in stored if n in self._voices)
+        if added or removed:
+            log.info("voice library: synced from %s: %d added or replaced (%s), %d removed (%s)", self.store.root,
+                     len(added), ", ".join(added) or "-", len(removed), ", ".join(sorted(removed)) or "-")
+        return {"added": added, "removed": sorted(removed)}
+
+    async def _recompute(self, pool: Any, name: str, sv: StoredVoice, family: str, token: Token | None = None,
+                         synced: bool = False) -> None:
         """Features for a voice stored without ones for ``family``: compute them from its prompt.wav."""
         try:
             audio = await asyncio.to_thread(self.store.read_prompt, name)
             voice, blob = await pool.call(lambda e: _compute(e, sv.meta["transcript"], audio))
         except (CorruptVoice, VoiceError, InvalidInput, EngineFailure) as exc:
-            self._skip(name, f"it has no features for {family} and computing them from its prompt failed: {exc}")
+            self._skip(name, f"it has no features for {family} and computing them from its prompt failed: {exc}",
+                       token)
             return
         log.info("voice library: computed %s features for voice %r from its stored prompt", family, name)
-        self._add(name, sv.meta, family, voice)
+        self._add(name, sv.meta, family, voice, token, synced=synced)
         try:
             await asyncio.to_thread(self.store.write_features, name, family, blob)
         except OSError as exc:
             log.warning("voice library: could not store the new features of %r (%s); they will be computed "
                         "again at the next start", name, exc)
 
-    def _skip(self, name: str, why: str) -> None:
+    def _skip(self, name: str, why: str, token: Token | None = None) -> None:
         log.error("voice library: skipping voice %r in %s: %s", name, self.store.root, why)
         with self._lock:
+            self._voices.pop(name, None)
             self._broken[name] = why
+            self._broken_tokens[name] = token
 
-    def _add(self, name: str, meta: dict, family: str, voice: Any) -> None:
+    def _add(self, name: str, meta: dict, family: str, voice: Any, token: Token | None = None,
+             synced: bool = False) -> None:
         with self._lock:
-            self._voices[name] = _Entry(meta=meta, features={family: voice})
+            if synced and name in self._pending:
+                return  # a local registration or delete of this name is under way: it decides
+            self._voices[name] = _Entry(meta=meta, features={family: voice}, token=token)
             self._broken.pop(name, None)
+            self._broken_tokens.pop(name, None)
 
     # -- changes ---------------------------------------------------------------------------------
     def _reserve(self, name: str, pool: Any) -> None:
@@ -251,13 +361,18 @@ class VoiceLibrary:
     async def _commit(self, meta: dict, original: bytes, ext: str, prompt_wav: bytes, family: str,
                       voice: Any, blob: bytes) -> dict:
         name = meta["name"]
-        try:
-            await asyncio.to_thread(self.store.create, meta, original, ext, prompt_wav, {family: blob})
-            self._add(name, meta, family, voice)
-        except FileExistsError:
-            raise VoiceExists(f"the voices dir already holds a directory named {name!r}; pick another name") from None
-        finally:
-            self._release(name)
+        async with self._changes:
+            try:
+                await asyncio.to_thread(self.store.create, meta, original, ext, prompt_wav, {family: blob})
+                token = await asyncio.to_thread(self.store.token, name)
+                self._add(name, meta, family, voice, token)
+            except FileExistsError:
+                self._stamp = None  # another process won the name: pick its voice up at the next tick
+                raise VoiceExists(f"a voice named {name!r} already exists (registered just now through another "
+                                  "replica, or a directory of that name is in the voices dir); "
+                                  "pick another name") from None
+            finally:
+                self._release(name)
         log.info("voice library: registered voice %r (%.1f s prompt)", name, meta["duration_s"])
         return public_meta(meta)
 
@@ -274,17 +389,18 @@ class VoiceLibrary:
         await asyncio.shield(self._remove(name, entry, broken))
 
     async def _remove(self, name: str, entry: _Entry | None, broken: str | None) -> None:
-        try:
-            await asyncio.to_thread(self._delete_files, name)
-        except BaseException:
-            with self._lock:
-                if entry is not None:
-                    self._voices[name] = entry
-                if broken is not None:
-                    self._broken[name] = broken
-            raise
-        finally:
-            self._release(name)
+        async with self._changes:
+            try:
+                await asyncio.to_thread(self._delete_files, name)
+            except BaseException:
+                with self._lock:
+                    if entry is not None:
+                        self._voices[name] = entry
+                    if broken is not None:
+                        self._broken[name] = broken
+                raise
+            finally:
+                self._release(name)
         log.info("voice library: deleted voice %r", name)
 
     def _delete_files(self, name: str) -> None:

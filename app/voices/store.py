@@ -14,6 +14,17 @@ either the whole voice or nothing under its name; leftover ``.tmp-*`` entries
 are removed by :meth:`VoiceStore.clean_temp` at startup. Single files written
 later (features for another family) use :func:`atomic_write`. Deleting renames
 the directory to a ``.tmp-`` name first, so a half-deleted voice is never seen.
+
+Several processes (replicas on one shared volume) may use one root at once.
+Claiming a name is the final ``rename(2)`` itself: renaming a directory onto an
+existing *non-empty* directory fails (EEXIST/ENOTEMPTY) atomically, and a voice
+directory is never empty, so of two processes racing for one name exactly one
+wins. rename is a single server-side operation on NFS, CephFS and EFS too,
+where ``renameat2(RENAME_NOREPLACE)`` is not supported and a separate
+check-then-act would race. ``clean_temp`` leaves young ``.tmp-`` entries alone:
+they may be another process's registration in progress. :meth:`VoiceStore.listing`
+(name -> identity of its meta.json) and :meth:`VoiceStore.stamp` let a process notice
+what the others changed without reading every voice again.
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ import logging
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,12 +52,14 @@ log = logging.getLogger("cosyserve.voices")
 
 NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 TEMP_PREFIX = ".tmp-"
+DELETED_PREFIX = f"{TEMP_PREFIX}deleted-"
 META_FILE = "meta.json"
 PROMPT_FILE = "prompt.wav"
 FEATURES_DIR = "features"
 _EXT_RE = re.compile(r"[a-z0-9]{1,8}")
 _FAMILY_RE = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 Writer = Callable[[BinaryIO], None]
+Token = tuple[int, int]
 META_KEYS = ("name", "transcript", "description", "created_at", "audio_sha256", "sample_rate", "duration_s")
 
 
@@ -143,13 +157,25 @@ class VoiceStore:
     def ensure(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
 
-    def clean_temp(self) -> list[str]:
-        """Remove leftovers of interrupted registrations, deletions and writes; return their names."""
+    def clean_temp(self, min_age_s: float = 0.0) -> list[str]:
+        """Remove leftovers of interrupted registrations, deletions and writes; return their names.
+
+        With ``min_age_s`` only entries last modified that long ago go (a deletion's
+        ``.tmp-deleted-`` directory always goes): on a shared root a young one may be
+        another process's write in progress.
+        """
         removed = []
         candidates = list(self.root.glob(f"{TEMP_PREFIX}*"))
         for name in self.entries(quiet=True):
             candidates += list((self.root / name / FEATURES_DIR).glob(f"{TEMP_PREFIX}*"))
+        cutoff = time.time() - min_age_s
         for entry in candidates:
+            if min_age_s > 0 and not entry.name.startswith(DELETED_PREFIX):
+                try:
+                    if entry.lstat().st_mtime > cutoff:
+                        continue
+                except FileNotFoundError:  # another process cleaned or renamed it meanwhile
+                    continue
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
@@ -169,6 +195,47 @@ class VoiceStore:
                 continue
             names.append(entry.name)
         return names
+
+    def listing(self) -> dict[str, Token]:
+        """Voice directory name -> its :meth:`token`, from one directory read and one stat per voice.
+
+        A name whose token changed was deleted and registered again (maybe by another process).
+        """
+        out: dict[str, Token] = {}
+        try:
+            with os.scandir(self.root) as it:
+                names = [e.name for e in it if not e.name.startswith(".") and valid_name(e.name)
+                         and e.is_dir(follow_symlinks=False)]
+        except FileNotFoundError:
+            return out
+        for name in names:
+            token = self.token(name)
+            if token is not None:
+                out[name] = token
+        return out
+
+    def stamp(self) -> tuple[int, int, int] | None:
+        """Changes whenever an entry is added, removed or renamed under the root (one stat call)."""
+        try:
+            st = os.stat(self.root)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+
+    def token(self, name: str) -> Token | None:
+        """Identity of one registration of ``name``: inode and mtime of its meta.json, never rewritten.
+
+        (A bare directory inode is not enough: a filesystem reuses a deleted voice's inode for the
+        next one.) The directory's own, for a broken voice without meta.json; None if it is gone.
+        """
+        base = self.path(name)
+        for path in (base / META_FILE, base):
+            try:
+                st = os.stat(path, follow_symlinks=False)
+                return (st.st_ino, st.st_mtime_ns)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+        return None
 
     # -- reading ---------------------------------------------------------------------------------
     def read(self, name: str) -> StoredVoice:
@@ -221,7 +288,9 @@ class VoiceStore:
             if final.exists():
                 raise FileExistsError(f"voice directory {final} already exists")
             try:
-                os.rename(tmp, final)  # atomic; fails if a non-empty dir appeared meanwhile
+                # The claim: atomic, and it fails if a (never empty) voice dir of that name
+                # appeared meanwhile, from this process or another one on a shared volume.
+                os.rename(tmp, final)
             except OSError as exc:
                 if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR):
                     raise FileExistsError(f"voice directory {final} already exists") from None
@@ -240,7 +309,7 @@ class VoiceStore:
     def delete(self, name: str) -> None:
         """Remove a voice: hide it under a temp name in one rename, then delete the files."""
         src = self.path(name)
-        doomed = self.root / f"{TEMP_PREFIX}deleted-{uuid.uuid4().hex}"
+        doomed = self.root / f"{DELETED_PREFIX}{uuid.uuid4().hex}"
         os.rename(src, doomed)  # FileNotFoundError if it is not there
         fsync_dir(self.root)
         shutil.rmtree(doomed, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -303,6 +304,9 @@ def _write_corrupt_entries(voices_dir) -> None:
     (voices_dir / ".tmp-0123abcd" / "prompt.wav").write_bytes(b"half a registration")
     (voices_dir / "alice" / "features" / f".tmp-99-{FAMILY}.bin").write_bytes(b"half a write")
     (voices_dir / "README.txt").write_text("not a voice")
+    old = time.time() - 3600  # leftovers of a crash an hour ago (young ones may be another replica's write)
+    for leftover in (voices_dir / ".tmp-0123abcd", voices_dir / "alice" / "features" / f".tmp-99-{FAMILY}.bin"):
+        os.utime(leftover, (old, old))
 
 
 def test_corrupt_entries_and_leftovers_are_skipped_at_startup(make, voices_dir, behaviour, caplog):

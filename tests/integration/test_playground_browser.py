@@ -1,7 +1,7 @@
 """The playground in a real headless Chromium against a live `cosyserve serve` on tiny CosyVoice2, keys on.
 
 Debian's ``chromium`` driven by the ``playwright`` package with ``executable_path``
-(no browser download); ``make test`` installs both (``setup`` and ``setup-browser``).
+(no browser download); ``make test`` installs both (``setup`` and ``test-deps``).
 The server runs the *long* tiny model so a stream arrives in several pieces and the
 test can see playback start before the stream ends.
 
@@ -34,7 +34,7 @@ TEXT = "Hello from the browser, as it streams."  # the long tiny model speaks ~9
 def chromium_path() -> str:
     path = os.environ.get("COSYSERVE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
-        pytest.fail("Debian chromium is not installed: run `make setup-browser` (apt-get install chromium)")
+        pytest.fail("Debian chromium is not installed: run `make test-deps` (apt-get install chromium)")
     return path
 
 

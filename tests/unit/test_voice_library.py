@@ -12,7 +12,7 @@ from app.engines.base import PromptAudio
 from app.engines.fake import FakeBehaviour, FakeEngine
 from app.voices import VoiceExists, VoiceLibrary, VoiceLimitReached, VoiceNotFound
 from app.voices import library as library_module
-from tests.waiting import run
+from tests.waiting import await_until, run
 
 
 class ThreadPool:
@@ -100,5 +100,79 @@ def test_delete_and_restart_survival(tmp_path):
         assert again.names() == [] and not (tmp_path / "amy").exists()
         with pytest.raises(VoiceNotFound):
             await again.delete("amy")
+
+    run(main())
+
+
+# -- two processes on one voices dir: two libraries, each with its own index ----------------------
+def test_a_voice_registered_or_deleted_through_one_library_reaches_the_other_by_sync(tmp_path):
+    async def main():
+        pool = ThreadPool()
+        a, b = VoiceLibrary(tmp_path), VoiceLibrary(tmp_path)
+        await a.start(pool)
+        await b.start(pool)
+        await a.register(pool, "amy", "hi", "", audio(), b"x", "wav")
+        assert b.names() == []
+        assert await b.sync(pool) == {"added": ["amy"], "removed": []}
+        assert b.get("amy")["transcript"] == "hi" and b.features("amy", "fake-1") is not None
+        assert await b.sync(pool) == {"added": [], "removed": []}  # nothing changed: nothing read again
+        await a.delete("amy")
+        await a.register(pool, "amy", "hello again", "", audio(), b"y", "wav")  # same name, a new voice
+        assert await b.sync(pool) == {"added": ["amy"], "removed": []}
+        assert b.get("amy")["transcript"] == "hello again"
+        await b.delete("amy")
+        assert await a.sync(pool) == {"added": [], "removed": ["amy"]}
+        assert a.names() == [] and a.features("amy", "fake-1") is None
+
+    run(main())
+
+
+def test_racing_registrations_in_two_libraries_one_wins_and_both_end_with_its_voice(tmp_path):
+    async def main():
+        pool = ThreadPool()
+        a, b = VoiceLibrary(tmp_path), VoiceLibrary(tmp_path)
+        await a.start(pool)
+        await b.start(pool)
+        results = await asyncio.gather(a.register(pool, "amy", "from a", "", audio(), b"a", "wav"),
+                                       b.register(pool, "amy", "from b", "", audio(), b"b", "wav"),
+                                       return_exceptions=True)
+        won = [r for r in results if isinstance(r, dict)]
+        assert len(won) == 1 and sum(isinstance(r, VoiceExists) for r in results) == 1
+        await a.sync(pool)
+        await b.sync(pool)
+        assert a.get("amy") == b.get("amy") == won[0]
+
+    run(main())
+
+
+def test_the_watcher_picks_up_another_librarys_changes_within_a_second(tmp_path):
+    async def main():
+        pool = ThreadPool()
+        a, b = VoiceLibrary(tmp_path), VoiceLibrary(tmp_path, sync_interval_s=0.05)
+        await a.start(pool)
+        await b.start(pool)
+        try:
+            await a.register(pool, "amy", "hi", "", audio(), b"x", "wav")
+            await await_until(lambda: b.names() == ["amy"], timeout=1.0)
+            await a.delete("amy")
+            await await_until(lambda: b.names() == [], timeout=1.0)
+        finally:
+            await b.close()
+        assert b._watcher is None
+
+    run(main())
+
+
+def test_a_sync_leaves_a_name_being_registered_here_to_the_local_registration(tmp_path):
+    async def main():
+        pool = ThreadPool()
+        a, b = VoiceLibrary(tmp_path), VoiceLibrary(tmp_path)
+        await a.start(pool)
+        await b.start(pool)
+        b._reserve("amy", pool)  # b is computing features for "amy" ...
+        await a.register(pool, "amy", "from a", "", audio(), b"a", "wav")  # ... when a commits it
+        assert (await b.sync(pool))["added"] == [] and b.names() == []
+        b._release("amy")  # b's registration ends (its commit would get 409): the next sync takes a's
+        assert (await b.sync(pool))["added"] == ["amy"]
 
     run(main())

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import time
 
 import numpy as np
 import pytest
 
 from app.engines.base import PromptAudio
+from app.voices import store as store_module
 from app.voices.store import (
     CorruptVoice,
     VoiceStore,
@@ -193,3 +197,90 @@ def test_wav_round_trip_is_16_bit():
     back = decode_wav(data)
     assert back.sample_rate == 16000 and back.samples.dtype == np.float32
     assert decode_wav(encode_wav(back)).samples.tolist() == back.samples.tolist()
+
+
+# -- several processes on one root (replicas on a shared volume) ----------------------------------
+def _race(root: str, names: list[str], start, out) -> None:
+    """In a child process: create every name as fast as possible; report which ones this process won."""
+    store = VoiceStore(root)
+    start.wait()
+    won = []
+    for name in names:
+        try:
+            store.create(_meta(name), f"ORIGINAL {os.getpid()}".encode(), "mp3", encode_wav(_audio(0.1)),
+                         {"fam-1": str(os.getpid()).encode()})
+            won.append(name)
+        except FileExistsError:
+            pass
+    out.put((os.getpid(), won))
+
+
+def test_two_processes_racing_for_the_same_names_each_name_won_exactly_once(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    names = [f"v{i}" for i in range(40)]
+    start, out = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(str(tmp_path), names, start, out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    start.set()
+    results = dict(out.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    won = [n for names_won in results.values() for n in names_won]
+    assert sorted(won) == sorted(names)  # every name exactly once, never twice
+    store = VoiceStore(tmp_path)
+    for pid, names_won in results.items():
+        for name in names_won:  # the winner's files, whole, never a mix of both writers
+            stored = store.read(name)
+            assert stored.features == {"fam-1": str(pid).encode()}
+            assert (tmp_path / name / "original.mp3").read_bytes() == f"ORIGINAL {pid}".encode()
+    assert _leftovers(tmp_path) == []
+
+
+def test_the_rename_decides_when_another_process_wins_after_the_existence_check(tmp_path, monkeypatch):
+    other = VoiceStore(tmp_path)
+    real_rename = os.rename
+
+    def rename_after_the_other_process(src, dst):  # the other replica commits in between check and rename
+        if str(dst).endswith("alice"):
+            monkeypatch.setattr(store_module.os, "rename", real_rename)
+            _create(other, features={"fam-1": b"THE OTHER ONE"})
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(store_module.os, "rename", rename_after_the_other_process)
+    with pytest.raises(FileExistsError):
+        _create(VoiceStore(tmp_path), features={"fam-1": b"MINE"})
+    assert VoiceStore(tmp_path).read("alice").features == {"fam-1": b"THE OTHER ONE"}
+    assert _leftovers(tmp_path) == []
+
+
+def test_clean_temp_with_an_age_leaves_young_writes_of_other_processes_alone(tmp_path):
+    store = VoiceStore(tmp_path)
+    _create(store)
+    (tmp_path / ".tmp-young").mkdir()
+    (tmp_path / ".tmp-old").mkdir()
+    (tmp_path / ".tmp-deleted-young").mkdir()
+    old = time.time() - 3600
+    os.utime(tmp_path / ".tmp-old", (old, old))
+    assert sorted(store.clean_temp(min_age_s=600)) == [".tmp-deleted-young", ".tmp-old"]
+    assert _leftovers(tmp_path) == [".tmp-young"]
+
+
+def test_listing_and_stamp_follow_changes_made_through_another_store(tmp_path):
+    mine, theirs = VoiceStore(tmp_path), VoiceStore(tmp_path)
+    before = mine.stamp()
+    assert mine.listing() == {}
+    _create(theirs)
+    first = mine.listing()
+    assert list(first) == ["alice"] and first["alice"] == mine.token("alice")
+    assert mine.stamp() != before
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / ".tmp-x").mkdir()
+    assert list(mine.listing()) == ["alice"]
+    theirs.delete("alice")
+    assert mine.listing() == {} and mine.token("alice") is None
+    _create(theirs)  # registered again under the same name: a new identity, even if an inode is reused
+    assert mine.listing()["alice"] == mine.token("alice") != first["alice"]
+    (tmp_path / "alice" / "features" / "fam-2.bin").write_bytes(b"more")  # features added later: same voice
+    assert mine.listing()["alice"] == mine.token("alice")
