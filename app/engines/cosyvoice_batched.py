@@ -19,6 +19,7 @@ from app.engines.batching.lm import BatchedLM, supports_batching
 from app.engines.batching.sampling import SamplingRules
 from app.engines.batching.scheduler import LLMObserver, LLMScheduler
 from app.engines.batching.token2wav import FixedTokens, HopSchedule, synthesize_tokens
+from app.engines.timings import current
 
 
 class BatchedRunner:
@@ -72,3 +73,12 @@ class BatchedRunner:
         finally:
             if hasattr(source, "cancel"):
                 source.cancel()  # leaves the batch at the next step (no-op once done)
+            _add_llm_time(source)
+
+
+def _add_llm_time(source: Any) -> None:
+    """The sequence's LLM wall time (submit to last token) into the request's stage timings."""
+    timings = current()
+    started, ended = getattr(source, "submitted_at", None), getattr(source, "finished_at", None)
+    if timings is not None and started is not None and ended is not None:
+        timings.add("llm", ended - started)
