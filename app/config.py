@@ -47,6 +47,8 @@ class EngineSettings(_Section):
     batching: bool = True  # v2/v3: one model instance, LLM continuously batched across requests
     max_batch_size: int = Field(16, ge=1, le=256)  # most sequences in one batched LLM step
     token2wav_workers: int | None = Field(None, ge=1, le=256)  # batched: flow+HiFT calls at once (None: auto)
+    flow_cache: bool = False  # batched v2 streaming: flow keeps per-request caches, a hop costs its own frames
+    flow_cache_window_frames: int | None = Field(None, ge=1)  # cap on cached frames per layer (None: exact)
     llm_greedy: bool = False  # testing only: argmax instead of CosyVoice's sampling (deterministic output)
     tiny_version: Literal[1, 2, 3] = 2
     tiny_cache_dir: str = str(DEFAULT_CACHE / "models")

@@ -55,6 +55,8 @@ class CosyVoiceConfig:
     max_batch_size: int = 16
     llm_greedy: bool = False  # testing only: argmax sampling
     token2wav_workers: int | None = None  # batched: token2wav calls at once; None: CPU cores (CPU), no limit (GPU)
+    flow_cache: bool = False  # batched streaming: flow computes each hop's new frames only (flow_cache.py)
+    flow_cache_window_frames: int | None = None  # keep at most this many cached frames per layer (inexact)
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,6 @@ class CosyVoiceEngine:
                                       dtype_stages=tuple(self.config.dtype_stages),
                                       cosyvoice_path=self.config.cosyvoice_path)
         self._cancel = CancelRegistry(self._loaded.model, observer=self.llm_observer)
-        instrument(self._loaded.model)  # flow / HiFT seconds per request (app/engines/timings.py)
         self.sample_rate = self._loaded.sample_rate
         self._initial_hop = getattr(self._loaded.model, "token_hop_len", None)
         if self.config.llm_greedy and self._loaded.version >= 2:
@@ -116,7 +117,10 @@ class CosyVoiceEngine:
             self._batched = BatchedRunner(self._loaded.model, max_batch_size=self.config.max_batch_size,
                                           greedy=self.config.llm_greedy, observer=self.llm_observer,
                                           initial_hop=self._initial_hop,
-                                          token2wav_workers=self._token2wav_workers())
+                                          token2wav_workers=self._token2wav_workers(),
+                                          flow_cache=self.config.flow_cache,
+                                          flow_cache_window_frames=self.config.flow_cache_window_frames)
+        instrument(self._loaded.model)  # flow / HiFT seconds per request (app/engines/timings.py), outermost
         params = list(inspect.signature(self._loaded.frontend._extract_speech_feat).parameters)
         self._path_frontend = bool(params) and params[0] == "prompt_wav"
         log.info(
