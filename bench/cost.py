@@ -3,7 +3,7 @@
     python -m bench.cost                       # full-size v2 (.cache/full2) and tiny v2; writes docs/benchmarks/cost.*
     python -m bench.cost --models tiny --quick # a smoke run (~1 min)
 
-One system at a time: each (model, dtype) runs in its own subprocess (one torch
+One system at a time: each (model, variant) runs in its own subprocess (one torch
 thread, the server's batched engine path, ``CosyVoiceEngine`` called in-process,
 no HTTP), zero-shot requests with a 2 s prompt (50 prompt speech tokens):
 
@@ -14,9 +14,11 @@ no HTTP), zero-shot requests with a 2 s prompt (50 prompt speech tokens):
 * concurrency 8, whole: 8 requests at once through the batched LLM; CPU seconds per
   request and audio seconds per wall second.
 
-Full size runs the long text (~86 speech tokens, 3.5 s) for fp32 whole/streamed, and
-the short text (~38 tokens) for the fp32 vs bf16 comparison, which is expensive where
-bf16 is emulated. Results: ``docs/benchmarks/cost.json`` and ``cost.md``.
+Variants: ``fp32``, ``bf16`` (``engine.dtype``) and ``fp32-cache`` (``engine.flow_cache``:
+streaming without recomputing the prefix). Full size runs the long text (~86 speech
+tokens, 3.5 s) for fp32 whole/streamed, and the short text (~38 tokens) for the fp32 vs
+bf16 comparison, which is expensive where bf16 is emulated. Results:
+``docs/benchmarks/cost.json`` and ``cost.md`` (``--merge`` updates them with re-run cases).
 """
 
 from __future__ import annotations
@@ -42,15 +44,19 @@ SHORT = "The train to the city leaves at seven every single morning."
 PROMPT_TEXT = "hello there, this is my voice"
 CONCURRENT = 8
 
-# (model, dtype) -> cases: (name, text, stream, concurrency, repeats)
+# (model, variant) -> cases: (name, text, stream, concurrency, repeats); variant: dtype, "-cache": engine.flow_cache
 PLAN: dict[tuple[str, str], list[tuple[str, str, bool, int, int]]] = {
     ("full", "fp32"): [("long-whole", LONG, False, 1, 1), ("long-stream", LONG, True, 1, 1),
                        ("short-whole", SHORT, False, 1, 1), ("short-c8", SHORT, False, CONCURRENT, 1)],
-    ("full", "bf16"): [("short-whole", SHORT, False, 1, 1), ("short-c8", SHORT, False, CONCURRENT, 1)],
+    # c=8 left out at full size: where bf16 is emulated (no avx512_bf16/AMX) it alone would take ~5 min
+    ("full", "bf16"): [("short-whole", SHORT, False, 1, 1)],
+    ("full", "fp32-cache"): [("long-stream", LONG, True, 1, 1)],
+    ("tiny", "fp32-cache"): [("long-stream", LONG, True, 1, 3), ("short-c8-stream", SHORT, True, CONCURRENT, 2)],
     ("tiny", "fp32"): [("long-whole", LONG, False, 1, 3), ("long-stream", LONG, True, 1, 3),
-                       ("short-whole", SHORT, False, 1, 3), ("short-c8", SHORT, False, CONCURRENT, 2)],
-    ("tiny", "bf16"): [("long-whole", LONG, False, 1, 2), ("long-stream", LONG, True, 1, 2),
-                       ("short-whole", SHORT, False, 1, 2), ("short-c8", SHORT, False, CONCURRENT, 1)],
+                       ("short-whole", SHORT, False, 1, 3), ("short-c8", SHORT, False, CONCURRENT, 2),
+                       ("short-c8-stream", SHORT, True, CONCURRENT, 2)],
+    ("tiny", "bf16"): [("long-whole", LONG, False, 1, 1), ("long-stream", LONG, True, 1, 1),
+                       ("short-whole", SHORT, False, 1, 1), ("short-c8", SHORT, False, CONCURRENT, 1)],
 }
 
 
@@ -58,28 +64,24 @@ def log(msg: str) -> None:
     print(f"[cost {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-# -- worker (one model, one dtype, in its own process) -----------------------------------------------
+# -- worker (one model, one variant, in its own process) -----------------------------------------------
 class FrameCounter:
-    """Counts the mel frames every ``flow.inference`` call computes (prompt + tokens, x token_mel_ratio)."""
+    """Counts the mel frames the flow estimator computes per request (its frames per call / ODE steps)."""
 
-    def __init__(self, flow: Any) -> None:
+    def __init__(self, flow: Any, steps: int = 10) -> None:
         self.frames = 0
+        self.steps = steps
         self._lock = threading.Lock()
-        ratio = int(getattr(flow, "token_mel_ratio", 2))
-        inner = flow.inference
+        flow.decoder.estimator.register_forward_pre_hook(self._count)
 
-        def counted(*args: Any, **kw: Any) -> Any:
-            n = int(kw["token"].shape[1]) + int(kw["prompt_token"].shape[1])
-            with self._lock:
-                self.frames += n * ratio
-            return inner(*args, **kw)
+    def _count(self, _module: Any, args: tuple) -> None:
+        with self._lock:
+            self.frames += int(args[0].shape[2])
 
-        flow.inference = counted
-
-    def take(self) -> int:
+    def take(self) -> float:
         with self._lock:
             n, self.frames = self.frames, 0
-        return n
+        return n / self.steps
 
 
 def _prompt() -> Any:
@@ -136,34 +138,39 @@ def run_case(engine: Any, counter: FrameCounter, text: str, stream: bool, concur
             "stages_s_per_request": stages}
 
 
-def worker(model_dir: str, model: str, dtype: str, quick: bool) -> dict:
+def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | None = None) -> dict:
+    """One (model, variant) in this process; a variant is a dtype, ``-cache`` adds engine.flow_cache."""
     import torch
 
     from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
+    dtype, _, cache = variant.partition("-")
     engine = CosyVoiceEngine(CosyVoiceConfig(model_dir=model_dir, dtype=dtype, torch_threads=1, batching=True,
-                                             max_batch_size=16))
+                                             max_batch_size=16, flow_cache=cache == "cache"))
     engine.load()
     load_s = time.perf_counter() - t0
     counter = FrameCounter(engine._loaded.model.flow)
     _one(engine, "Hello.", False)  # warm-up: first-call kernel setup, the prompt's features (cached)
     cases = {}
-    for name, text, stream, conc, reps in PLAN[(model, dtype)]:
+    for name, text, stream, conc, reps in PLAN[(model, variant)]:
         if quick and (conc > 1 or name.startswith("long")) and model == "full":
+            continue
+        if only and name not in only.split(","):
             continue
         results = [run_case(engine, counter, text, stream, conc) for _ in range(1 if quick else reps)]
         best = min(results, key=lambda r: r["cpu_s_per_request"])  # least disturbed run
         best["repeats"] = len(results)
         cases[name] = best
-        log(f"{model} {dtype} {name}: cpu {best['cpu_s_per_request']:.2f} s/req, wall {best['wall_s']:.2f} s, "
+        log(f"{model} {variant} {name}: cpu {best['cpu_s_per_request']:.2f} s/req, wall {best['wall_s']:.2f} s, "
             f"ttfa {best['ttfa_s']:.2f} s, audio {best['audio_s_per_request']:.2f} s, "
             f"flow frames {best['flow_frames_per_request']:.0f}")
     precision = engine._loaded.precision
+    engine_cache = engine._batched is not None and engine._batched.flow_cache
     engine.close()
-    return {"model": model, "dtype": dtype, "ran": precision.dtype, "stages_reduced": list(precision.stages),
-            "load_s": load_s, "cases": cases}
+    return {"model": model, "variant": variant, "ran": precision.dtype, "stages_reduced": list(precision.stages),
+            "flow_cache": bool(engine_cache), "load_s": load_s, "cases": cases}
 
 
 # -- driver ------------------------------------------------------------------------------------------
@@ -218,18 +225,28 @@ def goals(results: dict) -> list[str]:
         out.append(f"bf16 CPU time per request at c=8 (batched LLM): fp32/bf16 = {r:.2f}x")
     for model, res in results.items():
         cases = res.get("fp32", {}).get("cases", {})
-        if "long-stream" in cases and "long-whole" in cases:
-            r = ratio(cases["long-stream"]["flow_frames_per_request"], cases["long-whole"]["flow_frames_per_request"])
-            out.append(f"{model}: streamed flow frames / unstreamed = {r:.2f}x (goal <= 1.3x): "
-                       f"{'met' if r <= 1.3 else 'MISSED'}")
-            out.append(f"{model}: time to first audio streamed {cases['long-stream']['ttfa_s']:.2f} s vs whole "
-                       f"{cases['long-whole']['ttfa_s']:.2f} s")
+        cached = res.get("fp32-cache", {}).get("cases", {})
+        whole = cases.get("long-whole")
+        for label, c in (("recomputing", cases.get("long-stream")), ("flow_cache", cached.get("long-stream"))):
+            if whole is None or c is None:
+                continue
+            r = ratio(c["flow_frames_per_request"], whole["flow_frames_per_request"])
+            out.append(f"{model}, {label}: streamed flow frames / unstreamed = {r:.2f}x (goal <= 1.3x): "
+                       f"{'met' if r <= 1.3 else 'MISSED'}; flow {c['stages_s_per_request'].get('flow', 0):.2f} s vs "
+                       f"{whole['stages_s_per_request'].get('flow', 0):.2f} s unstreamed; CPU "
+                       f"{c['cpu_s_per_request']:.2f} s vs {whole['cpu_s_per_request']:.2f} s")
+            out.append(f"{model}, {label}: time to first audio streamed {c['ttfa_s']:.2f} s (whole answer: "
+                       f"{whole['ttfa_s']:.2f} s)")
+        if "long-stream" in cases and "long-stream" in cached:
+            out.append(f"{model}: time to first audio, flow_cache vs recomputing: {cached['long-stream']['ttfa_s']:.2f} s "
+                       f"vs {cases['long-stream']['ttfa_s']:.2f} s")
     return out
 
 
 def markdown(doc: dict) -> str:
     host = ", ".join(f"{k} {v}" for k, v in doc["host"].items())
-    intro = (f"Command: `{doc['command']}`. Host: {host}. One torch thread, batched engine path, "
+    cmds = " then ".join(f"`{c}`" for c in doc["commands"])
+    intro = (f"Commands: {cmds}. Host: {host}. One torch thread, batched engine path, "
              "zero-shot with a 2 s prompt (50 prompt tokens).")
     header = ("| model | dtype (ran) | case | c | CPU s/req | wall s | RTF | CPU RTF | TTFA s | audio s/req | "
               "flow frames/req | frontend | llm | flow | hift |")
@@ -252,23 +269,29 @@ def markdown(doc: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="full,tiny", help="comma list of full, tiny")
-    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--variants", default="fp32,bf16,fp32-cache",
+                    help="dtypes, and fp32-cache (engine.flow_cache on)")
+    ap.add_argument("--cases", default=None, help="comma list: run only these cases (e.g. long-whole,long-stream)")
+    ap.add_argument("--merge", action="store_true", help="update the existing cost.json instead of replacing it")
     ap.add_argument("--quick", action="store_true", help="one repeat, full size: short c=1 only")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
     ap.add_argument("--worker-timeout-s", type=float, default=900.0, help="most seconds per (model, dtype) run")
     ap.add_argument("--worker", nargs=3, metavar=("MODEL_DIR", "MODEL", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        print("RESULT " + json.dumps(worker(*args.worker, quick=args.quick)), flush=True)
+        print("RESULT " + json.dumps(worker(*args.worker, quick=args.quick, only=args.cases)), flush=True)
         return 0
     results: dict[str, dict] = {}
     host = _host()
     log(f"host {host}")
     for model in args.models.split(","):
         model_dir = _model_dir(model)
-        for dtype in args.dtypes.split(","):
+        for dtype in args.variants.split(","):
+            if (model, dtype) not in PLAN:
+                continue
             log(f"{model} {dtype}: {_shown(model_dir)}")
-            cmd = [sys.executable, "-m", "bench.cost", "--worker", model_dir, model, dtype] + (["--quick"] if args.quick else [])
+            cmd = [sys.executable, "-m", "bench.cost", "--worker", model_dir, model, dtype]
+            cmd += (["--quick"] if args.quick else []) + (["--cases", args.cases] if args.cases else [])
             try:
                 proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **THREAD_ENV}, stdout=subprocess.PIPE,
                                       text=True, check=False, timeout=args.worker_timeout_s)
@@ -280,10 +303,22 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{model} {dtype} failed (exit {proc.returncode})")
                 continue
             results.setdefault(model, {})[dtype] = json.loads(line[len("RESULT "):])
-    command = "python -m bench.cost" + ("" if argv is None and len(sys.argv) == 1 else " " + " ".join(argv if argv is not None else sys.argv[1:]))
-    doc = {"command": command.strip(), "host": host, "results": results, "goals": goals(results)}
+    command = " ".join(["python -m bench.cost", *(argv if argv is not None else sys.argv[1:])])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    commands = [command]
+    if args.merge and (out / "cost.json").is_file():
+        old = json.loads((out / "cost.json").read_text())
+        commands = [*old.get("commands", [old.get("command", "")]), command]
+        merged = old["results"]
+        for model, by_variant in results.items():
+            for variant, res in by_variant.items():
+                if variant in merged.get(model, {}):
+                    merged[model][variant]["cases"].update(res["cases"])
+                else:
+                    merged.setdefault(model, {})[variant] = res
+        results = merged
+    doc = {"commands": commands, "host": host, "results": results, "goals": goals(results)}
     (out / "cost.json").write_text(json.dumps(doc, indent=1) + "\n")
     (out / "cost.md").write_text(markdown(doc))
     for g in doc["goals"]:
