@@ -120,6 +120,8 @@ class CosyVoiceEngine:
                                           token2wav_workers=self._token2wav_workers(),
                                           flow_cache=self.config.flow_cache,
                                           flow_cache_window_frames=self.config.flow_cache_window_frames)
+        elif self.config.flow_cache:
+            log.warning("engine.flow_cache needs the batched CosyVoice2/3 path (engine.batching): not used")
         instrument(self._loaded.model)  # flow / HiFT seconds per request (app/engines/timings.py), outermost
         params = list(inspect.signature(self._loaded.frontend._extract_speech_feat).parameters)
         self._path_frontend = bool(params) and params[0] == "prompt_wav"
