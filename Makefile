@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.cosyserve-setup
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup test-deps run test test-unit test-integration test-cluster test-upstream loadtest bench bench-batching lint clean
+.PHONY: setup test-deps run test test-unit test-integration test-cluster test-upstream loadtest bench bench-batching bench-cost lint clean
 
 setup: $(STAMP)
 
@@ -51,6 +51,11 @@ loadtest: setup
 
 bench: setup
 	$(PY) -m bench.run
+	$(PY) -m bench.cost
+
+# what one request costs: fp32 vs bf16, streamed vs whole, full-size and tiny v2 (~12 min)
+bench-cost: setup
+	$(PY) -m bench.cost
 
 # per-request pool vs batched LLM, full-size (built once into .cache/full2) and tiny CosyVoice2; ~20 min
 bench-batching: setup

@@ -109,17 +109,29 @@ class EngineSettings(_Section):
     kind: Literal["cosyvoice", "fake"] = "cosyvoice"
     model_dir: str | None = None
     cosyvoice_path: str | None = None
-    fp16: bool = False
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # see app/engines/precision.py
+    dtype_stages: list[Literal["llm", "flow", "hift"]] = ["llm", "flow"]  # what runs in a reduced dtype
+    fp16: bool = False  # old name: true means dtype fp16
     torch_threads: int = Field(1, ge=1, le=256)
     prompt_cache_size: int = Field(32, ge=0)
     batching: bool = True  # v2/v3: one model instance, LLM continuously batched across requests
     max_batch_size: int = Field(16, ge=1, le=256)  # most sequences in one batched LLM step
     token2wav_workers: int | None = Field(None, ge=1, le=256)  # batched: flow+HiFT calls at once (None: auto)
+    flow_cache: bool = False  # batched v2 streaming: flow keeps per-request caches, a hop costs its own frames
+    flow_cache_window_frames: int | None = Field(None, ge=1)  # cap on cached frames per layer (None: exact)
     llm_greedy: bool = False  # testing only: argmax instead of CosyVoice's sampling (deterministic output)
     tiny_version: Literal[1, 2, 3] = 2
     tiny_cache_dir: str = str(DEFAULT_CACHE / "models")
     name: str | None = None
     fake_chunk_delay_s: float = Field(0.0, ge=0, le=60)  # kind fake: sleep before each chunk (latency-bound)
+
+    @model_validator(mode="after")
+    def _fp16_alias(self) -> EngineSettings:
+        if self.fp16:
+            if self.dtype not in ("auto", "fp16"):
+                raise ValueError(f"engine.fp16 is the old name of engine.dtype: fp16; it contradicts dtype {self.dtype!r}")
+            self.dtype = "fp16"
+        return self
 
     @field_validator("tiny_cache_dir", "model_dir", "cosyvoice_path")
     @classmethod

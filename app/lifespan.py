@@ -54,10 +54,12 @@ def engine_factory(settings: Settings, llm_observer: Any = None) -> EngineFactor
     from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
 
     model_dir = resolve_model_dir(settings)
-    cfg = CosyVoiceConfig(model_dir=model_dir, cosyvoice_path=eng.cosyvoice_path, fp16=eng.fp16,
+    cfg = CosyVoiceConfig(model_dir=model_dir, cosyvoice_path=eng.cosyvoice_path, dtype=eng.dtype,
+                          dtype_stages=tuple(eng.dtype_stages),
                           torch_threads=eng.torch_threads, prompt_cache_size=eng.prompt_cache_size,
                           batching=batches_llm(eng), max_batch_size=eng.max_batch_size,
-                          llm_greedy=eng.llm_greedy, token2wav_workers=eng.token2wav_workers)
+                          llm_greedy=eng.llm_greedy, token2wav_workers=eng.token2wav_workers,
+                          flow_cache=eng.flow_cache, flow_cache_window_frames=eng.flow_cache_window_frames)
     return lambda index: CosyVoiceEngine(cfg, name=eng.name, llm_observer=llm_observer)
 
 

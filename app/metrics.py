@@ -36,6 +36,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from app.api.auth import UNAUTHORIZED_REASONS
 from app.api.context import RequestContext
+from app.engines.timings import STAGES
 from app.serving.stats import JOB_OUTCOMES, REJECT_REASONS
 
 log = logging.getLogger("cosyserve.metrics")
@@ -202,6 +203,10 @@ class Metrics:
         self.llm_step = Histogram("tts_llm_step_seconds", "Duration of one LLM decode step (all its sequences)",
                                   buckets=STEP_BUCKETS, registry=r)
         self.llm_tokens = Counter("tts_llm_tokens", "Speech tokens produced by the LLM", registry=r)
+        self.stage = Histogram("tts_stage_seconds", "Seconds one synthesis request spent per stage: frontend "
+                               "(text, prompt features), llm (start to last token; overlaps flow/hift when "
+                               "streaming), flow, hift, encode", ["stage"], buckets=LATENCY_BUCKETS, registry=r)
+        self._stages = {s: self.stage.labels(stage=s) for s in STAGES}
         self._routes = {
             route: {o: self.requests.labels(endpoint=route, outcome=o) for o in OUTCOMES} for route in routes
         }
@@ -247,6 +252,9 @@ class Metrics:
         if latency is None:
             return
         self.duration.observe(latency)
+        if ctx.timings is not None:
+            for stage, seconds in ctx.timings.snapshot().items():
+                self._stages[stage].observe(seconds)
         if ctx.ttfa_s is not None:
             self.ttfa.observe(ctx.ttfa_s)
         audio_s = ctx.audio_s or 0.0

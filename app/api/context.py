@@ -2,7 +2,7 @@
 
 ``RequestContextMiddleware`` creates it (request id, timing); admission adds the
 synthesis route and the permit; the speech response adds time to first audio,
-queue wait and audio seconds; the error handlers add the error code. The access
+queue wait, audio seconds and the per-stage timings; the error handlers add the error code. The access
 log and the metrics read it once the response is done. One object, one key in
 the ASGI scope, typed fields: nothing else writes request state into the scope.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.engines.timings import StageTimings
 from app.serving.pool import Ticket
 
 SCOPE_KEY = "cosyserve.context"
@@ -30,6 +31,7 @@ class RequestContext:
     status: int = 0
     latency_s: float | None = None
     completed: bool = False  # the last body byte was sent
+    timings: StageTimings | None = None  # seconds per stage (frontend, llm, flow, hift, encode)
 
     def take_ticket(self) -> Ticket | None:
         ticket, self.ticket = self.ticket, None

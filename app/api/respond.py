@@ -45,7 +45,7 @@ class JobStreamingResponse(StreamingResponse):
 def speech_response(request: Request, result: SpeechResult, *, media_type: str | None = None,
                     headers: dict[str, str] | None = None, sink: Sink | None = None) -> Response:
     ctx = context_of(request.scope)
-    ctx.ttfa_s, ctx.queue_wait_s = result.ttfa_s, result.queue_wait_s
+    ctx.ttfa_s, ctx.queue_wait_s, ctx.timings = result.ttfa_s, result.queue_wait_s, result.timings
     all_headers = {"X-Sample-Rate": str(result.sample_rate), "Cache-Control": "no-store", **(headers or {})}
     media_type = media_type or result.media_type
     if result.data is not None:

@@ -14,6 +14,8 @@ from typing import Iterator, Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from app.engines.timings import StageTimings
+
 Mode = Literal["sft", "zero_shot", "cross_lingual", "instruct", "instruct2", "vc"]
 MODES: tuple[str, ...] = ("sft", "zero_shot", "cross_lingual", "instruct", "instruct2", "vc")
 
@@ -63,6 +65,7 @@ class SynthesisRequest:
     request_id: str = ""
     seed: int | None = None  # fixes the LLM's sampling (same seed, same text -> same speech tokens)
     extra: dict = field(default_factory=dict)
+    timings: StageTimings = field(default_factory=StageTimings, repr=False, compare=False)  # filled while it runs
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from app.engines.base import (
     float_to_int16,
 )
 from app.engines.text import split_sentences
+from app.engines.timings import bound_iter, current, instrument
 
 log = logging.getLogger("cosyserve.engine")
 
@@ -45,7 +46,8 @@ _TEXT_PROMPT_KEYS = ("prompt_text", "prompt_text_len")
 class CosyVoiceConfig:
     model_dir: str
     cosyvoice_path: str | None = None
-    fp16: bool = False
+    dtype: str = "fp32"  # engine.dtype: auto | fp32 | bf16 | fp16 (app/engines/precision.py)
+    dtype_stages: tuple[str, ...] = ("llm", "flow")  # which stages run in a reduced dtype
     torch_threads: int = 1
     prompt_cache_size: int = 32
     max_segment_chars: int = 240
@@ -53,6 +55,8 @@ class CosyVoiceConfig:
     max_batch_size: int = 16
     llm_greedy: bool = False  # testing only: argmax sampling
     token2wav_workers: int | None = None  # batched: token2wav calls at once; None: CPU cores (CPU), no limit (GPU)
+    flow_cache: bool = False  # batched streaming: flow computes each hop's new frames only (flow_cache.py)
+    flow_cache_window_frames: int | None = None  # keep at most this many cached frames per layer (inexact)
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,10 @@ class VoiceFeatures:
     family: str
     features: dict
     prompt_text: str
+
+
+def _precision_text(precision: Any) -> str:
+    return f"{precision.dtype} for {'+'.join(precision.stages)}" if precision.reduced else "fp32"
 
 
 def _with_suffix(text: str, suffix: str) -> str:
@@ -93,7 +101,9 @@ class CosyVoiceEngine:
 
         torch.set_num_threads(max(1, int(self.config.torch_threads)))
         t0 = time.perf_counter()
-        self._loaded = load_model_dir(self.config.model_dir, fp16=self.config.fp16, cosyvoice_path=self.config.cosyvoice_path)
+        self._loaded = load_model_dir(self.config.model_dir, dtype=self.config.dtype,
+                                      dtype_stages=tuple(self.config.dtype_stages),
+                                      cosyvoice_path=self.config.cosyvoice_path)
         self._cancel = CancelRegistry(self._loaded.model, observer=self.llm_observer)
         self.sample_rate = self._loaded.sample_rate
         self._initial_hop = getattr(self._loaded.model, "token_hop_len", None)
@@ -107,12 +117,18 @@ class CosyVoiceEngine:
             self._batched = BatchedRunner(self._loaded.model, max_batch_size=self.config.max_batch_size,
                                           greedy=self.config.llm_greedy, observer=self.llm_observer,
                                           initial_hop=self._initial_hop,
-                                          token2wav_workers=self._token2wav_workers())
+                                          token2wav_workers=self._token2wav_workers(),
+                                          flow_cache=self.config.flow_cache,
+                                          flow_cache_window_frames=self.config.flow_cache_window_frames)
+        elif self.config.flow_cache:
+            log.warning("engine.flow_cache needs the batched CosyVoice2/3 path (engine.batching): not used")
+        instrument(self._loaded.model)  # flow / HiFT seconds per request (app/engines/timings.py), outermost
         params = list(inspect.signature(self._loaded.frontend._extract_speech_feat).parameters)
         self._path_frontend = bool(params) and params[0] == "prompt_wav"
         log.info(
-            "loaded CosyVoice%d model %s in %.1fs (rate %d Hz, modes %s%s)",
+            "loaded CosyVoice%d model %s in %.1fs (rate %d Hz, %s, modes %s%s)",
             self._loaded.version, self._loaded.model_dir, time.perf_counter() - t0, self.sample_rate,
+            _precision_text(self._loaded.precision),
             ",".join(self.modes()), ", random-weight test model" if self._loaded.tiny else "",
         )
         if self._batched is not None:
@@ -340,12 +356,21 @@ class CosyVoiceEngine:
                 yield dict(base, text=text, text_len=text_len)
 
     def synthesize(self, req: SynthesisRequest, cancel: threading.Event) -> Iterator[AudioChunk]:
+        """Audio chunks for ``req``; its ``timings`` get the frontend/llm/flow/hift seconds."""
+        return bound_iter(self._synthesize(req, cancel), req.timings)
+
+    def _synthesize(self, req: SynthesisRequest, cancel: threading.Event) -> Iterator[AudioChunk]:
         lm = self._require()
         check_mode_inputs(req, self.modes(), self.voices())
         # Upstream streams only at speed 1.0; at other speeds we stream sentence by sentence.
         stream = req.stream and abs(req.speed - 1.0) < 1e-6
         try:
-            for model_input in self._model_inputs(req):
+            inputs = self._model_inputs(req)
+            while True:
+                with req.timings.measure("frontend"):
+                    model_input = next(inputs, None)
+                if model_input is None:
+                    break
                 if cancel.is_set():
                     return
                 if self._batched is not None:
@@ -395,3 +420,6 @@ class CosyVoiceEngine:
                 ctx.aborted.set()
                 gen.close()
             self._cancel.end(key, ctx, aborted=not finished)
+            timings = current()
+            if timings is not None and ctx.llm_s:
+                timings.add("llm", ctx.llm_s)

@@ -26,6 +26,7 @@ class CallContext:
     worker_started: threading.Event = field(default_factory=threading.Event)
     worker_done: threading.Event = field(default_factory=threading.Event)
     tokens: int = 0
+    llm_s: float = 0.0  # wall seconds from the LLM's start to its last token
 
 
 class CancelRegistry:
@@ -115,8 +116,9 @@ class CancelRegistry:
                 yield from gen
                 return
             observer = registry.observer
+            started = time.perf_counter()
             try:
-                t0 = time.perf_counter()
+                t0 = started
                 for token in gen:
                     if ctx.cancel.is_set() or ctx.aborted.is_set():
                         return
@@ -128,6 +130,7 @@ class CancelRegistry:
                     t0 = time.perf_counter()
             finally:
                 gen.close()
+                ctx.llm_s += time.perf_counter() - started
 
         return inference
 

@@ -12,12 +12,18 @@ import json
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from app.engines.base import EngineFailure
 from app.engines.cosyvoice_compat import SafeMelExtractor, attach_llm, prepare_imports
+from app.engines.precision import (
+    DEFAULT_STAGES,
+    Precision,
+    apply_precision,
+    resolve_precision,
+)
 
 log = logging.getLogger("cosyserve.engine")
 
@@ -40,6 +46,7 @@ class LoadedModel:
     instruct: bool
     tiny: bool
     model_dir: Path
+    precision: Precision = field(default_factory=lambda: Precision("fp32"))
 
 
 def detect_version(model_dir: Path) -> int:
@@ -69,19 +76,23 @@ def _torch_load(path: Path, device: Any) -> dict:
     return torch.load(str(path), map_location=device, weights_only=True)
 
 
-def load_model_dir(model_dir: str | os.PathLike, *, fp16: bool = False, cosyvoice_path: str | None = None) -> LoadedModel:
-    """Build frontend + model for the CosyVoice version found in ``model_dir`` (one thread at a time)."""
+def load_model_dir(model_dir: str | os.PathLike, *, dtype: str = "fp32", dtype_stages: tuple[str, ...] = DEFAULT_STAGES,
+                   cosyvoice_path: str | None = None) -> LoadedModel:
+    """Build frontend + model for the CosyVoice version found in ``model_dir`` (one thread at a time).
+
+    ``dtype`` is ``engine.dtype`` (auto | fp32 | bf16 | fp16, see ``app/engines/precision.py``).
+    """
     with _BUILD_LOCK:
-        return _load_model_dir(model_dir, fp16=fp16, cosyvoice_path=cosyvoice_path)
+        return _load_model_dir(model_dir, dtype=dtype, dtype_stages=tuple(dtype_stages), cosyvoice_path=cosyvoice_path)
 
 
-def _load_model_dir(model_dir: str | os.PathLike, *, fp16: bool, cosyvoice_path: str | None) -> LoadedModel:
+def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: tuple[str, ...],
+                    cosyvoice_path: str | None) -> LoadedModel:
     prepare_imports(cosyvoice_path)
     import torch
-    from hyperpyyaml import load_hyperpyyaml
-
     from cosyvoice.cli import model as cv_model
     from cosyvoice.cli.frontend import CosyVoiceFrontEnd
+    from hyperpyyaml import load_hyperpyyaml
 
     model_dir = Path(model_dir).expanduser().resolve()
     if not model_dir.is_dir():
@@ -101,9 +112,7 @@ def _load_model_dir(model_dir: str | os.PathLike, *, fp16: bool, cosyvoice_path:
         configs = load_hyperpyyaml(f, overrides=overrides or None)
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if fp16 and device.type != "cuda":
-        log.warning("engine.fp16 is set but no CUDA device is available: using fp32")
-        fp16 = False
+    precision = resolve_precision(dtype, device.type, dtype_stages)
     llm, flow, hift = configs["llm"], configs["flow"], configs["hift"]
     # transformers 5 loads Qwen2 with dtype="auto" (bf16 for the real BlankEN config); pin fp32.
     llm.float()
@@ -113,6 +122,7 @@ def _load_model_dir(model_dir: str | os.PathLike, *, fp16: bool, cosyvoice_path:
     hift.load_state_dict(hift_state, strict=True)
     for module in (llm, flow, hift):
         module.to(device).eval()
+    apply_precision(precision, llm, flow, hift)
 
     frontend = CosyVoiceFrontEnd(
         configs["get_tokenizer"],
@@ -122,7 +132,7 @@ def _load_model_dir(model_dir: str | os.PathLike, *, fp16: bool, cosyvoice_path:
         str(model_dir / "spk2info.pt"),
         configs["allowed_special"],
     )
-    model = model_cls(llm, flow, hift, fp16)
+    model = model_cls(llm, flow, hift, precision.cuda_fp16)
     attach_llm(model, llm)
     marker = read_tiny_marker(model_dir)
     instruct = "-Instruct" in model_dir.name or bool(marker.get("instruct"))
@@ -134,4 +144,5 @@ def _load_model_dir(model_dir: str | os.PathLike, *, fp16: bool, cosyvoice_path:
         instruct=instruct and version == 1,
         tiny=bool(marker.get("random_weights")),
         model_dir=model_dir,
+        precision=precision,
     )

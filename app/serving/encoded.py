@@ -21,6 +21,7 @@ from typing import Any
 from app.audio.encode import Encoder, make_encoder
 from app.audio.formats import AudioFormat, resolve_format
 from app.engines.base import AudioChunk
+from app.engines.timings import StageTimings
 
 EncoderFactory = Callable[..., Encoder]
 
@@ -57,22 +58,30 @@ class OutputSpec:
 
 
 def pieces(chunks: Iterable[AudioChunk], cancel: threading.Event, out: OutputSpec, native_rate: int,
-           make: EncoderFactory = make_encoder) -> Iterator[Piece]:
-    """In the slot thread: encode ``chunks`` as ``out`` says; closes the engine generator too."""
+           make: EncoderFactory = make_encoder, timings: StageTimings | None = None) -> Iterator[Piece]:
+    """In the slot thread: encode ``chunks`` as ``out`` says; closes the engine generator too.
+
+    Encoding seconds (encoder setup, feed, finish) are added to ``timings`` as ``encode``.
+    """
+    timings = timings if timings is not None else StageTimings()
     encoder: Encoder | None = None
     with closing(_closable(chunks)):
         try:
             for chunk in chunks:
                 if cancel.is_set():
                     return
-                if encoder is None:
-                    encoder = make(out.format, chunk.sample_rate, stream=out.stream, out_rate=out.requested_rate)
-                yield Piece(encoder.feed(chunk.pcm), chunk.duration_s)
+                with timings.measure("encode"):
+                    if encoder is None:
+                        encoder = make(out.format, chunk.sample_rate, stream=out.stream, out_rate=out.requested_rate)
+                    data = encoder.feed(chunk.pcm)
+                yield Piece(data, chunk.duration_s)
             if cancel.is_set():
                 return
-            if encoder is None:
-                encoder = make(out.format, native_rate, stream=out.stream, out_rate=out.requested_rate)
-            yield Piece(encoder.finish(), 0.0, final=True)
+            with timings.measure("encode"):
+                if encoder is None:
+                    encoder = make(out.format, native_rate, stream=out.stream, out_rate=out.requested_rate)
+                data = encoder.finish()
+            yield Piece(data, 0.0, final=True)
         finally:
             if encoder is not None:
                 encoder.close()

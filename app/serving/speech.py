@@ -29,6 +29,7 @@ from typing import Any
 
 from app.audio.encode import make_encoder
 from app.engines.base import EngineInfo
+from app.engines.timings import StageTimings
 from app.serving.encoded import EncoderFactory, OutputSpec, Piece, pieces
 from app.serving.errors import ClientGone
 from app.serving.limits import SpeechLimits
@@ -54,6 +55,7 @@ class SpeechResult:
     ttfa_s: float | None = None
     queue_wait_s: float = 0.0
     job: Job | None = field(default=None, repr=False)
+    timings: StageTimings | None = field(default=None, repr=False)  # seconds per stage, filled as the job runs
 
     @property
     def audio_s(self) -> float:
@@ -107,11 +109,13 @@ class SpeechService:
 
     async def _start(self, plan: Plan, out: OutputSpec, ticket: Ticket) -> SpeechResult:
         lease = await self.pool.acquire(ticket)  # releases the permit itself if it fails or is cancelled
-        transform = partial(pieces, out=out, native_rate=self.info.sample_rate, make=self._make_encoder)
+        transform = partial(pieces, out=out, native_rate=self.info.sample_rate, make=self._make_encoder,
+                            timings=plan.request.timings)
         job = self.pool.run(lease, plan.request, transform=transform)
         try:
             first: Piece | None = await job.first_chunk()
-            result = SpeechResult(out.content_type, out.sample_rate, queue_wait_s=job.queue_wait_s, job=job)
+            result = SpeechResult(out.content_type, out.sample_rate, queue_wait_s=job.queue_wait_s, job=job,
+                                  timings=plan.request.timings)
             if out.stream:
                 result.ttfa_s = job.time_to_first_chunk_s
                 result.body = _body(job)

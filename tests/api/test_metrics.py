@@ -250,3 +250,19 @@ def test_a_failing_hook_never_breaks_a_request(tmp_path, behaviour):
     metrics = Metrics(process=False)
     metrics = Metrics(process=False, routes=("/v1/tts",))
     metrics.on_done(RequestContext(endpoint="/v1/tts", latency_s="not a number"))  # logged, not raised
+
+
+def test_stage_seconds_and_the_access_log_show_where_time_went(client, caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="cosyserve.access"):
+        assert client.post("/v1/tts", json={"text": "hello", "format": "mp3"}).status_code == 200
+        assert client.post("/v1/tts", json={"text": "hello", "stream": True, "format": "pcm"}).status_code == 200
+    samples = scrape(client)
+    # the fake engine has no model stages; the encoder (in the slot thread) is timed for every request
+    assert value(samples, "tts_stage_seconds_count", stage="encode") == 2
+    assert value(samples, "tts_stage_seconds_sum", stage="encode") > 0
+    assert value(samples, "tts_stage_seconds_count", stage="flow") == 0
+    assert ("tts_stage_seconds_bucket", (("le", "+Inf"), ("stage", "llm"))) in samples  # every stage is listed
+    lines = [r.getMessage() for r in caplog.records if r.name == "cosyserve.access" and "/v1/tts" in r.getMessage()]
+    assert len(lines) == 2 and all(" stages=encode=" in line for line in lines), lines

@@ -68,6 +68,8 @@ class Sequence:
     error: BaseException | None = None
     cancelled: bool = False
     logp_trace: list[Any] | None = None  # testing: every step's log-probs, when asked for
+    submitted_at: float = field(default_factory=time.perf_counter)
+    finished_at: float | None = None  # when it ended (done, cancelled or failed)
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _row: int | None = None
     _started: float = 0.0
@@ -104,6 +106,7 @@ class Sequence:
 
     def _finish(self, error: BaseException | None = None) -> None:
         with self._cond:
+            self.finished_at = time.perf_counter()
             self.done = True
             self.error = error
             self._cond.notify_all()

@@ -95,27 +95,34 @@ def _wait(source: Any, filt: SilenceFilter, need: int, cancel: threading.Event) 
 
 
 def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, speed: float,
-                      cancel: threading.Event, schedule: HopSchedule, gate: PriorityGate | None = None) -> Iterator[Any]:
+                      cancel: threading.Event, schedule: HopSchedule, gate: PriorityGate | None = None,
+                      flow_stream: Any = None) -> Iterator[Any]:
     """Yield speech tensors ``[1, n]`` as ``model.token2wav`` makes them from ``source``'s tokens.
 
     ``gate`` (optional) bounds concurrent token2wav calls across requests, first chunks first.
+    ``flow_stream`` (optional, streaming only): a ``flow_cache.FlowStream`` bound around each
+    call, so the flow computes each hop's new frames only (``app/engines/batching/flow_cache.py``).
     """
     import torch
 
+    from app.engines.batching.flow_cache import bound_stream
+
     started = time.monotonic()
     calls = 0
+    cached = flow_stream if stream else None
 
     def token2wav(**kw: Any) -> Any:
         nonlocal calls
         index, calls = calls, calls + 1
-        if gate is None:
-            return model.token2wav(**kw)
-        if not gate.acquire(index, started, cancel):
-            return None
-        try:
-            return model.token2wav(**kw)
-        finally:
-            gate.release()
+        with bound_stream(cached):
+            if gate is None:
+                return model.token2wav(**kw)
+            if not gate.acquire(index, started, cancel):
+                return None
+            try:
+                return model.token2wav(**kw)
+            finally:
+                gate.release()
 
     this_uuid = str(uuidlib.uuid4())
     prompt_token = inputs.get("flow_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32))

@@ -1,0 +1,231 @@
+"""Streaming flow without recomputing the prefix: per-request estimator caches between hops.
+
+CosyVoice2's streaming ``token2wav`` runs the flow over prompt + every token so far at
+each hop and keeps only the new mel. In streaming mode the flow's CFM estimator
+(``CausalConditionalDecoder``) is chunk-causal: causal convolutions, per-frame norms,
+and attention masked to whole chunks of ``static_chunk_size`` frames with all left
+chunks visible. The ODE's noise is a fixed buffer indexed by absolute frame. So the
+frames of finished chunks come out the same at every hop, and a hop that starts on a
+chunk boundary can run the estimator over its *new* frames only, given, per ODE step:
+
+* each causal convolution's last ``kernel - 1`` input frames (``_conv_pre`` / ``_conv_post``);
+* each attention layer's keys and values of all earlier frames (``CachedAttention``).
+
+The token encoder (a few percent of the flow's cost) still runs over all tokens; only
+its new frames are used. CosyVoice's own ``token2wav`` still does the rest (HiFT and its
+overlap cache): while a :class:`FlowStream` is bound to the thread, the wrapped
+``flow.inference`` returns the new frames, left-padded to the length ``token2wav``
+slices them from.
+
+Exactness: the frames equal the recomputing path's streamed hops up to float
+reassociation. The last call of a stream runs chunk-masked here, where the recomputing
+path finishes with full attention; ``window_frames`` (optional) keeps only that many
+cached frames per layer, bounding memory (keys + values of every layer and ODE step:
+~4.6 MB per frame at full size in fp32) at the price of exactness.
+Config: ``engine.flow_cache`` (off by default) and ``engine.flow_cache_window_frames``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+_local = threading.local()
+
+
+def current_stream() -> FlowStream | None:
+    return getattr(_local, "stream", None)
+
+
+@contextlib.contextmanager
+def bound_stream(stream: FlowStream | None) -> Iterator[None]:
+    previous = current_stream()
+    _local.stream = stream
+    try:
+        yield
+    finally:
+        _local.stream = previous
+
+
+@dataclass
+class FlowStream:
+    """One request's flow state between hops."""
+
+    window_frames: int | None = None
+    frames_done: int = 0  # estimator frames already computed (prompt frames included)
+    step: int = 0  # the ODE step now running (selects the cache slot)
+    conv: dict[tuple[int, int], Any] = field(default_factory=dict)
+    kv: dict[tuple[int, int], tuple[Any, Any]] = field(default_factory=dict)
+    frames_computed: int = 0  # estimator frames this stream ran (what it cost)
+
+    def nbytes(self) -> int:
+        total = sum(t.numel() * t.element_size() for t in self.conv.values())
+        return total + sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.kv.values())
+
+
+def supports_flow_cache(flow: Any) -> bool:
+    """True for CosyVoice2's flow (chunk-causal ``CausalConditionalDecoder`` with one channel level)."""
+    import torch
+
+    estimator = getattr(getattr(flow, "decoder", None), "estimator", None)
+    if type(estimator).__name__ != "CausalConditionalDecoder" or not getattr(estimator, "static_chunk_size", 0):
+        return False
+    if len(estimator.down_blocks) != 1 or getattr(estimator, "num_decoding_left_chunks", -1) not in (-1, None):
+        return False  # strided down/up-sampling or a bounded left context: not this incremental form
+    for m in estimator.modules():
+        if isinstance(m, torch.nn.Conv1d) and type(m).__name__ != "CausalConv1d" and m.kernel_size[0] != 1:
+            return False
+        if hasattr(m, "to_k") and (getattr(m, "spatial_norm", None) is not None
+                                   or getattr(m, "group_norm", None) is not None):
+            return False
+    return hasattr(flow, "encoder") and hasattr(flow.decoder, "rand_noise")
+
+
+class CachedAttention:
+    """An attention processor that, with a FlowStream bound, attends over cached + new frames."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, attn: Any, hidden_states: Any, encoder_hidden_states: Any = None,
+                 attention_mask: Any = None, temb: Any = None, *args: Any, **kwargs: Any) -> Any:
+        stream = current_stream()
+        if stream is None or encoder_hidden_states is not None:
+            return self.inner(attn, hidden_states, encoder_hidden_states, attention_mask, temb, *args, **kwargs)
+        import torch
+        import torch.nn.functional as F
+
+        b, t, _ = hidden_states.shape
+        q, k, v = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        hd = k.shape[-1] // attn.heads
+        q, k, v = (x.view(b, t, attn.heads, hd).transpose(1, 2) for x in (q, k, v))
+        key = (stream.step, id(attn))
+        cached = stream.kv.get(key)
+        if cached is not None:
+            k, v = torch.cat([cached[0], k], dim=2), torch.cat([cached[1], v], dim=2)
+        keep = k.shape[2] if stream.window_frames is None else min(k.shape[2], stream.window_frames)
+        stream.kv[key] = (k[:, :, -keep:], v[:, :, -keep:])
+        past = k.shape[2] - t
+        bias = attention_mask  # [b, t, t] additive chunk mask over the new frames
+        if bias is not None:
+            bias = F.pad(bias, (past, 0), value=0.0).view(b, 1, t, past + t)  # every earlier frame is visible
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=0.0, is_causal=False)
+        out = attn.to_out[0](out.transpose(1, 2).reshape(b, t, attn.heads * hd).to(q.dtype))
+        out = attn.to_out[1](out)
+        if attn.residual_connection:
+            out = out + hidden_states
+        return out / attn.rescale_output_factor
+
+
+def _conv_pre(module: Any, args: tuple) -> tuple | None:
+    stream = current_stream()
+    if stream is None:
+        return None
+    import torch
+
+    x = args[0]
+    pad = module.causal_padding
+    key = (stream.step, id(module))
+    left = stream.conv.get(key)
+    if left is None:
+        left = x.new_zeros(x.shape[0], x.shape[1], pad)  # what the convolution's own padding would be
+    x = torch.cat([left, x], dim=2)
+    stream.conv[key] = x[:, :, -pad:]
+    return (x,)
+
+
+def _conv_post(module: Any, _args: tuple, out: Any) -> Any:
+    return out if current_stream() is None else out[:, :, module.causal_padding:]
+
+
+def install(flow: Any) -> None:
+    """Make ``flow`` streamable incrementally (no-op behaviour while no FlowStream is bound)."""
+    estimator = flow.decoder.estimator
+    if getattr(estimator, "_cosyserve_flow_cache", False):
+        return
+    for m in estimator.modules():
+        if type(m).__name__ == "CausalConv1d":
+            m.register_forward_pre_hook(_conv_pre)
+            m.register_forward_hook(_conv_post)
+        if hasattr(m, "set_processor") and hasattr(m, "to_k"):
+            m.set_processor(CachedAttention(m.processor))
+    estimator._cosyserve_flow_cache = True
+    original = flow.inference
+
+    def inference(*args: Any, **kw: Any) -> Any:
+        stream = current_stream()
+        if stream is None:
+            return original(*args, **kw)
+        return incremental_inference(flow, stream, **kw)
+
+    inference.__wrapped__ = original  # type: ignore[attr-defined]
+    flow.inference = inference
+
+
+def incremental_inference(flow: Any, stream: FlowStream, *, token: Any, token_len: Any, prompt_token: Any,
+                          prompt_token_len: Any, prompt_feat: Any, prompt_feat_len: Any, embedding: Any,
+                          streaming: bool = True, finalize: bool = False, **_: Any) -> tuple[Any, None]:
+    """``flow.inference`` for the frames after ``stream.frames_done`` (earlier mel frames are zeros)."""
+    import torch
+    import torch.nn.functional as F
+
+    emb = flow.spk_embed_affine_layer(F.normalize(embedding, dim=1))
+    tokens = torch.cat([prompt_token, token], dim=1)
+    n = torch.tensor([tokens.shape[1]], dtype=torch.int32, device=tokens.device)
+    x = flow.input_embedding(torch.clamp(tokens, min=0))
+    if finalize:
+        h, _ = flow.encoder(x, n, streaming=True)
+    else:
+        look = flow.pre_lookahead_len
+        h, _ = flow.encoder(x[:, :-look], n, context=x[:, -look:], streaming=True)
+    mu = flow.encoder_proj(h).transpose(1, 2)  # [1, 80, frames]
+    total, prompt_frames = mu.shape[2], prompt_feat.shape[1]
+    start = stream.frames_done
+    if start % flow.decoder.estimator.static_chunk_size:
+        raise ValueError(f"a hop must start on a chunk boundary (frame {start})")
+    cond = torch.zeros(1, flow.output_size, total, dtype=mu.dtype, device=mu.device)
+    cond[:, :, :prompt_frames] = prompt_feat.transpose(1, 2)
+    new_mel = _solve(flow.decoder, mu[:, :, start:], cond[:, :, start:], emb, start, stream)
+    stream.frames_done = total
+    stream.frames_computed += total - start
+    mel = torch.zeros(1, new_mel.shape[1], total - prompt_frames, dtype=new_mel.dtype, device=new_mel.device)
+    mel[:, :, max(0, start - prompt_frames):] = new_mel[:, :, max(0, prompt_frames - start):]
+    return mel.float(), None
+
+
+def _solve(cfm: Any, mu: Any, cond: Any, spks: Any, start: int, stream: FlowStream, steps: int = 10) -> Any:
+    """CosyVoice's CFM Euler solve with classifier-free guidance, over frames ``start:`` only."""
+    import math
+
+    import torch
+
+    t_len = mu.shape[2]
+    x = cfm.rand_noise[:, :, start:start + t_len].to(mu.device).to(mu.dtype)
+    t_span = torch.linspace(0, 1, steps + 1, device=mu.device, dtype=mu.dtype)
+    if getattr(cfm, "t_scheduler", "") == "cosine":
+        t_span = 1 - torch.cos(t_span * 0.5 * math.pi)
+    rate = float(cfm.inference_cfg_rate)
+    x_in = torch.zeros(2, x.shape[1], t_len, dtype=x.dtype, device=x.device)
+    mask_in = torch.ones(2, 1, t_len, dtype=x.dtype, device=x.device)
+    mu_in = torch.zeros_like(x_in)
+    mu_in[0] = mu[0]
+    spks_in = torch.zeros(2, spks.shape[1], dtype=x.dtype, device=x.device)
+    spks_in[0] = spks[0]
+    cond_in = torch.zeros_like(x_in)
+    cond_in[0] = cond[0]
+    t, dt = t_span[0].reshape(1), t_span[1] - t_span[0]
+    t_in = torch.zeros(2, dtype=x.dtype, device=x.device)
+    for i in range(1, len(t_span)):
+        x_in[:] = x
+        t_in[:] = t
+        stream.step = i - 1
+        d = cfm.estimator(x_in, mask_in, mu_in, t_in, spks_in, cond_in, streaming=True)
+        d, d_cfg = d[:1], d[1:]
+        x = x + dt * ((1.0 + rate) * d - rate * d_cfg)
+        t = t + dt
+        if i < len(t_span) - 1:
+            dt = t_span[i + 1] - t
+    return x

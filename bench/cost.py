@@ -1,0 +1,331 @@
+"""What one request costs: CPU seconds, real-time factor, first audio, flow frames, per stage.
+
+    python -m bench.cost                       # full-size v2 (.cache/full2) and tiny v2; writes docs/benchmarks/cost.*
+    python -m bench.cost --models tiny --quick # a smoke run (~1 min)
+
+One system at a time: each (model, variant) runs in its own subprocess (one torch
+thread, the server's batched engine path, ``CosyVoiceEngine`` called in-process,
+no HTTP), zero-shot requests with a 2 s prompt (50 prompt speech tokens):
+
+* concurrency 1, whole and streamed: CPU seconds of the process per request,
+  wall seconds, real-time factor (wall / audio), time to the first chunk, flow
+  frames computed (prompt + tokens of every ``flow.inference`` call, in mel frames),
+  and the request's stage timings (``app/engines/timings.py``);
+* concurrency 8, whole: 8 requests at once through the batched LLM; CPU seconds per
+  request and audio seconds per wall second.
+
+Variants: ``fp32``, ``bf16`` (``engine.dtype``) and ``fp32-cache`` (``engine.flow_cache``:
+streaming without recomputing the prefix). Full size runs the long text (~86 speech
+tokens, 3.5 s) for fp32 whole/streamed, and the short text (~38 tokens) for the fp32 vs
+bf16 comparison, which is expensive where bf16 is emulated. Results:
+``docs/benchmarks/cost.json`` and ``cost.md`` (``--merge`` updates them with re-run cases).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.procs import ROOT, THREAD_ENV
+
+FULL_DIR = ROOT / ".cache" / "full2"
+LONG = ("The train to the city leaves at seven every single morning, and the people who ride it read, "
+        "sleep or stare at the fields going by.")
+SHORT = "The train to the city leaves at seven every single morning."
+PROMPT_TEXT = "hello there, this is my voice"
+CONCURRENT = 8
+
+# (model, variant) -> cases: (name, text, stream, concurrency, repeats); variant: dtype, "-cache": engine.flow_cache
+PLAN: dict[tuple[str, str], list[tuple[str, str, bool, int, int]]] = {
+    ("full", "fp32"): [("long-whole", LONG, False, 1, 1), ("long-stream", LONG, True, 1, 1),
+                       ("short-whole", SHORT, False, 1, 1), ("short-c8", SHORT, False, CONCURRENT, 1)],
+    # c=8 left out at full size: where bf16 is emulated (no avx512_bf16/AMX) it alone would take ~5 min
+    ("full", "bf16"): [("short-whole", SHORT, False, 1, 1)],
+    ("full", "fp32-cache"): [("long-stream", LONG, True, 1, 1)],
+    ("tiny", "fp32-cache"): [("long-stream", LONG, True, 1, 3), ("short-c8-stream", SHORT, True, CONCURRENT, 2)],
+    ("tiny", "fp32"): [("long-whole", LONG, False, 1, 3), ("long-stream", LONG, True, 1, 3),
+                       ("short-whole", SHORT, False, 1, 3), ("short-c8", SHORT, False, CONCURRENT, 2),
+                       ("short-c8-stream", SHORT, True, CONCURRENT, 2)],
+    ("tiny", "bf16"): [("long-whole", LONG, False, 1, 1), ("long-stream", LONG, True, 1, 1),
+                       ("short-whole", SHORT, False, 1, 1), ("short-c8", SHORT, False, CONCURRENT, 1)],
+}
+
+
+def log(msg: str) -> None:
+    print(f"[cost {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# -- worker (one model, one variant, in its own process) -----------------------------------------------
+class FrameCounter:
+    """Counts the mel frames the flow estimator computes per request (its frames per call / ODE steps)."""
+
+    def __init__(self, flow: Any, steps: int = 10) -> None:
+        self.frames = 0
+        self.steps = steps
+        self._lock = threading.Lock()
+        flow.decoder.estimator.register_forward_pre_hook(self._count)
+
+    def _count(self, _module: Any, args: tuple) -> None:
+        with self._lock:
+            self.frames += int(args[0].shape[2])
+
+    def take(self) -> float:
+        with self._lock:
+            n, self.frames = self.frames, 0
+        return n / self.steps
+
+
+def _prompt() -> Any:
+    import numpy as np
+
+    from app.engines.base import PromptAudio
+
+    t = np.arange(32000) / 16000.0
+    wav = 0.3 * np.sin(2 * np.pi * 150 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))
+    return PromptAudio(wav.astype(np.float32), 16000)
+
+
+def _one(engine: Any, text: str, stream: bool) -> dict:
+    from app.engines.base import SynthesisRequest
+
+    req = SynthesisRequest(text=text, mode="zero_shot", prompt_text=PROMPT_TEXT, prompt_audio=_prompt(),
+                           stream=stream, seed=7)
+    t0 = time.perf_counter()
+    first = None
+    samples = 0
+    for chunk in engine.synthesize(req, threading.Event()):
+        if first is None:
+            first = time.perf_counter() - t0
+        samples += len(chunk.pcm)
+    return {"wall_s": time.perf_counter() - t0, "ttfa_s": first, "audio_s": samples / engine.sample_rate,
+            "stages": req.timings.snapshot()}
+
+
+def run_case(engine: Any, counter: FrameCounter, text: str, stream: bool, concurrency: int) -> dict:
+    counter.take()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    if concurrency == 1:
+        runs = [_one(engine, text, stream)]
+    else:
+        runs = [{}] * concurrency
+        threads = [threading.Thread(target=lambda i=i: runs.__setitem__(i, _one(engine, text, stream)))
+                   for i in range(concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    audio = sum(r["audio_s"] for r in runs)
+    stages: dict[str, float] = {}
+    for r in runs:
+        for k, v in r["stages"].items():
+            stages[k] = stages.get(k, 0.0) + v / concurrency
+    return {"concurrency": concurrency, "stream": stream, "cpu_s_per_request": cpu / concurrency,
+            "wall_s": wall, "audio_s_per_request": audio / concurrency,
+            "rtf": statistics.median(r["wall_s"] / max(1e-9, r["audio_s"]) for r in runs),
+            "cpu_rtf": cpu / max(1e-9, audio), "audio_s_per_wall_s": audio / wall,
+            "ttfa_s": statistics.median(r["ttfa_s"] for r in runs if r["ttfa_s"] is not None),
+            "flow_frames_per_request": counter.take() / concurrency,
+            "stages_s_per_request": stages}
+
+
+def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | None = None) -> dict:
+    """One (model, variant) in this process; a variant is a dtype, ``-cache`` adds engine.flow_cache."""
+    import torch
+
+    from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    dtype, _, cache = variant.partition("-")
+    engine = CosyVoiceEngine(CosyVoiceConfig(model_dir=model_dir, dtype=dtype, torch_threads=1, batching=True,
+                                             max_batch_size=16, flow_cache=cache == "cache"))
+    engine.load()
+    load_s = time.perf_counter() - t0
+    counter = FrameCounter(engine._loaded.model.flow)
+    _one(engine, "Hello.", False)  # warm-up: first-call kernel setup, the prompt's features (cached)
+    cases = {}
+    for name, text, stream, conc, reps in PLAN[(model, variant)]:
+        if quick and (conc > 1 or name.startswith("long")) and model == "full":
+            continue
+        if only and name not in only.split(","):
+            continue
+        results = [run_case(engine, counter, text, stream, conc) for _ in range(1 if quick else reps)]
+        best = min(results, key=lambda r: r["cpu_s_per_request"])  # least disturbed run
+        best["repeats"] = len(results)
+        cases[name] = best
+        log(f"{model} {variant} {name}: cpu {best['cpu_s_per_request']:.2f} s/req, wall {best['wall_s']:.2f} s, "
+            f"ttfa {best['ttfa_s']:.2f} s, audio {best['audio_s_per_request']:.2f} s, "
+            f"flow frames {best['flow_frames_per_request']:.0f}")
+    precision = engine._loaded.precision
+    engine_cache = engine._batched is not None and engine._batched.flow_cache
+    engine.close()
+    return {"model": model, "variant": variant, "ran": precision.dtype, "stages_reduced": list(precision.stages),
+            "flow_cache": bool(engine_cache), "load_s": load_s, "cases": cases}
+
+
+# -- driver ------------------------------------------------------------------------------------------
+def _shown(path: str) -> str:
+    p = Path(path).resolve()
+    try:
+        return str(p.relative_to(ROOT))
+    except ValueError:
+        return p.name
+
+
+def _model_dir(model: str) -> str:
+    if model == "full":
+        if not (FULL_DIR / "cosyvoice2.yaml").is_file():
+            log(f"building the full-size random-weight CosyVoice2 dir {_shown(str(FULL_DIR))} (~70 s)")
+            subprocess.run([sys.executable, "-m", "app.cli", "make-tiny-model", "--version", "2", "--full-size",
+                            str(FULL_DIR)], cwd=ROOT, check=True)
+        return str(FULL_DIR)
+    from bench.model import ensure_model
+
+    return ensure_model(2)
+
+
+def _host() -> dict:
+    flags, name = "", platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags") and not flags:
+                flags = line
+            if line.startswith("model name") and name == platform.machine():
+                name = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return {"cpu": name, "cores": os.cpu_count(),
+            "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags,
+            "load_avg_at_start": os.getloadavg()[0]}
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if not a or not b else a / b
+
+
+def goals(results: dict) -> list[str]:
+    out = []
+    full = results.get("full", {})
+    fp32, bf16 = full.get("fp32", {}).get("cases", {}), full.get("bf16", {}).get("cases", {})
+    if "short-whole" in fp32 and "short-whole" in bf16:
+        r = ratio(fp32["short-whole"]["cpu_s_per_request"], bf16["short-whole"]["cpu_s_per_request"])
+        out.append(f"bf16 CPU time at c=1: fp32/bf16 = {r:.2f}x (goal >= 1.35x): {'met' if r >= 1.35 else 'MISSED'}")
+    if "short-c8" in fp32 and "short-c8" in bf16:
+        r = ratio(fp32["short-c8"]["cpu_s_per_request"], bf16["short-c8"]["cpu_s_per_request"])
+        out.append(f"bf16 CPU time per request at c=8 (batched LLM): fp32/bf16 = {r:.2f}x")
+    for model, res in results.items():
+        cases = res.get("fp32", {}).get("cases", {})
+        cached = res.get("fp32-cache", {}).get("cases", {})
+        whole = cases.get("long-whole")
+        for label, c in (("recomputing", cases.get("long-stream")), ("flow_cache", cached.get("long-stream"))):
+            if whole is None or c is None:
+                continue
+            r = ratio(c["flow_frames_per_request"], whole["flow_frames_per_request"])
+            out.append(f"{model}, {label}: streamed flow frames / unstreamed = {r:.2f}x (goal <= 1.3x): "
+                       f"{'met' if r <= 1.3 else 'MISSED'}; flow {c['stages_s_per_request'].get('flow', 0):.2f} s vs "
+                       f"{whole['stages_s_per_request'].get('flow', 0):.2f} s unstreamed; CPU "
+                       f"{c['cpu_s_per_request']:.2f} s vs {whole['cpu_s_per_request']:.2f} s")
+            out.append(f"{model}, {label}: time to first audio streamed {c['ttfa_s']:.2f} s (whole answer: "
+                       f"{whole['ttfa_s']:.2f} s)")
+        if "long-stream" in cases and "long-stream" in cached:
+            out.append(f"{model}: time to first audio, flow_cache vs recomputing: {cached['long-stream']['ttfa_s']:.2f} s "
+                       f"vs {cases['long-stream']['ttfa_s']:.2f} s")
+    return out
+
+
+def markdown(doc: dict) -> str:
+    host = ", ".join(f"{k} {v}" for k, v in doc["host"].items())
+    cmds = " then ".join(f"`{c}`" for c in doc["commands"])
+    intro = (f"Commands: {cmds}. Host: {host}. One torch thread, batched engine path, "
+             "zero-shot with a 2 s prompt (50 prompt tokens).")
+    header = ("| model | dtype (ran) | case | c | CPU s/req | wall s | RTF | CPU RTF | TTFA s | audio s/req | "
+              "flow frames/req | frontend | llm | flow | hift |")
+    lines = ["# Request cost: fp32 vs bf16, streamed vs whole", "", intro, "", header, "|" + "---|" * 15]
+    for model, by_dtype in doc["results"].items():
+        for dtype, res in by_dtype.items():
+            for name, c in res["cases"].items():
+                st = c["stages_s_per_request"]
+                lines.append(f"| {model} | {dtype} ({res['ran']}) | {name} | {c['concurrency']} | "
+                             f"{c['cpu_s_per_request']:.2f} | {c['wall_s']:.2f} | {c['rtf']:.2f} | {c['cpu_rtf']:.2f} | "
+                             f"{c['ttfa_s']:.2f} | {c['audio_s_per_request']:.2f} | {c['flow_frames_per_request']:.0f} | "
+                             + " | ".join(f"{st.get(s, 0.0):.2f}" for s in ("frontend", "llm", "flow", "hift")) + " |")
+    note = ("Stage columns: seconds per request (`llm` is wall time from start to last token; it overlaps "
+            "flow/HiFT when streaming, and includes waiting for the batch at c=8).")
+    lines += ["", note, "", "## Goals", ""]
+    lines += [f"- {g}" for g in doc["goals"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="full,tiny", help="comma list of full, tiny")
+    ap.add_argument("--variants", default="fp32,bf16,fp32-cache",
+                    help="dtypes, and fp32-cache (engine.flow_cache on)")
+    ap.add_argument("--cases", default=None, help="comma list: run only these cases (e.g. long-whole,long-stream)")
+    ap.add_argument("--merge", action="store_true", help="update the existing cost.json instead of replacing it")
+    ap.add_argument("--quick", action="store_true", help="one repeat, full size: short c=1 only")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
+    ap.add_argument("--worker-timeout-s", type=float, default=900.0, help="most seconds per (model, dtype) run")
+    ap.add_argument("--worker", nargs=3, metavar=("MODEL_DIR", "MODEL", "DTYPE"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print("RESULT " + json.dumps(worker(*args.worker, quick=args.quick, only=args.cases)), flush=True)
+        return 0
+    results: dict[str, dict] = {}
+    host = _host()
+    log(f"host {host}")
+    for model in args.models.split(","):
+        model_dir = _model_dir(model)
+        for dtype in args.variants.split(","):
+            if (model, dtype) not in PLAN:
+                continue
+            log(f"{model} {dtype}: {_shown(model_dir)}")
+            cmd = [sys.executable, "-m", "bench.cost", "--worker", model_dir, model, dtype]
+            cmd += (["--quick"] if args.quick else []) + (["--cases", args.cases] if args.cases else [])
+            try:
+                proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **THREAD_ENV}, stdout=subprocess.PIPE,
+                                      text=True, check=False, timeout=args.worker_timeout_s)
+            except subprocess.TimeoutExpired:
+                log(f"{model} {dtype} ran past {args.worker_timeout_s} s: left out")
+                continue
+            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            if proc.returncode != 0 or line is None:
+                log(f"{model} {dtype} failed (exit {proc.returncode})")
+                continue
+            results.setdefault(model, {})[dtype] = json.loads(line[len("RESULT "):])
+    command = " ".join(["python -m bench.cost", *(argv if argv is not None else sys.argv[1:])])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    commands = [command]
+    if args.merge and (out / "cost.json").is_file():
+        old = json.loads((out / "cost.json").read_text())
+        commands = [*old.get("commands", [old.get("command", "")]), command]
+        merged = old["results"]
+        for model, by_variant in results.items():
+            for variant, res in by_variant.items():
+                if variant in merged.get(model, {}):
+                    merged[model][variant]["cases"].update(res["cases"])
+                else:
+                    merged.setdefault(model, {})[variant] = res
+        results = merged
+    doc = {"commands": commands, "host": host, "results": results, "goals": goals(results)}
+    (out / "cost.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / "cost.md").write_text(markdown(doc))
+    for g in doc["goals"]:
+        log(g)
+    log(f"wrote {_shown(str(out / 'cost.md'))}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

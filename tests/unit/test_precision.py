@@ -1,0 +1,75 @@
+"""engine.dtype: what each setting means on this host (no torch needed), and the fp16 alias."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from pydantic import ValidationError
+
+from app.config import EngineSettings
+from app.engines.precision import (
+    DEFAULT_STAGES,
+    Precision,
+    cpu_flags,
+    cpu_has_native_bf16,
+    resolve_precision,
+)
+
+
+def test_auto_and_fp32_run_fp32_everywhere():
+    for device in ("cpu", "cuda"):
+        for dtype in ("auto", "fp32"):
+            p = resolve_precision(dtype, device, native_bf16=True)
+            assert p == Precision("fp32") and not p.reduced
+
+
+def test_bf16_on_a_cpu_with_native_bf16_is_quiet(caplog):
+    with caplog.at_level(logging.WARNING, logger="cosyserve.engine"):
+        p = resolve_precision("bf16", "cpu", native_bf16=True)
+    assert p.dtype == "bf16" and p.stages == DEFAULT_STAGES == ("llm", "flow") and p.reduced and not p.cuda_fp16
+    assert not caplog.records
+
+
+def test_bf16_on_a_cpu_without_it_warns_that_it_is_slow(caplog):
+    with caplog.at_level(logging.WARNING, logger="cosyserve.engine"):
+        p = resolve_precision("bf16", "cpu", ["flow", "hift"], native_bf16=False)
+    assert p.dtype == "bf16" and p.stages == ("flow", "hift")
+    assert any("no native bf16" in r.getMessage() and "SLOWER" in r.getMessage() for r in caplog.records)
+
+
+def test_fp16_is_cudas_own_path_and_falls_back_on_a_cpu(caplog):
+    assert resolve_precision("fp16", "cuda") == Precision("fp16", stages=("llm", "flow"), cuda_fp16=True)
+    with caplog.at_level(logging.WARNING, logger="cosyserve.engine"):
+        assert resolve_precision("fp16", "cpu") == Precision("fp32")
+    assert any("needs a CUDA device" in r.getMessage() for r in caplog.records)
+
+
+def test_no_stages_means_fp32_and_bad_values_are_clear_errors():
+    assert resolve_precision("bf16", "cpu", [], native_bf16=True) == Precision("fp32")
+    with pytest.raises(ValueError, match="unknown stage"):
+        resolve_precision("bf16", "cpu", ["vocoder"])
+    with pytest.raises(ValueError, match="must be one of"):
+        resolve_precision("int8", "cpu")
+
+
+def test_bf16_detection_reads_the_cpu_flags(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16\n")
+    assert "avx512_bf16" in cpu_flags(info)
+    assert cpu_has_native_bf16(cpu_flags(info))
+    assert cpu_has_native_bf16(frozenset({"amx_bf16"}))
+    assert not cpu_has_native_bf16(frozenset({"avx2", "fma"}))
+    assert cpu_flags(tmp_path / "missing") == frozenset()
+
+
+def test_engine_fp16_is_an_alias_of_dtype_fp16():
+    assert EngineSettings().dtype == "auto" and EngineSettings().dtype_stages == ["llm", "flow"]
+    assert EngineSettings(fp16=True).dtype == "fp16"
+    assert EngineSettings(fp16=True, dtype="fp16").dtype == "fp16"
+    with pytest.raises(ValidationError, match="old name of engine.dtype"):
+        EngineSettings(fp16=True, dtype="bf16")
+    with pytest.raises(ValidationError):
+        EngineSettings(dtype="int8")
+    with pytest.raises(ValidationError):
+        EngineSettings(dtype_stages=["vocoder"])
