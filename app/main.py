@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from app.api import compat, health, metrics, openai, openapi, tts, voices
+from app.api import compat, health, metrics, openai, openapi, tts, voices, ws_speech
 from app.api.admission import AdmissionMiddleware
 from app.api.errors import install_error_handlers
 from app.api.routes import ENDPOINTS
@@ -31,7 +31,7 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
                   description="A production inference server for CosyVoice text-to-speech.")
     app.state.runtime = runtime
     app.state.engine_factory = engine_factory
-    for module in (health, tts, openai, compat, voices):
+    for module in (health, tts, openai, compat, voices, ws_speech):
         app.include_router(module.router)
     if runtime.metrics is not None:
         app.include_router(metrics.router)
