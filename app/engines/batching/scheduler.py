@@ -282,6 +282,7 @@ class LLMScheduler:
         """Take a bistream sequence out of the batch until its next text arrives (its cache kept)."""
         seq._saved = self._kv.snapshot(seq._row)
         self._remove_row(seq)
+        seq.feed.dirty = True  # text may already be waiting (or have ended): look again at the next turn
         with self._cond:
             self._parked.append(seq)
 
