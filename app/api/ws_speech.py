@@ -61,7 +61,7 @@ class SessionConfig(_Message):
     speed: float = Field(1.0, ge=SPEED_MIN, le=SPEED_MAX)
     instructions: str | None = Field(None, max_length=4096)
     sample_rate: int | None = Field(None, ge=OUTPUT_RATE_MIN, le=OUTPUT_RATE_MAX)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    seed: int | None = Field(None, ge=0, le=2**32 - 1)
 
 
 class InputText(_Message):

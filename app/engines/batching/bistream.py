@@ -40,7 +40,7 @@ SOS, TASK = 0, 1  # marker indices into LMSpec.marker_ids
 class BistreamFeed:
     def __init__(self, *, speech_token_size: int, fill_token: int, mix_ratio: tuple[int, int],
                  prompt_text: list[int], prompt_speech: list[int], min_ratio: float, max_ratio: float,
-                 head_text: list[int] | None = None) -> None:
+                 head_text: list[int] | None = None, trace: bool = False) -> None:
         self.size = speech_token_size
         self.fill = fill_token
         self.n_text, self.n_speech = int(mix_ratio[0]), int(mix_ratio[1])
@@ -65,6 +65,11 @@ class BistreamFeed:
         self.final = False  # the text has ended and been fed: decode to end-of-speech
         self.min_len = 0
         self.max_len = 1 << 30
+        self.streamed_tokens = 0  # speech tokens decoded before the final phase (while text arrived)
+        # testing: what went into the model, in order, and each decision at its input position
+        self.trace: list[Part] | None = [] if trace else None
+        self.decisions: list[tuple[int, int, str]] = []  # (position, token, how: forced|bistream|final|final_noeos)
+        self._fed = 0
 
     # -- producer (any thread) ---------------------------------------------------------------
     def bind(self, wake: Callable[[], None]) -> None:
@@ -113,10 +118,14 @@ class BistreamFeed:
     def _take(self) -> list[Part]:
         parts, self._pending = self._pending, []
         self.started = True
+        if self.trace is not None:
+            self.trace.extend(parts)
+            self._fed += sum(1 if kind == "marker" else len(value) for kind, value in parts)
         return parts
 
     def _final(self) -> list[Part]:
         self.final = True
+        self.streamed_tokens = sum(1 for t in self.history if t != self.fill)
         total = len(self.text)
         self.max_len = max(1, int(total * self.max_ratio))
         if not self.started:  # nothing decoded yet: the plain (non-streamed) layout
@@ -134,9 +143,12 @@ class BistreamFeed:
 
     def decide(self, logp: Any, sample: Callable[[Any, list[int], bool], int], decoded: int) -> int:
         """The next token from ``logp`` (``decoded``: speech tokens handed out so far)."""
+        how = "bistream"
         if self.final:
+            how = "final_noeos" if decoded < self.min_len else "final"
             token = sample(logp, self.history, decoded < self.min_len)
         elif len(self.history) == self.next_fill:
+            how = "forced"
             token = self.fill
         else:
             masked = logp.clone()
@@ -147,4 +159,9 @@ class BistreamFeed:
         if not self.final and token == self.fill:
             self.next_fill = len(self.history) + self.n_speech + 1
         self.history.append(token)
+        if self.trace is not None:
+            self.decisions.append((self._fed - 1, token, how))
+            if token < self.size:  # a speech token is fed next
+                self.trace.append(("speech", [token]))
+                self._fed += 1
         return token
