@@ -125,15 +125,15 @@ class SpeechSession:
         if self._plan is None:
             raise BadRequest("voice_required", "this model has no preset speakers: send session.config with a "
                              "registered voice first", param="voice")
-        if self.chars + len(text) > self.limits.max_session_chars:
-            raise BadRequest("session_text_limit", f"this session has sent {self.chars} characters; the limit is "
-                             f"{self.limits.max_session_chars} per session", param="text")
         utt = self._open
         held = utt.text.chars if utt is not None else 0
         if held + len(text) > self.limits.max_utterance_chars:
             raise BadRequest("text_too_long", f"this utterance would have {held + len(text)} characters; the limit "
                              f"is {self.limits.max_utterance_chars} (send input.done to speak what you sent)",
                              param="text")
+        if self.chars + len(text) > self.limits.max_session_chars:
+            raise BadRequest("session_text_limit", f"this session has sent {self.chars} characters; the limit is "
+                             f"{self.limits.max_session_chars} per session", param="text")
         if utt is None:
             self._count += 1
             utt = self._open = Utterance(self._count, out=self._out)

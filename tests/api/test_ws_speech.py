@@ -172,16 +172,19 @@ def test_a_full_server_sends_an_error_and_closes_1013_at_once(open_client, behav
 
 
 def test_text_limits_per_utterance_and_per_session(open_client, behaviour):
-    client = open_client(server={"max_text_chars": 20}, websocket={"max_session_chars": 30})
+    client = open_client(server={"max_text_chars": 20}, websocket={"max_session_chars": 40})
     with client.websocket_connect(PATH) as ws:
         send(ws, "input.text", text="Twelve chars")
         send(ws, "input.text", text=" and far too many more")
         assert error(ws)["code"] == "text_too_long"
         send(ws, "input.done")  # the refused piece changed nothing
         utterance(ws)
-        send(ws, "input.text", text="Another eighteen c")
+        send(ws, "input.text", text="Eighteen chars ok.")
+        send(ws, "input.done")
+        utterance(ws)
+        send(ws, "input.text", text="Eleven char")  # 12 + 18 + 11 > 40
         assert error(ws)["code"] == "session_text_limit"
-    assert behaviour.spoken == ["Twelve chars"]
+    assert behaviour.spoken == ["Twelve chars", "Eighteen chars ok."]
 
 
 def test_an_idle_session_is_closed_and_its_permit_released(open_client):

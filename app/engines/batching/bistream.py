@@ -69,6 +69,7 @@ class BistreamFeed:
         # testing: what went into the model, in order, and each decision at its input position
         self.trace: list[Part] | None = [] if trace else None
         self.decisions: list[tuple[int, int, str]] = []  # (position, token, how: forced|bistream|final|final_noeos)
+        self.logps: list[Any] = []  # the log-probs of each decision
         self._fed = 0
 
     # -- producer (any thread) ---------------------------------------------------------------
@@ -135,7 +136,8 @@ class BistreamFeed:
             if self._prompt_speech:
                 parts.append(("speech", self._prompt_speech))
             self._pending = parts
-        else:
+        else:  # as the non-streamed path: no end-of-speech before min_token_text_ratio x all the text
+            self.min_len = int(total * self.min_ratio)
             self._pending.append(("text", self._cache))
             self._pending.append(("marker", TASK))
         self._cache = []
@@ -161,6 +163,7 @@ class BistreamFeed:
         self.history.append(token)
         if self.trace is not None:
             self.decisions.append((self._fed - 1, token, how))
+            self.logps.append(logp.detach().clone())
             if token < self.size:  # a speech token is fed next
                 self.trace.append(("speech", [token]))
                 self._fed += 1
