@@ -154,7 +154,7 @@ class BistreamFeed:
             token = self.fill
         else:
             masked = logp.clone()
-            keep = masked[self.fill].clone()
+            keep = float(masked[self.fill])
             masked[self.size:] = float("-inf")  # end-of-speech and the other markers
             masked[self.fill] = keep
             token = sample(masked, self.history, False)
