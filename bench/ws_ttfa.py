@@ -105,9 +105,10 @@ def start_server(tmp: Path, port: int) -> subprocess.Popen:
     cfg = {"engine": {"tiny_version": 2, "tiny_cache_dir": str(ROOT / ".cache" / "models"), "torch_threads": 1},
            "pool": {"workers": 2}, "server": {"access_log": False}, "voices": {"dir": str(tmp / "voices")}}
     (tmp / "config.yaml").write_text(yaml.safe_dump(cfg))
-    log = open(tmp / "server.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--config", str(tmp / "config.yaml"),
-                             "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    with open(tmp / "server.log", "wb") as log:  # the child keeps its own handle
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--config", str(tmp / "config.yaml"),
+                                 "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -155,13 +156,13 @@ def main() -> None:
     lines = [
         f"# Time to first audio: text streamed at {args.rate:g} tokens/s over the WebSocket vs. POST after the text",
         "",
-        f"Command: `{COMMAND} --rate {args.rate:g} --reps {args.reps}` (tiny random-weight CosyVoice2, default config:"
-        " batched LLM, bistream; 2 workers, 1 torch thread)",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
-        f"Medians of {args.reps} runs.",
+        (f"Command: `{COMMAND} --rate {args.rate:g} --reps {args.reps}` (tiny random-weight CosyVoice2, default "
+         "config: batched LLM, bistream; 2 workers, 1 torch thread)"),
+        (f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
+         f"Medians of {args.reps} runs."),
         "",
-        "| text | tokens | text written in (s) | TTFA WebSocket (s) | TTFA POST after text (s) | done WebSocket (s) "
-        "| done POST (s) |",
+        ("| text | tokens | text written in (s) | TTFA WebSocket (s) | TTFA POST after text (s) | done WebSocket (s) "
+         "| done POST (s) |"),
         "|---|---|---|---|---|---|---|",
     ]
     for label, n, written, ws_ttfa, post_ttfa, ws_done, post_done in rows:

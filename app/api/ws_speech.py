@@ -37,7 +37,13 @@ from starlette.websockets import WebSocketState
 from app.api.errors import classify
 from app.api.openai import check_model
 from app.runtime import Runtime
-from app.serving.errors import BadRequest, Draining, NotReady, RequestError, ServingError
+from app.serving.errors import (
+    BadRequest,
+    Draining,
+    NotReady,
+    RequestError,
+    ServingError,
+)
 from app.serving.limits import OUTPUT_RATE_MAX, OUTPUT_RATE_MIN, SPEED_MAX, SPEED_MIN
 from app.serving.plan import SpeechFields
 from app.serving.session import SessionRefused, SpeechSession, Utterance

@@ -149,6 +149,6 @@ class _Feeder:
                 self.seq.cancel()
                 return
             self.feed.end()
-        except BaseException as exc:  # a tokenizer failure: end the sequence rather than hang it
+        except BaseException as exc:  # noqa: BLE001 - a tokenizer failure: end the sequence rather than hang it
             self.error = exc
             self.seq.cancel()

@@ -120,7 +120,6 @@ def sentences(pieces: Iterator[str], max_len: int = 240) -> Iterator[str]:
             yield from split_sentences(done, max_len=max_len, min_len=0)
         if len(buf) > max_len:
             parts = split_sentences(buf, max_len=max_len, min_len=0)
-            for part in parts[:-1]:
-                yield part
+            yield from parts[:-1]
             buf = (parts[-1] + (" " if buf[-1].isspace() else "")) if parts else ""
     yield from split_sentences(buf, max_len=max_len, min_len=0)

@@ -28,7 +28,15 @@ from typing import Protocol
 from app.engines.base import EngineError
 from app.engines.textstream import TextStream
 from app.serving.encoded import OutputSpec
-from app.serving.errors import BadRequest, ClientGone, Draining, NotReady, Overloaded, RequestError, ServingError
+from app.serving.errors import (
+    BadRequest,
+    ClientGone,
+    Draining,
+    NotReady,
+    Overloaded,
+    RequestError,
+    ServingError,
+)
 from app.serving.plan import Plan, SpeechFields
 from app.serving.pool import Ticket
 from app.serving.speech import SpeechService

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from app.config import Settings
-from app.engines.fake import FakeBehaviour, FakeEngine
+from app.engines.fake import FakeEngine
 from app.main import create_app
 from tests.waiting import wait_until
 
@@ -151,7 +151,7 @@ def test_bad_messages_get_an_error_and_change_nothing(open_client, behaviour):
         send(ws, "session.config", response_format="wav")  # not while an utterance is open
         assert error(ws)["code"] == "session_busy"
         send(ws, "input.done")
-        start, audio, _ = utterance(ws)
+        start, _, _ = utterance(ws)
     assert (start["format"], start["sample_rate"]) == ("pcm", 24000)  # no rejected config took effect
     assert behaviour.spoken == ["Still pcm at 24 kHz."]
 

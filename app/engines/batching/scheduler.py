@@ -268,7 +268,7 @@ class LLMScheduler:
                 self._parked.remove(seq)
             try:
                 row, logp = self.lm.prefill(self._kv, self.lm.embed(parts), past=seq._saved)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - fails this sequence only, as _prefill does
                 log.error("LLM bistream input failed (request %s): %r", seq.request_id, exc)
                 seq._saved = None
                 seq._finish(exc)
