@@ -137,3 +137,20 @@ def test_the_engine_speaks_streamed_text_and_a_cancelled_request_leaves_at_once(
     consumer.join(5)
     assert not consumer.is_alive()
     wait_until(lambda: sched.stats()["waiting_for_text"] == 0 and sched.stats()["running"] == 0, timeout=5)
+
+
+@pytest.mark.parametrize("version", [1, 2], ids=["v1", "v2-unbatched"])
+def test_without_bistream_each_sentence_is_spoken_once_it_is_complete(engines, version):
+    eng = engines(version)  # one instance per slot, no LLM batching
+    text = TextStream()
+    text.put("The first sentence is here. The sec")
+    chunks: list = []
+    consumer = threading.Thread(target=lambda: chunks.extend(eng.synthesize(
+        SynthesisRequest(mode="sft", speaker=eng.voices()[0], text_stream=text, stream=True), threading.Event())))
+    consumer.start()
+    wait_until(lambda: len(chunks) > 0, timeout=60)  # the first sentence is spoken before the second is complete
+    assert consumer.is_alive()
+    text.put("ond one follows.")
+    text.end()
+    consumer.join(60)
+    assert not consumer.is_alive() and len(chunks) >= 2 and sum(c.duration_s for c in chunks) > 0.2
