@@ -32,13 +32,14 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.websockets import WebSocketState
+from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from app.api.errors import classify
 from app.api.openai import check_model
 from app.runtime import Runtime
 from app.serving.errors import (
     BadRequest,
+    ClientGone,
     Draining,
     NotReady,
     RequestError,
@@ -53,6 +54,7 @@ router = APIRouter(tags=["streaming"])
 
 PATH = "/v1/audio/speech/stream"
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN = 1000, 1001, 1013
+_GONE = (WebSocketDisconnect, RuntimeError, OSError)  # sending to a client that has left
 
 
 class _Message(BaseModel):
@@ -220,6 +222,8 @@ class Connection:
         assert self.session is not None
         try:
             await self.session.run()
+        except ClientGone:
+            return  # the receive loop notices the closed socket
         except SessionRefused as exc:
             await self._error(exc.cause)
             code = CLOSE_GOING_AWAY if isinstance(exc.cause, Draining) else CLOSE_TRY_AGAIN
@@ -254,8 +258,13 @@ class Connection:
     async def audio(self, utt: Utterance, data: bytes) -> None:
         self._last = time.monotonic()
         async with self._send_lock:
-            if not self._closed.is_set():
+            if self._closed.is_set():
+                raise ClientGone("the session is closed")
+            try:
                 await self.ws.send_bytes(data)
+            except _GONE:
+                self._closed.set()
+                raise ClientGone("the client closed the connection") from None
 
     async def audio_done(self, utt: Utterance) -> None:
         await self._send_json({"type": "audio.done", "utterance": utt.index, "audio_seconds": round(utt.audio_s, 3),
@@ -290,7 +299,7 @@ class Connection:
                 return
             try:
                 await self.ws.send_text(json.dumps(data))
-            except (RuntimeError, OSError):  # the client is gone
+            except _GONE:  # the client is gone
                 self._closed.set()
 
     async def _close(self, code: int, reason: str) -> None:
@@ -303,5 +312,5 @@ class Connection:
                     self.ws.client_state == WebSocketState.CONNECTED:
                 try:
                     await self.ws.close(code, reason[:120])
-                except (RuntimeError, OSError):
+                except _GONE:
                     pass

@@ -218,6 +218,8 @@ class SpeechSession:
                 await self.sink.audio_start(utt)
             await self.sink.audio_done(utt)
         except (RequestError, ServingError, EngineError) as exc:  # after the first byte
+            if isinstance(exc, ClientGone):
+                raise
             log.warning("session %s utterance %d failed mid-stream: %r", self.request_id, utt.index, exc)
             await self.sink.utterance_failed(utt, exc)
         finally:
