@@ -186,6 +186,13 @@ class MetricsSettings(_Section):
     require_key: bool = False  # with API keys on: /metrics needs a key too (else it stays open for scrapers)
 
 
+class WebSocketSettings(_Section):
+    """``WS /v1/audio/speech/stream`` sessions (each utterance's text: server.max_text_chars)."""
+
+    idle_timeout_s: float = Field(30.0, gt=0)  # no client message and no audio this long: close
+    max_session_chars: int = Field(100_000, ge=1)  # text one session may send in all
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="COSYSERVE_", env_nested_delimiter="__", extra="forbid")
 
@@ -194,6 +201,7 @@ class Settings(BaseSettings):
     pool: PoolSettings = Field(default_factory=PoolSettings)
     voices: VoicesSettings = Field(default_factory=VoicesSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    websocket: WebSocketSettings = Field(default_factory=WebSocketSettings)
 
     @model_validator(mode="after")
     def _resolve_workers(self) -> "Settings":

@@ -19,6 +19,7 @@ from app.config import Settings, batches_llm
 from app.runtime import Runtime
 from app.serving.limits import SpeechLimits
 from app.serving.pool import EnginePool, PoolConfig
+from app.serving.session import SessionLimits
 from app.serving.speech import SpeechService
 
 log = logging.getLogger("cosyserve")
@@ -72,6 +73,12 @@ def pool_config(settings: Settings, batching: bool = False) -> PoolConfig:
                       stuck_grace_s=p.stuck_grace_s)
 
 
+def session_limits(settings: Settings) -> SessionLimits:
+    w = settings.websocket
+    return SessionLimits(idle_timeout_s=w.idle_timeout_s, max_session_chars=w.max_session_chars,
+                         max_utterance_chars=settings.server.max_text_chars)
+
+
 def speech_limits(settings: Settings) -> SpeechLimits:
     s = settings.server
     return SpeechLimits.from_mb(s.max_text_chars, s.max_upload_mb, s.body_timeout_s)
@@ -92,6 +99,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
     await pool.start()
     runtime.pool = pool
     runtime.speech = SpeechService(pool, speech_limits(settings), library=runtime.voices)
+    runtime.session_limits = session_limits(settings)
     runtime.model_created = int(time.time())
     info = runtime.speech.info
     if runtime.voices is not None:
@@ -109,6 +117,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
         if runtime.voices is not None:
             await runtime.voices.close()
         await pool.begin_drain()
+        if len(runtime.sessions):  # not drained by the server (e.g. a TestClient): close them now
+            await runtime.sessions.drain(0)
         if not await pool.wait_idle(settings.server.drain_timeout_s):
             log.warning("drain timeout (%.0fs) reached with work in flight; cancelling it", settings.server.drain_timeout_s)
         await pool.close()

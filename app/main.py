@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from app.api import compat, health, metrics, openai, openapi, playground, tts, voices
+from app.api import compat, health, metrics, openai, openapi, playground, tts, voices, ws_speech
 from app.api.admission import AdmissionMiddleware
 from app.api.auth import APIKeyMiddleware, document_keys
 from app.api.errors import install_error_handlers
@@ -34,7 +34,7 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
                   description="A production inference server for CosyVoice text-to-speech.")
     app.state.runtime = runtime
     app.state.engine_factory = engine_factory
-    for module in (health, tts, openai, compat, voices, playground):
+    for module in (health, tts, openai, compat, voices, ws_speech, playground):
         app.include_router(module.router)
     playground.mount(app)
     if runtime.metrics is not None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app.config import Settings
+from app.serving.session import SessionLimits, SessionRegistry
 
 if TYPE_CHECKING:
     from app.metrics import Metrics
@@ -21,5 +22,7 @@ class Runtime:
     metrics: Metrics | None = None
     pool: EnginePool | None = None  # set by the lifespan once every slot is loaded
     speech: SpeechService | None = None  # set by the lifespan with the pool
+    sessions: SessionRegistry = field(default_factory=SessionRegistry)  # live WebSocket sessions (drain)
+    session_limits: SessionLimits = field(default_factory=SessionLimits)  # set by the lifespan from settings
     draining: bool = False
     model_created: int = 0  # unix time the model was loaded (OpenAI's "created")

@@ -2,7 +2,9 @@
 
 On the first signal: readiness turns 503 and new synthesis requests get 503 at
 once, while the server keeps listening (and answering probes) for
-``server.drain_delay_s`` so load balancers notice; then it stops accepting
+``server.drain_delay_s`` so load balancers notice; then WebSocket sessions end
+after their current utterances (idle ones at once, the rest closed with 1001
+after ``server.drain_timeout_s``); then it stops accepting
 connections, lets in-flight requests and streams finish (up to
 ``server.drain_timeout_s``), closes the engines and exits 0. A second SIGINT
 forces an immediate exit.
@@ -56,6 +58,11 @@ class DrainingServer(uvicorn.Server):
         await self.runtime.pool.begin_drain()
         if settings.drain_delay_s > 0:
             await asyncio.sleep(settings.drain_delay_s)
+        # uvicorn closes WebSockets at once (1012) when it stops: let sessions finish first
+        forced = await self.runtime.sessions.drain(settings.drain_timeout_s)
+        if forced:
+            log.warning("drain timeout (%.0fs): closed %d WebSocket session(s) with 1001", settings.drain_timeout_s,
+                        forced)
         self.should_exit = True
 
 

@@ -14,6 +14,7 @@ from typing import Iterator, Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from app.engines.textstream import TextStream
 from app.engines.timings import StageTimings
 
 Mode = Literal["sft", "zero_shot", "cross_lingual", "instruct", "instruct2", "vc"]
@@ -64,6 +65,7 @@ class SynthesisRequest:
     stream: bool = False
     request_id: str = ""
     seed: int | None = None  # fixes the LLM's sampling (same seed, same text -> same speech tokens)
+    text_stream: TextStream | None = None  # text arriving over time (WebSocket); then ``text`` is unused
     extra: dict = field(default_factory=dict)
     timings: StageTimings = field(default_factory=StageTimings, repr=False, compare=False)  # filled while it runs
 
@@ -139,7 +141,9 @@ def check_mode_inputs(req: SynthesisRequest, modes: Sequence[str], speakers: Seq
         raise InvalidInput(
             f"mode {req.mode!r} is not supported by the loaded model; it supports: {', '.join(modes)}"
         )
-    if req.mode != "vc" and not (req.text or "").strip():
+    if req.text_stream is not None and req.mode == "vc":
+        raise InvalidInput("mode 'vc' converts audio and cannot take streamed text")
+    if req.mode != "vc" and req.text_stream is None and not (req.text or "").strip():
         raise InvalidInput("text is empty; send the text to speak in 'text'")
     if not (0.25 <= req.speed <= 4.0):
         raise InvalidInput("speed must be between 0.25 and 4.0")

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ from app.engines.base import (
     float_to_int16,
 )
 from app.engines.text import split_sentences
+from app.engines.textstream import sentences
 from app.engines.timings import bound_iter, current, instrument
 
 log = logging.getLogger("cosyserve.engine")
@@ -365,6 +366,9 @@ class CosyVoiceEngine:
         # Upstream streams only at speed 1.0; at other speeds we stream sentence by sentence.
         stream = req.stream and abs(req.speed - 1.0) < 1e-6
         try:
+            if req.text_stream is not None:
+                yield from self._synthesize_text_stream(req, stream, cancel)
+                return
             inputs = self._model_inputs(req)
             while True:
                 with req.timings.measure("frontend"):
@@ -384,6 +388,47 @@ class CosyVoiceEngine:
                 return
             log.exception("CosyVoice synthesis failed (request %s)", req.request_id)
             raise EngineFailure(f"synthesis failed: {type(exc).__name__}") from exc
+
+    # -- text that arrives over time (WebSocket sessions) --------------------------------------
+    _BISTREAM_MODES = ("sft", "zero_shot", "cross_lingual", "instruct2")
+
+    def _synthesize_text_stream(self, req: SynthesisRequest, stream: bool,
+                                cancel: threading.Event) -> Iterator[AudioChunk]:
+        """v2/v3 batched at speed 1: bistream (audio starts mid-sentence); otherwise sentence by sentence."""
+        if self._batched is not None and stream and req.mode in self._BISTREAM_MODES:
+            yield from self._run_bistream(req, cancel)
+            return
+        spoken = False
+        for sentence in sentences(req.text_stream.pieces(cancel), max_len=self.config.max_segment_chars):
+            for model_input in self._model_inputs(replace(req, text=sentence, text_stream=None)):
+                if cancel.is_set():
+                    return
+                spoken = True
+                if self._batched is not None:
+                    yield from self._run_batched(model_input, stream, req, cancel)
+                else:
+                    yield from self._run_tts(self._loaded.model, model_input, stream, req.speed, cancel)
+        if not spoken and not cancel.is_set():
+            raise InvalidInput("the utterance has no text to speak")
+
+    def _run_bistream(self, req: SynthesisRequest, cancel: threading.Event) -> Iterator[AudioChunk]:
+        fe = self._require().frontend
+        if req.mode == "sft":
+            model_input = fe.frontend_sft("", req.speaker)
+        else:
+            model_input = self._prompt_inputs(req)
+        for key in ("text", "text_len"):
+            model_input.pop(key, None)
+
+        def tokenize(text: str) -> list[int]:
+            return [int(t) for t in fe._extract_text_token(text)[0].flatten().tolist()]
+
+        for speech in self._batched.run_bistream(model_input, req.text_stream, tokenize, cancel=cancel,
+                                                 seed=req.seed, request_id=req.request_id,
+                                                 system_prompt=V3_SYSTEM_PROMPT):
+            if cancel.is_set():
+                return
+            yield from self._chunk(speech)
 
     def _run_batched(self, model_input: dict, stream: bool, req: SynthesisRequest,
                      cancel: threading.Event) -> Iterator[AudioChunk]:

@@ -11,20 +11,23 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from app.engines.base import InvalidInput
+from app.engines.batching.bistream import BistreamFeed
 from app.engines.batching.flow_cache import FlowStream, supports_flow_cache
 from app.engines.batching.flow_cache import install as install_flow_cache
 from app.engines.batching.gate import PriorityGate
-from app.engines.batching.lm import BatchedLM, supports_batching
+from app.engines.batching.lm import ENDOFPROMPT_ID, BatchedLM, supports_batching
 from app.engines.batching.sampling import SamplingRules
 from app.engines.batching.scheduler import LLMObserver, LLMScheduler
 from app.engines.batching.token2wav import FixedTokens, HopSchedule, synthesize_tokens
+from app.engines.textstream import TextStream, WordBuffer
 from app.engines.timings import current
 
 log = logging.getLogger("cosyserve.engine")
+Tokenize = Callable[[str], list[int]]
 
 
 class BatchedRunner:
@@ -69,6 +72,10 @@ class BatchedRunner:
             hops.add(hop)
         return all(h % chunk == 0 for h in hops)
 
+    def _flow_stream(self) -> FlowStream | None:
+        """A request's own flow state between hops, when the flow cache is on."""
+        return FlowStream(window_frames=self.flow_cache_window_frames) if self.flow_cache else None
+
     @property
     def alive(self) -> bool:
         thread = self.scheduler._thread
@@ -100,14 +107,52 @@ class BatchedRunner:
         else:
             source = self.submit(model_input, cancel, seed=seed, request_id=request_id)
         try:
-            flow_stream = FlowStream(window_frames=self.flow_cache_window_frames) if self.flow_cache else None
             yield from synthesize_tokens(self.model, source, model_input, stream=stream, speed=speed,
                                          cancel=cancel, schedule=self.schedule, gate=self.gate,
-                                         flow_stream=flow_stream)
+                                         flow_stream=self._flow_stream())
         finally:
             if hasattr(source, "cancel"):
                 source.cancel()  # leaves the batch at the next step (no-op once done)
             _add_llm_time(source)
+
+    def run_bistream(self, model_input: dict, text: TextStream, tokenize: Tokenize, *, cancel: threading.Event,
+                     seed: int | None = None, request_id: str = "", system_prompt: str = "") -> Iterator[Any]:
+        """Speech tensors for text that arrives while it is spoken (CosyVoice2/3 bistream, streamed).
+
+        ``model_input`` holds the prompt (no text); a feeder thread tokenises ``text``'s pieces in
+        whole words and hands them to the sequence, which decodes a speech block per 5 text tokens.
+        """
+        spec = self.lm.spec
+        prompt_text = _ids(model_input.get("prompt_text"))
+        head: list[int] = []
+        if spec.needs_endofprompt:
+            if ENDOFPROMPT_ID not in prompt_text:
+                prompt_text = tokenize(system_prompt) + prompt_text
+            cut = prompt_text.index(ENDOFPROMPT_ID) + 1
+            head, prompt_text = prompt_text[:cut], prompt_text[cut:]
+        feed = BistreamFeed(speech_token_size=spec.speech_token_size, fill_token=spec.fill_token,
+                            mix_ratio=spec.mix_ratio, prompt_text=prompt_text,
+                            prompt_speech=_ids(model_input.get("llm_prompt_speech_token")),
+                            min_ratio=spec.min_token_text_ratio, max_ratio=spec.max_token_text_ratio, head_text=head)
+        seq = self.scheduler.submit_bistream(feed, seed=seed, cancel=cancel, request_id=request_id)
+        stop = threading.Event()
+        fed = _Feeder(text, tokenize, feed, seq, stop)
+        thread = threading.Thread(target=fed.run, name="cosyserve-bistream-feed", daemon=True)
+        thread.start()
+        try:
+            yield from synthesize_tokens(self.model, seq, model_input, stream=True, speed=1.0, cancel=cancel,
+                                         schedule=self.schedule, gate=self.gate, flow_stream=self._flow_stream())
+        except RuntimeError:
+            if fed.empty:
+                raise InvalidInput("the utterance has no text to speak") from None
+            raise
+        finally:
+            stop.set()
+            seq.cancel()  # leaves the batch (or its wait for text) at once; no-op once done
+            thread.join(2.0)
+            _add_llm_time(seq)
+        if fed.error is not None:
+            raise fed.error
 
 
 def _add_llm_time(source: Any) -> None:
@@ -116,3 +161,41 @@ def _add_llm_time(source: Any) -> None:
     started, ended = getattr(source, "submitted_at", None), getattr(source, "finished_at", None)
     if timings is not None and started is not None and ended is not None:
         timings.add("llm", ended - started)
+
+
+def _ids(tensor: Any) -> list[int]:
+    return [] if tensor is None else [int(t) for t in tensor.flatten().tolist()]
+
+
+class _Feeder:
+    """Text pieces -> whole words -> token ids -> the bistream sequence (in its own thread)."""
+
+    def __init__(self, text: TextStream, tokenize: Tokenize, feed: BistreamFeed, seq: Any,
+                 stop: threading.Event) -> None:
+        self.text, self.tokenize, self.feed, self.seq, self.stop = text, tokenize, feed, seq, stop
+        self.count = 0
+        self.empty = False
+        self.error: BaseException | None = None
+
+    def _push(self, chunk: str) -> None:
+        if chunk.strip():
+            ids = self.tokenize(chunk)
+            self.count += len(ids)
+            self.feed.push(ids)
+
+    def run(self) -> None:
+        try:
+            words = WordBuffer()
+            for piece in self.text.pieces(self.stop):
+                self._push(words.feed(piece))
+            if self.stop.is_set():
+                return
+            self._push(words.flush())
+            if self.count == 0:
+                self.empty = True
+                self.seq.cancel()
+                return
+            self.feed.end()
+        except BaseException as exc:  # noqa: BLE001 - a tokenizer failure: end the sequence rather than hang it
+            self.error = exc
+            self.seq.cancel()

@@ -21,9 +21,11 @@ from app.engines.base import (
     AudioChunk,
     EngineFailure,
     EngineInfo,
+    InvalidInput,
     SynthesisRequest,
     check_mode_inputs,
 )
+from app.engines.textstream import sentences
 
 
 @dataclass
@@ -47,6 +49,7 @@ class FakeBehaviour:
     started: list[str] = field(default_factory=list)  # request ids that began synthesizing
     cancelled: list[str] = field(default_factory=list)  # request ids that saw their cancel flag
     finished: list[str] = field(default_factory=list)
+    spoken: list[str] = field(default_factory=list)  # streamed text (WebSocket): each sentence as spoken
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -124,23 +127,43 @@ class FakeEngine:
                     if cancel.is_set():
                         self._mark_cancelled(req)
                         return
-            n = max(1, self.b.chunks)
-            per_chunk = int(self.b.chunk_s * self.sample_rate / max(req.speed, 1e-3))
-            for i in range(n):
-                delay = self.b.first_chunk_delay_s if i == 0 else self.b.chunk_delay_s
-                if self._wait(delay, cancel):
+            if req.text_stream is None:
+                if not (yield from self._tone(req, cancel)):
+                    return
+            else:  # sentence by sentence, as each one completes
+                spoken = False
+                for sentence in sentences(req.text_stream.pieces(cancel)):
+                    with self.b.lock:
+                        self.b.spoken.append(sentence)
+                    spoken = True
+                    if not (yield from self._tone(req, cancel)):
+                        return
+                if cancel.is_set():
                     self._mark_cancelled(req)
                     return
-                if self.b.fail_at_chunk is not None and i == self.b.fail_at_chunk:
-                    raise EngineFailure(f"fake engine told to fail at chunk {i}")
-                t = (np.arange(per_chunk) + i * per_chunk) / self.sample_rate
-                tone = 0.3 * np.sin(2 * np.pi * 220.0 * t)
-                yield AudioChunk(pcm=(tone * 32767).astype(np.int16), sample_rate=self.sample_rate)
+                if not spoken:
+                    raise InvalidInput("the utterance has no text to speak")
             with self.b.lock:
                 self.b.finished.append(req.request_id)
         except GeneratorExit:
             self._mark_cancelled(req)
             raise
+
+    def _tone(self, req: SynthesisRequest, cancel: threading.Event) -> Iterator[AudioChunk]:
+        """``chunks`` chunks of a 220 Hz tone; returns False if cancelled meanwhile."""
+        n = max(1, self.b.chunks)
+        per_chunk = int(self.b.chunk_s * self.sample_rate / max(req.speed, 1e-3))
+        for i in range(n):
+            delay = self.b.first_chunk_delay_s if i == 0 else self.b.chunk_delay_s
+            if self._wait(delay, cancel):
+                self._mark_cancelled(req)
+                return False
+            if self.b.fail_at_chunk is not None and i == self.b.fail_at_chunk:
+                raise EngineFailure(f"fake engine told to fail at chunk {i}")
+            t = (np.arange(per_chunk) + i * per_chunk) / self.sample_rate
+            tone = 0.3 * np.sin(2 * np.pi * 220.0 * t)
+            yield AudioChunk(pcm=(tone * 32767).astype(np.int16), sample_rate=self.sample_rate)
+        return True
 
     def _mark_cancelled(self, req: SynthesisRequest) -> None:
         with self.b.lock:

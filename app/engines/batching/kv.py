@@ -16,6 +16,13 @@ from __future__ import annotations
 from typing import Any
 
 
+class SavedRow:
+    """One sequence's cache, out of the batch (a bistream sequence waiting for text)."""
+
+    def __init__(self, length: int, k: list[Any], v: list[Any]) -> None:
+        self.length, self.k, self.v = length, k, v
+
+
 class BatchedKV:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: Any, device: Any,
                  min_rows: int = 4, min_positions: int = 256) -> None:
@@ -113,6 +120,24 @@ class BatchedKV:
         rows = torch.arange(n, device=k.device)
         self.k[layer][rows, :, positions] = k
         self.v[layer][rows, :, positions] = v
+
+    def write_span(self, layer: int, row: int, start: int, k: Any, v: Any) -> None:
+        """Store ``[kv_heads, T, head_dim]`` keys/values of ``row`` at positions start..start+T-1."""
+        t = k.shape[1]
+        self.k[layer][row, :, start:start + t] = k
+        self.v[layer][row, :, start:start + t] = v
+
+    def row_view(self, layer: int, row: int, length: int) -> tuple[Any, Any]:
+        return self.k[layer][row:row + 1, :, :length], self.v[layer][row:row + 1, :, :length]
+
+    def snapshot(self, row: int) -> SavedRow:
+        """A copy of ``row``'s filled keys/values, to take it out of the batch and restore it later."""
+        n = self.lengths[row]
+        return SavedRow(n, [t[row, :, :n].clone() for t in self.k], [t[row, :, :n].clone() for t in self.v])
+
+    def restore(self, row: int, saved: SavedRow) -> None:
+        for i in range(self.layers):
+            self.write_span(i, row, 0, saved.k[i], saved.v[i])
 
     def view(self, layer: int, length: int) -> tuple[Any, Any]:
         n = self.rows

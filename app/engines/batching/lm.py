@@ -25,7 +25,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from app.engines.batching.kv import BatchedKV
+from app.engines.batching.kv import BatchedKV, SavedRow
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,8 @@ class LMSpec:
     max_token_text_ratio: float
     marker_ids: tuple[int, int]  # (sos, task_id) rows of the marker embedding table
     needs_endofprompt: bool  # v3 asserts <|endofprompt|> (id 151646) is in the text
+    fill_token: int = -1  # bistream: "next text block, please" (v2: size + 2, v3: size + 3)
+    mix_ratio: tuple[int, int] = (5, 15)  # bistream: text tokens, then speech tokens, per block
 
 
 ENDOFPROMPT_ID = 151646
@@ -75,7 +77,13 @@ def lm_spec(llm: Any) -> LMSpec:
         markers = (int(llm.sos), int(llm.task_id))
     else:
         markers = (int(getattr(llm, "sos", getattr(llm, "sos_eos", 0))), int(getattr(llm, "task_id", 1)))
+    fill = int(getattr(llm, "fill_token", -1))
+    if fill < size:  # older copies keep a marker-table index there; the decoder's fill id is size + 2
+        fill = size + 2
+    mix = tuple(int(x) for x in (getattr(llm, "mix_ratio", None) or (5, 15)))
     return LMSpec(
+        fill_token=fill,
+        mix_ratio=(mix[0], mix[1]),
         family=family,
         speech_token_size=size,
         eos_token=size,  # what CosyVoice masks before min_len (sampling_ids)
@@ -177,26 +185,46 @@ class BatchedLM:
     def _logp(self, h: Any) -> Any:
         return self.llm.llm_decoder(self.backbone.norm(h)).log_softmax(dim=-1)
 
-    def prefill(self, kv: BatchedKV, lm_input: Any) -> tuple[int, Any]:
-        """Run one sequence's prompt; returns (its cache row, log-probs of its first token [V])."""
+    def prefill(self, kv: BatchedKV, lm_input: Any, past: SavedRow | None = None) -> tuple[int, Any]:
+        """Run one sequence's input (after ``past``, a saved cache row); returns its row and next log-probs [V]."""
         import torch
 
         t = lm_input.shape[1]
-        row = kv.add_row(t)
+        start = past.length if past is not None else 0
+        row = kv.add_row(start + t)
         try:
-            positions = torch.arange(t, device=self.device).unsqueeze(0)
+            if past is not None:
+                kv.restore(row, past)
+            positions = torch.arange(start, start + t, device=self.device).unsqueeze(0)
             cos, sin = self.backbone.rotary_emb(lm_input, positions)
-            causal = torch.full((t, t), float("-inf"), dtype=self.dtype, device=self.device).triu(1)
-            bias = causal.view(1, 1, t, t)
+            causal = torch.full((t, start + t), float("-inf"), dtype=self.dtype, device=self.device).triu(start + 1)
+            bias = causal.view(1, 1, t, start + t)
             x = lm_input
             for i, layer in enumerate(self.layers):
                 q, k, v = self._qkv(layer, layer.input_layernorm(x), cos, sin)
-                kv.write_prefix(i, row, k[0], v[0])
+                kv.write_span(i, row, start, k[0], v[0])
+                if past is not None:
+                    k, v = kv.row_view(i, row, start + t)
                 x = self._block(layer, x, self._attend(q, k, v, bias))
             return row, self._logp(x[:, -1])[0]
         except BaseException:
             kv.remove_row(row)
             raise
+
+    def embed(self, parts: list[tuple]) -> Any:
+        """Embeddings ``[1, T, D]`` of bistream input parts: markers, text ids, speech ids."""
+        import torch
+
+        table = self.llm.speech_embedding.weight if self.spec.family == "CosyVoice3LM" else self.llm.llm_embedding.weight
+        out = []
+        for kind, value in parts:
+            if kind == "marker":
+                out.append(table[self.spec.marker_ids[value]].reshape(1, 1, -1))
+            elif value:
+                ids = torch.tensor([value], dtype=torch.long, device=self.device)
+                emb = self.backbone.embed_tokens(ids) if kind == "text" else self.llm.speech_embedding(ids)
+                out.append(emb)
+        return torch.cat(out, dim=1).to(self.dtype)
 
     def decode(self, kv: BatchedKV, tokens: list[int]) -> Any:
         """One step for every running row (``tokens[r]`` is row r's last token): log-probs [n, V]."""

@@ -27,10 +27,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from app.engines.batching.bistream import BistreamFeed
+from app.engines.batching.kv import SavedRow
 from app.engines.batching.lm import BatchedLM
 from app.engines.batching.sampling import Sampler, SamplingRules
 
 log = logging.getLogger("cosyserve.engine.batch")
+
+POLL_PARKED_S = 0.2  # while bistream sequences wait for text: how often to look for set cancel flags
 
 
 class LLMObserver(Protocol):
@@ -70,9 +74,12 @@ class Sequence:
     logp_trace: list[Any] | None = None  # testing: every step's log-probs, when asked for
     submitted_at: float = field(default_factory=time.perf_counter)
     finished_at: float | None = None  # when it ended (done, cancelled or failed)
+    feed: BistreamFeed | None = None  # bistream: text arrives while it decodes (see bistream.py)
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _row: int | None = None
     _started: float = 0.0
+    _saved: SavedRow | None = None  # bistream: the cache while it waits out of the batch for text
+    _notify: Any = None  # wakes the scheduler (bistream: a waiting sequence may have to leave)
 
     # -- consumer side -------------------------------------------------------------------------
     def cancel(self) -> None:
@@ -80,6 +87,8 @@ class Sequence:
         with self._cond:
             self.cancelled = True
             self._cond.notify_all()
+        if self._notify is not None:
+            self._notify()
 
     def wait_for(self, count: int, timeout: float | None = None) -> int:
         """Block until at least ``count`` tokens exist or the sequence ended; returns how many exist."""
@@ -129,6 +138,7 @@ class LLMScheduler:
         self._kv = lm.new_cache()
         self._rows: list[Sequence] = []  # _rows[r] decodes in cache row r
         self._pending: deque[Sequence] = deque()
+        self._parked: list[Sequence] = []  # bistream sequences waiting for text, out of the batch
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -163,11 +173,31 @@ class LLMScheduler:
             self._cond.notify_all()
         return seq
 
+    def submit_bistream(self, feed: BistreamFeed, *, seed: int | None = None,
+                        cancel: threading.Event | None = None, request_id: str = "") -> Sequence:
+        """A sequence fed text over time (``feed``); it joins the batch whenever it has input."""
+        seq = Sequence(lm_input=None, min_len=0, max_len=1 << 30,
+                       sampler=Sampler(self.rules, self.lm.spec.eos_token, seed=seed),
+                       cancel_flag=cancel, request_id=request_id, feed=feed)
+        seq._notify = self._wake
+        feed.bind(self._wake)
+        with self._cond:
+            if self._stopping:
+                raise SchedulerClosed("the LLM scheduler is stopped")
+            self._parked.append(seq)
+            self._cond.notify_all()
+        return seq
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
     def stats(self) -> dict:
         with self._cond:
             pending = len(self._pending)
+            parked = len(self._parked)
         rows, positions = self._kv.capacity
-        return {"running": len(self._rows), "pending": pending, "steps": self.steps,
+        return {"running": len(self._rows), "pending": pending, "waiting_for_text": parked, "steps": self.steps,
                 "max_batch_seen": self.max_batch_seen, "kv_rows": rows, "kv_positions": positions,
                 "kv_bytes": self._kv.nbytes()}
 
@@ -186,6 +216,7 @@ class LLMScheduler:
                     for seq in joining:
                         self._prefill(seq)
                     self._drop_stopped()
+                    self._resume_parked()
                     if self._rows:
                         self._step()
         except BaseException as exc:  # a bug in the loop: fail everyone rather than hang them
@@ -197,8 +228,8 @@ class LLMScheduler:
     def _next_arrivals(self) -> list[Sequence] | None:
         """Sequences to admit now (waits while idle); None when stopping."""
         with self._cond:
-            while not self._stopping and not self._rows and not self._pending:
-                self._cond.wait()
+            while not self._stopping and not self._rows and not self._pending and not self._parked_due():
+                self._cond.wait(POLL_PARKED_S if self._parked else None)
             if self._stopping:
                 return None
             room = self.max_batch_size - len(self._rows)
@@ -223,6 +254,41 @@ class LLMScheduler:
         self._rows.append(seq)
         self._accept(seq, logp)
 
+    def _parked_due(self) -> bool:
+        return any(s.feed.dirty or s.should_stop for s in self._parked)
+
+    def _resume_parked(self) -> None:
+        """Bistream sequences with new text (or at its end) rejoin the batch, room permitting."""
+        for seq in list(self._parked):
+            if len(self._rows) >= self.max_batch_size:
+                return
+            if not seq.feed.dirty or seq.should_stop:
+                continue
+            parts = seq.feed.next_input()
+            if parts is None:
+                continue
+            with self._cond:
+                self._parked.remove(seq)
+            try:
+                row, logp = self.lm.prefill(self._kv, self.lm.embed(parts), past=seq._saved)
+            except Exception as exc:  # noqa: BLE001 - fails this sequence only, as _prefill does
+                log.error("LLM bistream input failed (request %s): %r", seq.request_id, exc)
+                seq._saved = None
+                seq._finish(exc)
+                continue
+            seq._saved = None
+            seq._row = row
+            self._rows.append(seq)
+            self._accept(seq, logp)
+
+    def _park(self, seq: Sequence) -> None:
+        """Take a bistream sequence out of the batch until its next text arrives (its cache kept)."""
+        seq._saved = self._kv.snapshot(seq._row)
+        self._remove_row(seq)
+        seq.feed.dirty = True  # text may already be waiting (or have ended): look again at the next turn
+        with self._cond:
+            self._parked.append(seq)
+
     def _step(self) -> None:
         t0 = time.perf_counter()
         n = len(self._rows)
@@ -242,6 +308,9 @@ class LLMScheduler:
     def _accept(self, seq: Sequence, logp: Any) -> None:
         """Sample ``seq``'s next token from ``logp``; hand it out, or end the sequence."""
         step = len(seq.tokens)
+        if seq.feed is not None:
+            self._accept_bistream(seq, logp)
+            return
         if seq.logp_trace is not None:
             seq.logp_trace.append(logp.detach().clone())
         token = seq.sampler.sample(logp, seq.tokens, ignore_eos=step < seq.min_len)
@@ -253,12 +322,37 @@ class LLMScheduler:
         if len(seq.tokens) >= seq.max_len:
             self._leave(seq)
 
+    def _accept_bistream(self, seq: Sequence, logp: Any) -> None:
+        feed = seq.feed
+        token = feed.decide(logp, seq.sampler.sample, len(seq.tokens))
+        if not feed.final and token == feed.fill:
+            self._park(seq)
+            return
+        if token in self.lm.spec.stop_tokens or token >= self.lm.spec.speech_token_size:
+            self._leave(seq)
+            return
+        seq._push(token)
+        self.observer.on_tokens(1)
+        if feed.final and len(seq.tokens) >= feed.max_len:
+            self._leave(seq)
+
     def _drop_stopped(self) -> None:
         for seq in [s for s in self._rows if s.should_stop]:
             self._leave(seq)
+        with self._cond:
+            gone = [s for s in self._parked if s.should_stop]
+            for seq in gone:
+                self._parked.remove(seq)
+        for seq in gone:
+            seq._saved = None
+            seq._finish()
 
     def _leave(self, seq: Sequence, error: BaseException | None = None) -> None:
         """Remove ``seq`` from the batch now and free its cache row."""
+        self._remove_row(seq)
+        seq._finish(error)
+
+    def _remove_row(self, seq: Sequence) -> None:
         if seq._row is not None:
             row = seq._row
             moved = self._kv.remove_row(row)
@@ -267,13 +361,13 @@ class LLMScheduler:
                 self._rows[row] = last
                 last._row = row
             seq._row = None
-        seq._finish(error)
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:
             self._stopping = True
-            pending = list(self._pending)
+            pending = list(self._pending) + list(self._parked)
             self._pending.clear()
+            self._parked.clear()
         for seq in list(self._rows) + pending:
             if not seq.done:
                 self._leave(seq, error)  # frees its row, if it has one

@@ -1,0 +1,316 @@
+"""``WS /v1/audio/speech/stream``: text in as it is written, audio out as it is spoken.
+
+Client -> server (JSON text frames)::
+
+    {"type": "session.config", "voice": ..., "model": ..., "response_format": "pcm"|"wav",
+     "speed": 1.0, "instructions": ..., "sample_rate": ..., "seed": ...}   (all optional)
+    {"type": "input.text", "text": "any piece of text"}
+    {"type": "input.done"}            the utterance's text is complete; the session stays open
+    {"type": "session.close"}         speak what was sent, then end
+
+Server -> client: ``audio.start`` (utterance, format, sample_rate), binary frames of
+audio, ``audio.done`` (utterance, audio_seconds, time_to_first_audio_s),
+``session.done``, and ``error`` (``{"type": "error", "error": {code, message,
+request_id}}``). A message that is not understood gets an ``error`` and changes
+nothing. The protocol reference is in docs/api.md; the session logic (utterances,
+permits) in ``app/serving/session.py``.
+
+Close codes: 1000 after ``session.close`` or the idle timeout; 1013 (try again
+later) when no admission permit is free, at once, after an ``error``; 1001 when
+the server drains (idle sessions at once, busy ones after their utterances, the
+rest after ``server.drain_timeout_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any, Literal
+
+from fastapi import APIRouter, WebSocket
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from app.api.errors import classify
+from app.api.openai import check_model
+from app.runtime import Runtime
+from app.serving.errors import (
+    BadRequest,
+    ClientGone,
+    Draining,
+    NotReady,
+    RequestError,
+    ServingError,
+)
+from app.serving.limits import OUTPUT_RATE_MAX, OUTPUT_RATE_MIN, SPEED_MAX, SPEED_MIN
+from app.serving.plan import SpeechFields
+from app.serving.session import SessionRefused, SpeechSession, Utterance
+
+log = logging.getLogger("cosyserve.ws")
+router = APIRouter(tags=["streaming"])
+
+PATH = "/v1/audio/speech/stream"
+CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN = 1000, 1001, 1013
+_GONE = (WebSocketDisconnect, RuntimeError, OSError)  # sending to a client that has left
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SessionConfig(_Message):
+    type: Literal["session.config"]
+    voice: str | None = Field(None, max_length=256)
+    model: str | None = Field(None, max_length=256)
+    response_format: Literal["pcm", "wav"] = "pcm"
+    speed: float = Field(1.0, ge=SPEED_MIN, le=SPEED_MAX)
+    instructions: str | None = Field(None, max_length=4096)
+    sample_rate: int | None = Field(None, ge=OUTPUT_RATE_MIN, le=OUTPUT_RATE_MAX)
+    seed: int | None = Field(None, ge=0, le=2**32 - 1)
+
+
+class InputText(_Message):
+    type: Literal["input.text"]
+    text: str
+
+
+class Bare(_Message):
+    type: Literal["input.done", "session.close"]
+
+
+_KINDS: dict[str, type[_Message]] = {"session.config": SessionConfig, "input.text": InputText,
+                                     "input.done": Bare, "session.close": Bare}
+
+
+def parse(raw: str) -> _Message:
+    """One client message, or BadRequest saying what is wrong with it."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise BadRequest("invalid_message", "messages must be JSON objects") from None
+    if not isinstance(data, dict) or not isinstance(data.get("type"), str):
+        raise BadRequest("invalid_message", "a message is a JSON object with a string 'type'", param="type")
+    kind = _KINDS.get(data["type"])
+    if kind is None:
+        raise BadRequest("unknown_type", f"unknown message type {data['type'][:64]!r}; use one of "
+                         f"{', '.join(_KINDS)}", param="type")
+    try:
+        return kind.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "message"
+        raise BadRequest("invalid_message", f"{data['type']}: {where}: {err['msg']}", param=where) from None
+
+
+@router.websocket(PATH)
+async def speech_stream(websocket: WebSocket) -> None:
+    await Connection(websocket, websocket.app.state.runtime).serve()
+
+
+class Connection:
+    """One client's socket: the receive loop here, the audio loop in the session."""
+
+    def __init__(self, ws: WebSocket, runtime: Runtime) -> None:
+        self.ws = ws
+        self.runtime = runtime
+        incoming = ws.headers.get("x-request-id", "")
+        self.request_id = incoming if 0 < len(incoming) <= 128 and incoming.isascii() else uuid.uuid4().hex
+        self.session: SpeechSession | None = None
+        self.draining = False
+        self.close_code: int | None = None
+        self._send_lock = asyncio.Lock()
+        self._closed = asyncio.Event()
+        self._last = time.monotonic()
+        self._audio_task: asyncio.Task | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    async def serve(self) -> None:
+        await self.ws.accept()
+        speech = self.runtime.speech
+        started = time.monotonic()
+        try:
+            if speech is None:
+                raise NotReady("the engine pool is not started")
+            ticket = speech.pool.admit()
+        except ServingError as exc:
+            await self._error(exc)
+            await self._close(CLOSE_GOING_AWAY if isinstance(exc, Draining) else CLOSE_TRY_AGAIN, exc.message)
+            return
+        self.session = SpeechSession(speech, self.runtime.session_limits, ticket, self, self.request_id)
+        sessions = self.runtime.sessions
+        sessions.add(self)
+        self._audio_task = asyncio.ensure_future(self._audio_loop())
+        try:
+            await self._receive_loop()
+        finally:
+            sessions.discard(self)
+            self._audio_task.cancel()
+            await asyncio.wait({self._audio_task})
+            self.session.close()
+            await self._close(CLOSE_NORMAL, "")
+            log.info("%s WS %s utterances=%d chars=%d audio=%.2fs %.1fs close=%s", self.request_id, PATH,
+                     self.session._count, self.session.chars, self.session.audio_s, time.monotonic() - started,
+                     self.close_code if self.close_code is not None else "client")
+
+    async def _receive_loop(self) -> None:
+        idle = self.runtime.session_limits.idle_timeout_s
+        closed = asyncio.ensure_future(self._closed.wait())
+        try:
+            while True:
+                recv = asyncio.ensure_future(self.ws.receive())
+                while True:
+                    left = idle - (time.monotonic() - self._last)
+                    done, _ = await asyncio.wait({recv, closed}, timeout=max(0.05, left),
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    if done:
+                        break
+                    if time.monotonic() - self._last >= idle and not self.session.rendering:
+                        recv.cancel()
+                        await self._error(BadRequest("idle_timeout", f"no message for {idle:g} s; closing"))
+                        await self._close(CLOSE_NORMAL, "idle timeout")
+                        return
+                if recv not in done:
+                    recv.cancel()
+                    return  # we closed the socket (refused, drained)
+                message = recv.result()
+                if message["type"] == "websocket.disconnect":
+                    return
+                self._last = time.monotonic()
+                if await self._handle(message):
+                    return
+        finally:
+            closed.cancel()
+
+    async def _handle(self, message: dict[str, Any]) -> bool:
+        """One client message; True when the session is over."""
+        assert self.session is not None
+        try:
+            if message.get("text") is None:
+                raise BadRequest("invalid_message", "binary frames are not accepted: send JSON text messages")
+            msg = parse(message["text"])
+            if isinstance(msg, SessionConfig):
+                self._configure(msg)
+            elif isinstance(msg, InputText):
+                self.session.add_text(msg.text)
+            elif msg.type == "input.done":
+                if self.session.flush() is None:
+                    raise BadRequest("empty_input", "input.done with no text since the last one: nothing to speak")
+            else:  # session.close
+                self.session.finish()
+                await asyncio.wait({self._audio_task})
+                if self._closed.is_set():
+                    return True
+                await self._send_json({"type": "session.done", "utterances": self.session._count,
+                                       "audio_seconds": round(self.session.audio_s, 3)})
+                await self._close(CLOSE_NORMAL, "session closed")
+                return True
+        except RequestError as exc:
+            await self._error(exc)
+        return False
+
+    def _configure(self, msg: SessionConfig) -> None:
+        assert self.session is not None
+        if msg.model is not None:
+            check_model(self.session.service, msg.model)
+        fields = SpeechFields(voice=msg.voice, instructions=msg.instructions, speed=msg.speed, seed=msg.seed)
+        self.session.configure(fields, msg.response_format, msg.sample_rate)
+
+    async def _audio_loop(self) -> None:
+        assert self.session is not None
+        try:
+            await self.session.run()
+        except ClientGone:
+            return  # the receive loop notices the closed socket
+        except SessionRefused as exc:
+            await self._error(exc.cause)
+            code = CLOSE_GOING_AWAY if isinstance(exc.cause, Draining) else CLOSE_TRY_AGAIN
+            await self._close(code, exc.cause.message)
+        except Exception:
+            log.exception("session %s: audio loop failed", self.request_id)
+            await self._close(1011, "internal error")
+
+    # -- drain (SessionRegistry) -----------------------------------------------------------------------
+    async def drain(self) -> None:
+        """Server drain: end now if idle, else after the utterances already sent (see _after_utterance)."""
+        self.draining = True
+        if self.session is not None and not self.session.busy:
+            await self._going_away()
+
+    async def force_close(self) -> None:
+        if self._audio_task is not None:
+            self._audio_task.cancel()
+        await self._going_away()
+
+    async def _going_away(self) -> None:
+        await self._error(Draining("the server is shutting down"))
+        await self._close(CLOSE_GOING_AWAY, "server shutting down")
+
+    # -- SessionSink -------------------------------------------------------------------------------------
+    async def audio_start(self, utt: Utterance) -> None:
+        out = utt.out
+        await self._send_json({"type": "audio.start", "utterance": utt.index, "format": out.format.name,
+                               "media_type": out.content_type, "sample_rate": out.sample_rate,
+                               "channels": 1, "sample_width": 2})
+
+    async def audio(self, utt: Utterance, data: bytes) -> None:
+        self._last = time.monotonic()
+        async with self._send_lock:
+            if self._closed.is_set():
+                raise ClientGone("the session is closed")
+            try:
+                await self.ws.send_bytes(data)
+            except _GONE:
+                self._closed.set()
+                raise ClientGone("the client closed the connection") from None
+
+    async def audio_done(self, utt: Utterance) -> None:
+        await self._send_json({"type": "audio.done", "utterance": utt.index, "audio_seconds": round(utt.audio_s, 3),
+                               "time_to_first_audio_s": None if utt.ttfa_s is None else round(utt.ttfa_s, 4)})
+        self._last = time.monotonic()
+        await self._after_utterance()
+
+    async def utterance_failed(self, utt: Utterance, exc: BaseException) -> None:
+        await self._error(exc, utterance=utt.index)
+        await self._after_utterance()
+
+    async def _after_utterance(self) -> None:
+        if self.draining and self.session is not None and len(self.session._unfinished) <= 1:
+            asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._going_away()))
+
+    # -- sending -------------------------------------------------------------------------------------------
+    async def _error(self, exc: BaseException, utterance: int | None = None) -> None:
+        info = classify(exc)
+        body: dict[str, Any] = {"code": info.code, "message": info.message, "request_id": self.request_id}
+        if info.param:
+            body["param"] = info.param
+        if info.retry_after_s is not None:
+            body["retry_after_s"] = max(1, round(info.retry_after_s))
+        event: dict[str, Any] = {"type": "error", "error": body}
+        if utterance is not None:
+            event["utterance"] = utterance
+        await self._send_json(event)
+
+    async def _send_json(self, data: dict[str, Any]) -> None:
+        async with self._send_lock:
+            if self._closed.is_set():
+                return
+            try:
+                await self.ws.send_text(json.dumps(data))
+            except _GONE:  # the client is gone
+                self._closed.set()
+
+    async def _close(self, code: int, reason: str) -> None:
+        async with self._send_lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            self.close_code = code
+            if self.ws.application_state == WebSocketState.CONNECTED and \
+                    self.ws.client_state == WebSocketState.CONNECTED:
+                try:
+                    await self.ws.close(code, reason[:120])
+                except _GONE:
+                    pass

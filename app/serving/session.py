@@ -1,0 +1,266 @@
+"""A streaming speech session: utterances of text that arrives over time, spoken one after another.
+
+The WebSocket surface (``app/api/ws_speech.py``) parses messages and calls::
+
+    session = SpeechSession(service, limits, ticket, sink)   # ticket: the permit taken at connect
+    session.configure(fields, "wav", None)                    # between utterances only
+    session.add_text("Hello wor")                              # opens an utterance at once
+    session.flush()                                            # input.done: its text is complete
+    await session.run()                                        # the audio loop (a task), until finish()
+
+Each utterance is one synthesis job (``SpeechService.run`` with a ``TextStream`` as
+its text), so admission, the FIFO queue, the deadline and cancellation work as for
+any request. The job starts at the first text, so an engine that can (CosyVoice2/3
+bistream) starts speaking before the text is complete. The permit taken at
+connect serves the first utterance; each later one takes a new permit when it
+starts. A refused permit (overload, drain) ends the session (:class:`SessionRefused`);
+every other failure ends only its utterance and is reported to the sink.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from app.engines.base import EngineError
+from app.engines.textstream import TextStream
+from app.serving.encoded import OutputSpec
+from app.serving.errors import (
+    BadRequest,
+    ClientGone,
+    Draining,
+    NotReady,
+    Overloaded,
+    RequestError,
+    ServingError,
+)
+from app.serving.plan import Plan, SpeechFields
+from app.serving.pool import Ticket
+from app.serving.speech import SpeechService
+
+log = logging.getLogger("cosyserve.session")
+
+
+@dataclass(frozen=True)
+class SessionLimits:
+    idle_timeout_s: float = 30.0  # no client message and no audio for this long: the session ends
+    max_session_chars: int = 100_000  # text one session may send in all
+    max_utterance_chars: int = 4096  # text of one utterance (server.max_text_chars)
+
+
+@dataclass(eq=False)
+class Utterance:
+    index: int
+    text: TextStream = field(default_factory=TextStream)
+    opened_at: float = field(default_factory=time.monotonic)  # its first text arrived
+    out: OutputSpec | None = None
+    ttfa_s: float | None = None  # first text -> first audio byte handed to the sink
+    audio_s: float = 0.0
+    bytes_sent: int = 0
+    finished: bool = False
+
+
+class SessionRefused(Exception):
+    """An utterance could not get an admission permit; the session must end."""
+
+    def __init__(self, cause: ServingError) -> None:
+        super().__init__(cause.message)
+        self.cause = cause
+
+
+class SessionSink(Protocol):
+    async def audio_start(self, utt: Utterance) -> None: ...
+
+    async def audio(self, utt: Utterance, data: bytes) -> None: ...
+
+    async def audio_done(self, utt: Utterance) -> None: ...
+
+    async def utterance_failed(self, utt: Utterance, exc: BaseException) -> None: ...
+
+
+_REFUSALS = (Overloaded, Draining, NotReady)
+
+
+class SpeechSession:
+    def __init__(self, service: SpeechService, limits: SessionLimits, ticket: Ticket | None, sink: SessionSink,
+                 request_id: str = "") -> None:
+        self.service = service
+        self.limits = limits
+        self.sink = sink
+        self.request_id = request_id
+        self._ticket = ticket
+        try:  # the default voice; a model without presets needs session.config first
+            self._plan: Plan | None = service.plan(SpeechFields(stream=True, aliases=True), request_id)
+        except BadRequest:
+            self._plan = None
+        self._out: OutputSpec = service.output("pcm", stream=True)
+        self._queue: asyncio.Queue[Utterance | None] = asyncio.Queue()
+        self._open: Utterance | None = None  # taking text now
+        self._unfinished: list[Utterance] = []  # opened, not yet fully spoken
+        self._count = 0
+        self.chars = 0
+        self.audio_s = 0.0
+
+    # -- what the client says -----------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        """An utterance is open or not yet fully spoken."""
+        return bool(self._unfinished)
+
+    @property
+    def rendering(self) -> bool:
+        """A flushed utterance is still being spoken (the client has nothing to send meanwhile)."""
+        return any(u.text.ended for u in self._unfinished)
+
+    @property
+    def output(self) -> OutputSpec:
+        return self._out
+
+    def configure(self, fields: SpeechFields, fmt: str, sample_rate: int | None) -> None:
+        """Voice, format, speed ... for the next utterances; on any error nothing changes."""
+        if self.busy:
+            raise BadRequest("session_busy", "session.config is accepted only between utterances (after "
+                             "audio.done)")
+        fields.stream, fields.aliases = True, True
+        plan = self.service.plan(fields, self.request_id)
+        out = self.service.output(fmt, stream=True, sample_rate=sample_rate)
+        self._plan, self._out = plan, out
+
+    def add_text(self, text: str) -> Utterance:
+        if self._plan is None:
+            raise BadRequest("voice_required", "this model has no preset speakers: send session.config with a "
+                             "registered voice first", param="voice")
+        utt = self._open
+        held = utt.text.chars if utt is not None else 0
+        if held + len(text) > self.limits.max_utterance_chars:
+            raise BadRequest("text_too_long", f"this utterance would have {held + len(text)} characters; the limit "
+                             f"is {self.limits.max_utterance_chars} (send input.done to speak what you sent)",
+                             param="text")
+        if self.chars + len(text) > self.limits.max_session_chars:
+            raise BadRequest("session_text_limit", f"this session has sent {self.chars} characters; the limit is "
+                             f"{self.limits.max_session_chars} per session", param="text")
+        if utt is None:
+            self._count += 1
+            utt = self._open = Utterance(self._count, out=self._out)
+            self._unfinished.append(utt)
+            self._queue.put_nowait(utt)
+        utt.text.put(text)
+        self.chars += len(text)
+        return utt
+
+    def flush(self) -> Utterance | None:
+        """input.done: the open utterance's text is complete; None when no utterance is open."""
+        utt, self._open = self._open, None
+        if utt is not None:
+            utt.text.end()
+        return utt
+
+    def finish(self) -> None:
+        """session.close: flush, then ``run`` returns once everything sent so far is spoken."""
+        self.flush()
+        self._queue.put_nowait(None)
+
+    def close(self) -> None:
+        """The session is over (any path): stop waiting engines, give back an unused permit."""
+        for utt in self._unfinished:
+            utt.text.end()
+        self._open = None
+        if self._ticket is not None:
+            self._ticket.release()
+            self._ticket = None
+
+    # -- the audio loop --------------------------------------------------------------------------------
+    async def run(self) -> None:
+        """Speak the utterances in order until ``finish``; raises SessionRefused if a permit is refused."""
+        while True:
+            utt = await self._queue.get()
+            if utt is None:
+                return
+            try:
+                await self._speak(utt)
+            finally:
+                utt.finished = True
+                self._unfinished.remove(utt)
+
+    async def _speak(self, utt: Utterance) -> None:
+        ticket, self._ticket = self._ticket, None
+        if ticket is None:
+            try:
+                ticket = self.service.pool.admit()
+            except _REFUSALS as exc:
+                raise SessionRefused(exc) from None
+        assert self._plan is not None
+        req = replace(self._plan.request, text_stream=utt.text, stream=True,
+                      request_id=f"{self.request_id}-{utt.index}")
+        try:
+            result = await self.service.run(Plan(req), utt.out, ticket=ticket)
+        except (RequestError, ServingError, EngineError) as exc:
+            if isinstance(exc, ClientGone):
+                raise
+            await self.sink.utterance_failed(utt, exc)
+            return
+        try:
+            started = False
+            assert result.body is not None
+            async for data in result.body:
+                if not started:
+                    started = True
+                    utt.ttfa_s = time.monotonic() - utt.opened_at
+                    await self.sink.audio_start(utt)
+                utt.bytes_sent += len(data)
+                await self.sink.audio(utt, data)
+            utt.audio_s = result.audio_s
+            self.audio_s += utt.audio_s
+            if not started:
+                await self.sink.audio_start(utt)
+            await self.sink.audio_done(utt)
+        except (RequestError, ServingError, EngineError) as exc:  # after the first byte
+            if isinstance(exc, ClientGone):
+                raise
+            log.warning("session %s utterance %d failed mid-stream: %r", self.request_id, utt.index, exc)
+            await self.sink.utterance_failed(utt, exc)
+        finally:
+            await result.aclose()
+
+
+class SessionRegistry:
+    """The live sessions of one server, for the drain: each entry has ``drain()`` and ``force_close()``."""
+
+    def __init__(self) -> None:
+        self._live: set = set()
+        self._changed: asyncio.Event | None = None
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def add(self, handle: object) -> None:
+        self._live.add(handle)
+
+    def discard(self, handle: object) -> None:
+        self._live.discard(handle)
+        if self._changed is not None:
+            self._changed.set()
+
+    async def drain(self, timeout_s: float) -> int:
+        """Ask every session to end after its current utterances; force-close the rest after ``timeout_s``.
+
+        Returns how many had to be force-closed.
+        """
+        self._changed = asyncio.Event()
+        for handle in list(self._live):
+            await handle.drain()
+        deadline = time.monotonic() + timeout_s
+        while self._live and time.monotonic() < deadline:
+            self._changed.clear()
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await self._changed.wait()
+            except TimeoutError:
+                break
+        late = list(self._live)
+        for handle in late:
+            await handle.force_close()
+        return len(late)

@@ -1,0 +1,178 @@
+"""Benchmark: time to first audio for text that arrives at an LLM's pace, WebSocket vs. POST.
+
+    .venv/bin/python -m bench.ws_ttfa            # prints a Markdown table, writes docs/benchmarks/ws_ttfa.md
+
+A real ``cosyserve serve`` on the tiny CosyVoice2 (the default config: batched LLM,
+so streamed text goes into bistream sequences). For each text, ``--reps`` times:
+
+  (a) WebSocket: ``input.text`` one token (a word or a punctuation mark) every
+      1/``--rate`` seconds, then ``input.done``; TTFA = first binary frame - first
+      ``input.text`` sent;
+  (b) POST after the full text: the client waits until the LLM would have written the
+      last token ((tokens - 1) / rate seconds after the first), then POSTs the whole
+      text to ``/v1/tts`` (streamed pcm); TTFA = that wait + the POST's first byte.
+
+Both ask for the same seed. The tiny model's audio is noise: only the timing counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+from websockets.sync.client import connect
+
+from bench.procs import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMAND = ".venv/bin/python -m bench.ws_ttfa"
+TEXTS = {
+    "20 words": "The quick brown fox jumps over the lazy dog while a small grey cat watches from the warm window.",
+    "40 words": ("Voice agents stream the words of a language model into speech while the model is still writing "
+                 "them, so the listener hears the start of the answer long before its last word has been generated, "
+                 "and the conversation feels like talking to a person."),
+}
+
+
+def tokens(text: str) -> list[str]:
+    """LLM-sized pieces: each word with its leading space, punctuation on its own."""
+    return re.findall(r"\s*\w+|\s*[^\w\s]", text)
+
+
+def ws_run(url: str, text: str, rate: float, seed: int) -> tuple[float, float]:
+    """(TTFA, total) seconds for one utterance fed at ``rate`` tokens/s."""
+    pieces = tokens(text)
+    t0: list[float] = []
+    with connect(url, max_size=None) as ws:
+        ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "seed": seed}))
+
+        def feed() -> None:
+            for i, p in enumerate(pieces):
+                if i:
+                    time.sleep(1.0 / rate)
+                ws.send(json.dumps({"type": "input.text", "text": p}))
+                if not t0:
+                    t0.append(time.perf_counter())
+            ws.send(json.dumps({"type": "input.done"}))
+
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        first = None
+        while True:
+            m = ws.recv(timeout=120)
+            if isinstance(m, bytes):
+                first = first or time.perf_counter()
+                continue
+            event = json.loads(m)
+            if event["type"] == "error":
+                raise RuntimeError(event)
+            if event["type"] == "audio.done":
+                done = time.perf_counter()
+                break
+        feeder.join()
+    return first - t0[0], done - t0[0]
+
+
+def post_run(base: str, text: str, rate: float, seed: int) -> tuple[float, float]:
+    """(TTFA, total) counting the wait for the whole text at ``rate`` tokens/s."""
+    wait = (len(tokens(text)) - 1) / rate
+    time.sleep(wait)  # the client waits for the LLM, as it would
+    t0 = time.perf_counter()
+    first = None
+    with httpx.stream("POST", base + "/v1/tts", json={"text": text, "format": "pcm", "stream": True, "seed": seed},
+                      timeout=120) as r:
+        r.raise_for_status()
+        for chunk in r.iter_bytes():
+            if chunk and first is None:
+                first = time.perf_counter()
+    done = time.perf_counter()
+    return wait + first - t0, wait + done - t0
+
+
+def start_server(tmp: Path, port: int) -> subprocess.Popen:
+    cfg = {"engine": {"tiny_version": 2, "tiny_cache_dir": str(ROOT / ".cache" / "models"), "torch_threads": 1},
+           "pool": {"workers": 2}, "server": {"access_log": False}, "voices": {"dir": str(tmp / "voices")}}
+    (tmp / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with open(tmp / "server.log", "wb") as log:  # the child keeps its own handle
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--config", str(tmp / "config.yaml"),
+                                 "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError((tmp / "server.log").read_text()[-3000:])
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("server not ready")
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rate", type=float, default=20.0, help="tokens per second the 'LLM' writes")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "ws_ttfa.md"))
+    args = ap.parse_args()
+    port = free_port()
+    base, url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/v1/audio/speech/stream"
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = start_server(Path(tmp), port)
+        try:
+            rows = []
+            for label, text in TEXTS.items():
+                ws_run(url, text, args.rate, 0)  # warm-up
+                post_run(base, text, 1e6, 0)
+                ws, post = [], []
+                for rep in range(args.reps):
+                    ws.append(ws_run(url, text, args.rate, rep))
+                    post.append(post_run(base, text, args.rate, rep))
+                n = len(tokens(text))
+                rows.append((label, n, (n - 1) / args.rate, median([a for a, _ in ws]), median([a for a, _ in post]),
+                             median([b for _, b in ws]), median([b for _, b in post])))
+                print(rows[-1], flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    lines = [
+        f"# Time to first audio: text streamed at {args.rate:g} tokens/s over the WebSocket vs. POST after the text",
+        "",
+        (f"Command: `{COMMAND} --rate {args.rate:g} --reps {args.reps}` (tiny random-weight CosyVoice2, default "
+         "config: batched LLM, bistream; 2 workers, 1 torch thread)"),
+        (f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
+         f"Medians of {args.reps} runs."),
+        "",
+        ("| text | tokens | text written in (s) | TTFA WebSocket (s) | TTFA POST after text (s) | done WebSocket (s) "
+         "| done POST (s) |"),
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, n, written, ws_ttfa, post_ttfa, ws_done, post_done in rows:
+        lines.append(f"| {label} | {n} | {written:.2f} | {ws_ttfa:.3f} | {post_ttfa:.3f} | {ws_done:.3f} "
+                     f"| {post_done:.3f} |")
+    lines += ["", "All times from the first token the LLM wrote. 'done': the last audio byte."]
+    report = "\n".join(lines) + "\n"
+    print(report)
+    Path(args.out).write_text(report)
+
+
+if __name__ == "__main__":
+    main()
