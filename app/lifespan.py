@@ -32,7 +32,8 @@ def resolve_model_dir(settings: Settings) -> str:
         return str(Path(settings.engine.model_dir).expanduser().resolve())
     from app.engines.tiny import ensure_tiny_model
 
-    path = ensure_tiny_model(settings.engine.tiny_cache_dir, settings.engine.tiny_version)
+    path = ensure_tiny_model(settings.engine.tiny_cache_dir, settings.engine.tiny_version,
+                             cosyvoice_path=settings.engine.cosyvoice_path)
     log.warning(
         "no engine.model_dir configured: serving the embedded TINY RANDOM-WEIGHT CosyVoice%d test model at %s. "
         "It produces noise, not speech. Point engine.model_dir (env COSYSERVE_ENGINE__MODEL_DIR) at real "

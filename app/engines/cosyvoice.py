@@ -31,12 +31,12 @@ from app.engines.base import (
     check_mode_inputs,
     float_to_int16,
 )
+from app.engines import cosyvoice_prompts as prompts
 from app.engines.text import split_sentences
 
 log = logging.getLogger("cosyserve.engine")
 
 PROMPT_RATE = 16000
-V3_SYSTEM_PROMPT = "You are a helpful assistant.<|endofprompt|>"
 _LLM_PROMPT_KEYS = ("llm_prompt_speech_token", "llm_prompt_speech_token_len")
 _TEXT_PROMPT_KEYS = ("prompt_text", "prompt_text_len")
 
@@ -62,10 +62,6 @@ class VoiceFeatures:
     family: str
     features: dict
     prompt_text: str
-
-
-def _with_suffix(text: str, suffix: str) -> str:
-    return text if text.endswith(suffix) else text + suffix
 
 
 class CosyVoiceEngine:
@@ -297,16 +293,16 @@ class CosyVoiceEngine:
         if req.mode == "cross_lingual":
             drop = _TEXT_PROMPT_KEYS + _LLM_PROMPT_KEYS
         else:
+            version = self._loaded.version
             if req.mode == "instruct2":
-                prompt_text = _with_suffix((req.instruct_text or "").strip(), "<|endofprompt|>")
+                prompt_text = prompts.instruction(version, req.instruct_text or "")
                 drop = _LLM_PROMPT_KEYS
             else:  # zero_shot: the request's transcript, else the registered voice's
-                prompt_text = (req.prompt_text or "").strip() or voice.prompt_text
-                if self._loaded.version >= 3 and "<|endofprompt|>" not in prompt_text:
-                    prompt_text = V3_SYSTEM_PROMPT + prompt_text  # v3 needs the marker in its prompt
+                transcript = (req.prompt_text or "").strip() or voice.prompt_text
+                if not transcript.strip():
+                    raise InvalidInput("mode 'zero_shot' needs 'prompt_text': the transcript of the prompt audio")
+                prompt_text = prompts.zero_shot_prompt(version, transcript)
                 drop = ()
-            if not prompt_text.strip():
-                raise InvalidInput("mode 'zero_shot' needs 'prompt_text': the transcript of the prompt audio")
             base["prompt_text"], base["prompt_text_len"] = fe._extract_text_token(prompt_text)
         for k in drop:
             base.pop(k, None)
@@ -326,13 +322,14 @@ class CosyVoiceEngine:
             raise InvalidInput("text has nothing to speak (only punctuation or whitespace)")
         base = self._prompt_inputs(req) if req.mode in ("zero_shot", "cross_lingual", "instruct2") else {}
         for seg in segments:
+            seg = prompts.speech_text(lm.version, req.mode, seg)
             if req.mode == "sft":
                 yield fe.frontend_sft(seg, req.speaker)
             elif req.mode == "instruct":
                 # composed here: the PyPI copy appends <endofprompt> itself, upstream HEAD does not
                 model_input = fe.frontend_sft(seg, req.speaker)
                 model_input.pop("llm_embedding", None)  # instruct mode drops the speaker from the LLM
-                instruct = _with_suffix((req.instruct_text or "").strip(), "<endofprompt>")
+                instruct = prompts.instruction(1, req.instruct_text or "")
                 model_input["prompt_text"], model_input["prompt_text_len"] = fe._extract_text_token(instruct)
                 yield model_input
             else:
