@@ -35,6 +35,8 @@ test-unit: setup
 test-integration: setup
 	$(PY) -m pytest -q tests/integration
 
+# every mode of v1/v2/v3 on an upstream CosyVoice checkout (adapter + live server); not in CI:
+#   git clone --recursive https://github.com/FunAudioLLM/CosyVoice ../CosyVoice && make test-upstream UPSTREAM=../CosyVoice
 test-upstream: setup
 	COSYSERVE_TEST_UPSTREAM=$(UPSTREAM) $(PY) -m pytest -q -m upstream tests/integration/test_upstream_checkout.py
 

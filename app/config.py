@@ -13,8 +13,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cosyserve"
 
@@ -46,6 +57,7 @@ class EngineSettings(_Section):
     max_batch_size: int = Field(16, ge=1, le=256)  # most sequences in one batched LLM step
     token2wav_workers: int | None = Field(None, ge=1, le=256)  # batched: flow+HiFT calls at once (None: auto)
     llm_greedy: bool = False  # testing only: argmax instead of CosyVoice's sampling (deterministic output)
+    text_normalization: Literal["auto", "off"] = "auto"  # auto: wetext (zh / en / ja, per sentence) before splitting
     tiny_version: Literal[1, 2, 3] = 2
     tiny_cache_dir: str = str(DEFAULT_CACHE / "models")
     name: str | None = None
@@ -111,7 +123,7 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     @model_validator(mode="after")
-    def _resolve_workers(self) -> "Settings":
+    def _resolve_workers(self) -> Settings:
         if self.pool.workers is None:
             self.pool.workers = self.engine.max_batch_size if batches_llm(self.engine) else _default_workers()
         return self

@@ -57,7 +57,8 @@ def engine_factory(settings: Settings, llm_observer: Any = None) -> EngineFactor
     cfg = CosyVoiceConfig(model_dir=model_dir, cosyvoice_path=eng.cosyvoice_path, fp16=eng.fp16,
                           torch_threads=eng.torch_threads, prompt_cache_size=eng.prompt_cache_size,
                           batching=batches_llm(eng), max_batch_size=eng.max_batch_size,
-                          llm_greedy=eng.llm_greedy, token2wav_workers=eng.token2wav_workers)
+                          llm_greedy=eng.llm_greedy, token2wav_workers=eng.token2wav_workers,
+                          text_normalization=eng.text_normalization)
     return lambda index: CosyVoiceEngine(cfg, name=eng.name, llm_observer=llm_observer)
 
 

@@ -9,8 +9,9 @@ here, never HTTP errors.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Literal, Protocol, Sequence, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -62,6 +63,7 @@ class SynthesisRequest:
     stream: bool = False
     request_id: str = ""
     seed: int | None = None  # fixes the LLM's sampling (same seed, same text -> same speech tokens)
+    normalize: bool | None = None  # text normalization (numbers, dates -> words); None: the engine's default
     extra: dict = field(default_factory=dict)
 
 
@@ -71,6 +73,7 @@ class AudioChunk:
 
     pcm: np.ndarray  # dtype int16, shape (n,)
     sample_rate: int
+    segment: int = 0  # which piece of the request's text (sentence, in order) this audio speaks
 
     @property
     def duration_s(self) -> float:

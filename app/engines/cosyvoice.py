@@ -7,6 +7,7 @@ This module and its helpers (``cosyvoice_load``, ``cosyvoice_cancel``,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import inspect
 import logging
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from app.engines import cosyvoice_prompts as prompts
 from app.engines.base import (
     AudioChunk,
     EngineFailure,
@@ -31,8 +33,8 @@ from app.engines.base import (
     check_mode_inputs,
     float_to_int16,
 )
-from app.engines import cosyvoice_prompts as prompts
-from app.engines.text import split_sentences
+from app.engines.normalize import TextNormalizer
+from app.engines.text import fit_token_budget, split_sentences
 
 log = logging.getLogger("cosyserve.engine")
 
@@ -49,6 +51,8 @@ class CosyVoiceConfig:
     torch_threads: int = 1
     prompt_cache_size: int = 32
     max_segment_chars: int = 240
+    max_segment_tokens: int = 80  # text tokens per LLM call, as upstream's frontend splits (token_max_n)
+    text_normalization: str = "auto"  # auto: wetext for zh / en / ja, per sentence; off
     batching: bool = False  # v2/v3: the LLM runs in a shared continuous-batching scheduler
     max_batch_size: int = 16
     llm_greedy: bool = False  # testing only: argmax sampling
@@ -79,6 +83,7 @@ class CosyVoiceEngine:
         self.prompt_cache_hits = 0
         self._voice_family: str | None = None
         self._path_frontend = False
+        self.normalizer = TextNormalizer(config.text_normalization)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -89,6 +94,7 @@ class CosyVoiceEngine:
 
         torch.set_num_threads(max(1, int(self.config.torch_threads)))
         t0 = time.perf_counter()
+        self.normalizer.load()
         self._loaded = load_model_dir(self.config.model_dir, fp16=self.config.fp16, cosyvoice_path=self.config.cosyvoice_path)
         self._cancel = CancelRegistry(self._loaded.model, observer=self.llm_observer)
         self.sample_rate = self._loaded.sample_rate
@@ -107,9 +113,11 @@ class CosyVoiceEngine:
         params = list(inspect.signature(self._loaded.frontend._extract_speech_feat).parameters)
         self._path_frontend = bool(params) and params[0] == "prompt_wav"
         log.info(
-            "loaded CosyVoice%d model %s in %.1fs (rate %d Hz, modes %s%s)",
+            "loaded CosyVoice%d model %s in %.1fs (rate %d Hz, modes %s%s; CosyVoice code from %s; "
+            "text normalization %s)",
             self._loaded.version, self._loaded.model_dir, time.perf_counter() - t0, self.sample_rate,
             ",".join(self.modes()), ", random-weight test model" if self._loaded.tiny else "",
+            self._loaded.code_dir, "on (wetext)" if self.normalizer.enabled else "off",
         )
         if self._batched is not None:
             log.info("LLM batching on: up to %d requests per decode step", self.config.max_batch_size)
@@ -298,7 +306,7 @@ class CosyVoiceEngine:
                 prompt_text = prompts.instruction(version, req.instruct_text or "")
                 drop = _LLM_PROMPT_KEYS
             else:  # zero_shot: the request's transcript, else the registered voice's
-                transcript = (req.prompt_text or "").strip() or voice.prompt_text
+                transcript = self._normalized(req, (req.prompt_text or "").strip() or voice.prompt_text)
                 if not transcript.strip():
                     raise InvalidInput("mode 'zero_shot' needs 'prompt_text': the transcript of the prompt audio")
                 prompt_text = prompts.zero_shot_prompt(version, transcript)
@@ -307,6 +315,21 @@ class CosyVoiceEngine:
         for k in drop:
             base.pop(k, None)
         return base
+
+    # -- text -------------------------------------------------------------------------------------
+    def _normalized(self, req: SynthesisRequest, text: str) -> str:
+        """``text`` normalized unless the request (``normalize: false``) or the config turned it off."""
+        return text if req.normalize is False else self.normalizer.normalize(text)
+
+    def text_tokens(self, text: str) -> int:
+        return int(self._require().frontend._extract_text_token(text)[0].shape[1])
+
+    def segments(self, req: SynthesisRequest) -> list[str]:
+        """The text pieces one LLM call each speaks, in order: normalized, split into sentences within the
+        character and text-token budgets (without the v3 system prompt the adapter adds to some modes)."""
+        text = self._normalized(req, req.text)
+        pieces = split_sentences(text, max_len=self.config.max_segment_chars)
+        return fit_token_budget(pieces, self.text_tokens, self.config.max_segment_tokens)
 
     # -- synthesis --------------------------------------------------------------------------------
     def _model_inputs(self, req: SynthesisRequest) -> Iterator[dict]:
@@ -317,7 +340,7 @@ class CosyVoiceEngine:
                 model_input = fe.frontend_vc(src, prompt, self.sample_rate)
             yield model_input
             return
-        segments = split_sentences(req.text, max_len=self.config.max_segment_chars)
+        segments = self.segments(req)
         if not segments:
             raise InvalidInput("text has nothing to speak (only punctuation or whitespace)")
         base = self._prompt_inputs(req) if req.mode in ("zero_shot", "cross_lingual", "instruct2") else {}
@@ -342,13 +365,18 @@ class CosyVoiceEngine:
         # Upstream streams only at speed 1.0; at other speeds we stream sentence by sentence.
         stream = req.stream and abs(req.speed - 1.0) < 1e-6
         try:
-            for model_input in self._model_inputs(req):
+            for index, model_input in enumerate(self._model_inputs(req)):
                 if cancel.is_set():
                     return
                 if self._batched is not None:
-                    yield from self._run_batched(model_input, stream, req, cancel)
+                    chunks = self._run_batched(model_input, stream, req, cancel)
                 else:
-                    yield from self._run_tts(lm.model, model_input, stream, req.speed, cancel)
+                    chunks = self._run_tts(lm.model, model_input, stream, req.speed, cancel)
+                try:
+                    for chunk in chunks:
+                        yield dataclasses.replace(chunk, segment=index) if index else chunk
+                finally:
+                    chunks.close()  # a consumer that stops early aborts the segment's LLM work at once
         except (InvalidInput, EngineFailure):
             raise
         except Exception as exc:  # speakers, modes and inputs were validated above: this is our fault

@@ -40,6 +40,7 @@ class LoadedModel:
     instruct: bool
     tiny: bool
     model_dir: Path
+    code_dir: str = ""  # where the imported ``cosyvoice`` package lives (installed copy or a checkout)
 
 
 def detect_version(model_dir: Path) -> int:
@@ -78,10 +79,9 @@ def load_model_dir(model_dir: str | os.PathLike, *, fp16: bool = False, cosyvoic
 def _load_model_dir(model_dir: str | os.PathLike, *, fp16: bool, cosyvoice_path: str | None) -> LoadedModel:
     prepare_imports(cosyvoice_path)
     import torch
-    from hyperpyyaml import load_hyperpyyaml
-
     from cosyvoice.cli import model as cv_model
     from cosyvoice.cli.frontend import CosyVoiceFrontEnd
+    from hyperpyyaml import load_hyperpyyaml
 
     model_dir = Path(model_dir).expanduser().resolve()
     if not model_dir.is_dir():
@@ -134,4 +134,5 @@ def _load_model_dir(model_dir: str | os.PathLike, *, fp16: bool, cosyvoice_path:
         instruct=instruct and version == 1,
         tiny=bool(marker.get("random_weights")),
         model_dir=model_dir,
+        code_dir=str(Path(cv_model.__file__).resolve().parent.parent),
     )

@@ -33,8 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.engines import fullsize
-from app.engines import tiny_v3
+from app.engines import fullsize, tiny_v3
 from app.engines import tiny_yaml as ty
 from app.engines.tiny_stop import StopPlan
 

@@ -359,14 +359,14 @@ def test_version_availability(tmp_path):
 
 def test_make_tiny_model_v3_names_what_is_missing(tmp_path):
     out = subprocess.run([sys.executable, "-m", "app.cli", "make-tiny-model", "--version", "3", str(tmp_path / "v3")],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
                          env={**os.environ, "COSYSERVE_ENGINE__COSYVOICE_PATH": ""})
     assert out.returncode == 2, out.stderr
     assert "cannot build a tiny CosyVoice3 model" in out.stderr and "no CosyVoice3 classes" in out.stderr
     assert "engine.cosyvoice_path" in out.stderr and not (tmp_path / "v3").exists()
     bad = subprocess.run([sys.executable, "-m", "app.cli", "make-tiny-model", "--version", "3", "--cosyvoice-path",
                           str(tmp_path / "nowhere"), str(tmp_path / "v3")], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
+                         timeout=120, check=False)
     assert bad.returncode == 2 and "does not contain a 'cosyvoice' package" in bad.stderr, bad.stderr
 
 
