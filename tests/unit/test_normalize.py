@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from app.engines.normalize import TextNormalizer, detect_language, language_runs
+from app.engines.normalize import TextNormalizer, detect_language, language_pieces
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +84,12 @@ def test_detect_language():
     assert detect_language("こんにちは、世界。") == "ja"
     assert detect_language("안녕하세요") is None
     assert detect_language("2026-12-01") is None
-    # a sentence of digits only takes the text's main language
-    assert language_runs("Hello there. 2026-12-01. Bye.") == [("en", "Hello there. 2026-12-01. Bye.")]
-    assert language_runs("你好。12。") == [("zh", "你好。12。")]
+    # a sentence of digits only takes the text's main language; a cut after an abbreviation is undone
+    assert language_pieces("Hello there. 2026-12-01. Bye.") == [("en", "Hello there."), ("en", "2026-12-01."),
+                                                                ("en", "Bye.")]
+    assert language_pieces("你好。12。") == [("zh", "你好。"), ("zh", "12。")]
+    assert language_pieces("Dr. Smith came on Jan. 5. Then 我走了。") == [
+        ("en", "Dr. Smith came on Jan. 5."), ("zh", "Then 我走了。")]
 
 
 def test_threads_share_one_normalizer(tn):
@@ -104,3 +107,14 @@ def test_threads_share_one_normalizer(tn):
         t.join(60)
     assert all(results[k] == expected for k in range(4))
     assert expected[4] == "I have five apples." and expected[8] == "我有一个苹果。"
+
+
+@pytest.mark.parametrize("text", [
+    "The quick brown fox jumps over the lazy dog.",
+    "Well, that's what she said; isn't it?",
+    "Mr. Brown and Mrs. Green met Prof. White.",
+    "It was a cold, grey morning in the hills",
+])
+def test_english_fast_path_matches_wetext(tn, text):
+    """English without digits or symbols skips wetext only where wetext would change nothing."""
+    assert tn.normalize(text) == tn._normalizers["en"].normalize(text)
