@@ -9,9 +9,8 @@ here, never HTTP errors.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Iterator, Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 

@@ -79,9 +79,10 @@ def load_model_dir(model_dir: str | os.PathLike, *, fp16: bool = False, cosyvoic
 def _load_model_dir(model_dir: str | os.PathLike, *, fp16: bool, cosyvoice_path: str | None) -> LoadedModel:
     prepare_imports(cosyvoice_path)
     import torch
+    from hyperpyyaml import load_hyperpyyaml
+
     from cosyvoice.cli import model as cv_model
     from cosyvoice.cli.frontend import CosyVoiceFrontEnd
-    from hyperpyyaml import load_hyperpyyaml
 
     model_dir = Path(model_dir).expanduser().resolve()
     if not model_dir.is_dir():

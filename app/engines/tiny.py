@@ -9,7 +9,9 @@ behaviour (streaming chunks, stop conditions) are the real ones.
 
 Random weights never emit end-of-speech, so the builder wires an exact stop
 controller into the random LLM (``tiny_stop.py``): short models stop right after the
-2x-text-tokens minimum, long ones at ~15x (v1) / ~9.5x (v2) the prefix length.
+2x-text-tokens minimum, long ones at ~15x (v1) / ~9.5x (v2, v3) the prefix length.
+CosyVoice3 (``tiny_v3.py``) needs a CosyVoice with the v3 classes, e.g. an upstream
+checkout passed as ``cosyvoice_path``.
 
 ``full_size=True`` (v2 only) writes CosyVoice2-0.5B's real dimensions instead, with a
 calibrated output head in place of the stop controller (``fullsize.py``): ~4.5 GB.
