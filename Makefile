@@ -43,6 +43,8 @@ test-integration: setup test-deps
 test-cluster: setup test-deps
 	$(PY) -m pytest -q -s -m cluster tests/cluster
 
+# every mode of v1/v2/v3 on an upstream CosyVoice checkout (adapter + live server); not in CI:
+#   git clone --recursive https://github.com/FunAudioLLM/CosyVoice ../CosyVoice && make test-upstream UPSTREAM=../CosyVoice
 test-upstream: setup
 	COSYSERVE_TEST_UPSTREAM=$(UPSTREAM) $(PY) -m pytest -q -m upstream tests/integration/test_upstream_checkout.py
 

@@ -37,15 +37,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_make_tiny_model(args: argparse.Namespace) -> int:
     _setup_logging("info")
+    from app.config import ConfigError, load_settings
     from app.engines.tiny import build_tiny_model, tiny_version_available
 
-    ok, why = tiny_version_available(args.version)
+    cosyvoice_path = args.cosyvoice_path
+    if not cosyvoice_path:  # engine.cosyvoice_path from --config / $COSYSERVE_CONFIG / COSYSERVE_ENGINE__COSYVOICE_PATH
+        try:
+            cosyvoice_path = load_settings(args.config).engine.cosyvoice_path
+        except ConfigError as exc:
+            print(f"cosyserve: {exc}", file=sys.stderr)
+            return 2
+    ok, why = tiny_version_available(args.version, cosyvoice_path)
     if not ok:
         print(f"cosyserve: cannot build a tiny CosyVoice{args.version} model: {why}", file=sys.stderr)
         return 2
     try:
         path = build_tiny_model(args.out, args.version, long=args.long, instruct=args.instruct, seed=args.seed,
-                                full_size=args.full_size)
+                                full_size=args.full_size, cosyvoice_path=cosyvoice_path)
     except (FileExistsError, ValueError, RuntimeError) as exc:
         print(f"cosyserve: {exc}", file=sys.stderr)
         return 2
@@ -69,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--full-size", action="store_true",
                    help="v2 only: CosyVoice2-0.5B's real dimensions (~4.5 GB, for benchmarks)")
     t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--cosyvoice-path", help="CosyVoice checkout to build with (default: engine.cosyvoice_path); "
+                   "version 3 needs one with the CosyVoice3 classes, e.g. upstream")
+    t.add_argument("--config", help="config.yaml to read engine.cosyvoice_path from (default: $COSYSERVE_CONFIG)")
     t.add_argument("out", help="output dir (must not exist or be empty)")
     t.set_defaults(func=cmd_make_tiny_model)
     return parser

@@ -120,6 +120,7 @@ class EngineSettings(_Section):
     flow_cache: bool = False  # batched v2 streaming: flow keeps per-request caches, a hop costs its own frames
     flow_cache_window_frames: int | None = Field(None, ge=1)  # cap on cached frames per layer (None: exact)
     llm_greedy: bool = False  # testing only: argmax instead of CosyVoice's sampling (deterministic output)
+    text_normalization: Literal["auto", "off"] = "auto"  # auto: wetext (zh / en / ja, per sentence) before splitting
     tiny_version: Literal[1, 2, 3] = 2
     tiny_cache_dir: str = str(DEFAULT_CACHE / "models")
     name: str | None = None

@@ -33,7 +33,8 @@ def resolve_model_dir(settings: Settings) -> str:
         return str(Path(settings.engine.model_dir).expanduser().resolve())
     from app.engines.tiny import ensure_tiny_model
 
-    path = ensure_tiny_model(settings.engine.tiny_cache_dir, settings.engine.tiny_version)
+    path = ensure_tiny_model(settings.engine.tiny_cache_dir, settings.engine.tiny_version,
+                             cosyvoice_path=settings.engine.cosyvoice_path)
     log.warning(
         "no engine.model_dir configured: serving the embedded TINY RANDOM-WEIGHT CosyVoice%d test model at %s. "
         "It produces noise, not speech. Point engine.model_dir (env COSYSERVE_ENGINE__MODEL_DIR) at real "
@@ -60,7 +61,8 @@ def engine_factory(settings: Settings, llm_observer: Any = None) -> EngineFactor
                           torch_threads=eng.torch_threads, prompt_cache_size=eng.prompt_cache_size,
                           batching=batches_llm(eng), max_batch_size=eng.max_batch_size,
                           llm_greedy=eng.llm_greedy, token2wav_workers=eng.token2wav_workers,
-                          flow_cache=eng.flow_cache, flow_cache_window_frames=eng.flow_cache_window_frames)
+                          flow_cache=eng.flow_cache, flow_cache_window_frames=eng.flow_cache_window_frames,
+                          text_normalization=eng.text_normalization)
     return lambda index: CosyVoiceEngine(cfg, name=eng.name, llm_observer=llm_observer)
 
 

@@ -35,6 +35,9 @@ class TTSRequest(BaseModel):
     seed: int | None = Field(None, ge=0, le=2**32 - 1,
                              description="Fix the LLM's sampling: the same text, voice and seed give the same speech "
                                          "tokens (CosyVoice2/3 with batching).")
+    normalize: bool | None = Field(None, description="Text normalization (numbers, dates, currency, units -> words) "
+                                   "before synthesis; default: the server's engine.text_normalization. false: speak "
+                                   "the text as written.")
     format: FormatName = "wav"
     sample_rate: int | None = Field(None, ge=OUTPUT_RATE_MIN, le=OUTPUT_RATE_MAX,
                                     description="Resample the output (pcm/wav/flac/mp3/aac).")

@@ -26,7 +26,8 @@ async def tts(request: Request, speech: SpeechDep) -> Response:
     source = await read_audio(request, files.get("source_audio") or files.get("source_wav"), "source_audio", limit)
     fields = SpeechFields(text=body.text, mode=body.mode, voice=body.voice or body.speaker,
                           instructions=body.instruct_text, prompt_text=body.prompt_text, prompt_audio=prompt,
-                          source_audio=source, speed=body.speed, stream=body.stream, seed=body.seed)
+                          source_audio=source, speed=body.speed, stream=body.stream, seed=body.seed,
+                          normalize=body.normalize)
     plan = speech.plan(fields, context_of(request.scope).request_id)
     return await synthesize(request, speech, plan, speech.output(body.format, body.stream, body.sample_rate))
 

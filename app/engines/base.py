@@ -66,6 +66,7 @@ class SynthesisRequest:
     request_id: str = ""
     seed: int | None = None  # fixes the LLM's sampling (same seed, same text -> same speech tokens)
     text_stream: TextStream | None = None  # text arriving over time (WebSocket); then ``text`` is unused
+    normalize: bool | None = None  # text normalization (numbers, dates -> words); None: the engine's default
     extra: dict = field(default_factory=dict)
     timings: StageTimings = field(default_factory=StageTimings, repr=False, compare=False)  # filled while it runs
 
@@ -76,6 +77,7 @@ class AudioChunk:
 
     pcm: np.ndarray  # dtype int16, shape (n,)
     sample_rate: int
+    segment: int = 0  # which piece of the request's text (sentence, in order) this audio speaks
 
     @property
     def duration_s(self) -> float:

@@ -7,8 +7,10 @@ This module and its helpers (``cosyvoice_load``, ``cosyvoice_cancel``,
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import inspect
+import itertools
 import logging
 import os
 import tempfile
@@ -21,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from app.engines import cosyvoice_prompts as prompts
 from app.engines.base import (
     AudioChunk,
     EngineFailure,
@@ -31,14 +34,14 @@ from app.engines.base import (
     check_mode_inputs,
     float_to_int16,
 )
-from app.engines.text import split_sentences
+from app.engines.normalize import TextNormalizer
+from app.engines.text import fit_token_budget, split_sentences
 from app.engines.textstream import sentences
 from app.engines.timings import bound_iter, current, instrument
 
 log = logging.getLogger("cosyserve.engine")
 
 PROMPT_RATE = 16000
-V3_SYSTEM_PROMPT = "You are a helpful assistant.<|endofprompt|>"
 _LLM_PROMPT_KEYS = ("llm_prompt_speech_token", "llm_prompt_speech_token_len")
 _TEXT_PROMPT_KEYS = ("prompt_text", "prompt_text_len")
 
@@ -52,6 +55,8 @@ class CosyVoiceConfig:
     torch_threads: int = 1
     prompt_cache_size: int = 32
     max_segment_chars: int = 240
+    max_segment_tokens: int = 80  # text tokens per LLM call, as upstream's frontend splits (token_max_n)
+    text_normalization: str = "auto"  # auto: wetext for zh / en / ja, per sentence; off
     batching: bool = False  # v2/v3: the LLM runs in a shared continuous-batching scheduler
     max_batch_size: int = 16
     llm_greedy: bool = False  # testing only: argmax sampling
@@ -73,10 +78,6 @@ def _precision_text(precision: Any) -> str:
     return f"{precision.dtype} for {'+'.join(precision.stages)}" if precision.reduced else "fp32"
 
 
-def _with_suffix(text: str, suffix: str) -> str:
-    return text if text.endswith(suffix) else text + suffix
-
-
 class CosyVoiceEngine:
     def __init__(self, config: CosyVoiceConfig, name: str | None = None, llm_observer: Any = None) -> None:
         self.config = config
@@ -92,6 +93,7 @@ class CosyVoiceEngine:
         self.prompt_cache_hits = 0
         self._voice_family: str | None = None
         self._path_frontend = False
+        self.normalizer = TextNormalizer(config.text_normalization)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -102,6 +104,7 @@ class CosyVoiceEngine:
 
         torch.set_num_threads(max(1, int(self.config.torch_threads)))
         t0 = time.perf_counter()
+        self.normalizer.load()
         self._loaded = load_model_dir(self.config.model_dir, dtype=self.config.dtype,
                                       dtype_stages=tuple(self.config.dtype_stages),
                                       cosyvoice_path=self.config.cosyvoice_path)
@@ -127,10 +130,12 @@ class CosyVoiceEngine:
         params = list(inspect.signature(self._loaded.frontend._extract_speech_feat).parameters)
         self._path_frontend = bool(params) and params[0] == "prompt_wav"
         log.info(
-            "loaded CosyVoice%d model %s in %.1fs (rate %d Hz, %s, modes %s%s)",
+            "loaded CosyVoice%d model %s in %.1fs (rate %d Hz, %s, modes %s%s; CosyVoice code from %s; "
+            "text normalization %s)",
             self._loaded.version, self._loaded.model_dir, time.perf_counter() - t0, self.sample_rate,
             _precision_text(self._loaded.precision),
             ",".join(self.modes()), ", random-weight test model" if self._loaded.tiny else "",
+            self._loaded.code_dir, "on (wetext)" if self.normalizer.enabled else "off",
         )
         if self._batched is not None:
             log.info("LLM batching on: up to %d requests per decode step", self.config.max_batch_size)
@@ -314,20 +319,35 @@ class CosyVoiceEngine:
         if req.mode == "cross_lingual":
             drop = _TEXT_PROMPT_KEYS + _LLM_PROMPT_KEYS
         else:
+            version = self._loaded.version
             if req.mode == "instruct2":
-                prompt_text = _with_suffix((req.instruct_text or "").strip(), "<|endofprompt|>")
+                prompt_text = prompts.instruction(version, req.instruct_text or "")
                 drop = _LLM_PROMPT_KEYS
             else:  # zero_shot: the request's transcript, else the registered voice's
-                prompt_text = (req.prompt_text or "").strip() or voice.prompt_text
-                if self._loaded.version >= 3 and "<|endofprompt|>" not in prompt_text:
-                    prompt_text = V3_SYSTEM_PROMPT + prompt_text  # v3 needs the marker in its prompt
+                transcript = self._normalized(req, (req.prompt_text or "").strip() or voice.prompt_text)
+                if not transcript.strip():
+                    raise InvalidInput("mode 'zero_shot' needs 'prompt_text': the transcript of the prompt audio")
+                prompt_text = prompts.zero_shot_prompt(version, transcript)
                 drop = ()
-            if not prompt_text.strip():
-                raise InvalidInput("mode 'zero_shot' needs 'prompt_text': the transcript of the prompt audio")
             base["prompt_text"], base["prompt_text_len"] = fe._extract_text_token(prompt_text)
         for k in drop:
             base.pop(k, None)
         return base
+
+    # -- text -------------------------------------------------------------------------------------
+    def _normalized(self, req: SynthesisRequest, text: str) -> str:
+        """``text`` normalized unless the request (``normalize: false``) or the config turned it off."""
+        return text if req.normalize is False else self.normalizer.normalize(text)
+
+    def text_tokens(self, text: str) -> int:
+        return int(self._require().frontend._extract_text_token(text)[0].shape[1])
+
+    def segments(self, req: SynthesisRequest) -> list[str]:
+        """The text pieces one LLM call each speaks, in order: normalized, split into sentences within the
+        character and text-token budgets (without the v3 system prompt the adapter adds to some modes)."""
+        text = self._normalized(req, req.text)
+        pieces = split_sentences(text, max_len=self.config.max_segment_chars)
+        return fit_token_budget(pieces, self.text_tokens, self.config.max_segment_tokens)
 
     # -- synthesis --------------------------------------------------------------------------------
     def _model_inputs(self, req: SynthesisRequest) -> Iterator[dict]:
@@ -338,18 +358,19 @@ class CosyVoiceEngine:
                 model_input = fe.frontend_vc(src, prompt, self.sample_rate)
             yield model_input
             return
-        segments = split_sentences(req.text, max_len=self.config.max_segment_chars)
+        segments = self.segments(req)
         if not segments:
             raise InvalidInput("text has nothing to speak (only punctuation or whitespace)")
         base = self._prompt_inputs(req) if req.mode in ("zero_shot", "cross_lingual", "instruct2") else {}
         for seg in segments:
+            seg = prompts.speech_text(lm.version, req.mode, seg)
             if req.mode == "sft":
                 yield fe.frontend_sft(seg, req.speaker)
             elif req.mode == "instruct":
                 # composed here: the PyPI copy appends <endofprompt> itself, upstream HEAD does not
                 model_input = fe.frontend_sft(seg, req.speaker)
                 model_input.pop("llm_embedding", None)  # instruct mode drops the speaker from the LLM
-                instruct = _with_suffix((req.instruct_text or "").strip(), "<endofprompt>")
+                instruct = prompts.instruction(1, req.instruct_text or "")
                 model_input["prompt_text"], model_input["prompt_text_len"] = fe._extract_text_token(instruct)
                 yield model_input
             else:
@@ -370,7 +391,7 @@ class CosyVoiceEngine:
                 yield from self._synthesize_text_stream(req, stream, cancel)
                 return
             inputs = self._model_inputs(req)
-            while True:
+            for index in itertools.count():
                 with req.timings.measure("frontend"):
                     model_input = next(inputs, None)
                 if model_input is None:
@@ -378,9 +399,14 @@ class CosyVoiceEngine:
                 if cancel.is_set():
                     return
                 if self._batched is not None:
-                    yield from self._run_batched(model_input, stream, req, cancel)
+                    chunks = self._run_batched(model_input, stream, req, cancel)
                 else:
-                    yield from self._run_tts(lm.model, model_input, stream, req.speed, cancel)
+                    chunks = self._run_tts(lm.model, model_input, stream, req.speed, cancel)
+                try:
+                    for chunk in chunks:
+                        yield dataclasses.replace(chunk, segment=index) if index else chunk
+                finally:
+                    chunks.close()  # a consumer that stops early aborts the segment's LLM work at once
         except (InvalidInput, EngineFailure):
             raise
         except Exception as exc:  # speakers, modes and inputs were validated above: this is our fault
@@ -425,7 +451,8 @@ class CosyVoiceEngine:
 
         for speech in self._batched.run_bistream(model_input, req.text_stream, tokenize, cancel=cancel,
                                                  seed=req.seed, request_id=req.request_id,
-                                                 system_prompt=V3_SYSTEM_PROMPT):
+                                                 system_prompt=prompts.V3_SYSTEM_PROMPT,
+                                                 normalize=lambda text: self._normalized(req, text)):
             if cancel.is_set():
                 return
             yield from self._chunk(speech)

@@ -23,6 +23,7 @@ from app.engines.batching.lm import ENDOFPROMPT_ID, BatchedLM, supports_batching
 from app.engines.batching.sampling import SamplingRules
 from app.engines.batching.scheduler import LLMObserver, LLMScheduler
 from app.engines.batching.token2wav import FixedTokens, HopSchedule, synthesize_tokens
+from app.engines.normalize import ClauseNormalizer
 from app.engines.textstream import TextStream, WordBuffer
 from app.engines.timings import current
 
@@ -116,7 +117,8 @@ class BatchedRunner:
             _add_llm_time(source)
 
     def run_bistream(self, model_input: dict, text: TextStream, tokenize: Tokenize, *, cancel: threading.Event,
-                     seed: int | None = None, request_id: str = "", system_prompt: str = "") -> Iterator[Any]:
+                     seed: int | None = None, request_id: str = "", system_prompt: str = "",
+                     normalize: Callable[[str], str] | None = None) -> Iterator[Any]:
         """Speech tensors for text that arrives while it is spoken (CosyVoice2/3 bistream, streamed).
 
         ``model_input`` holds the prompt (no text); a feeder thread tokenises ``text``'s pieces in
@@ -136,7 +138,7 @@ class BatchedRunner:
                             min_ratio=spec.min_token_text_ratio, max_ratio=spec.max_token_text_ratio, head_text=head)
         seq = self.scheduler.submit_bistream(feed, seed=seed, cancel=cancel, request_id=request_id)
         stop = threading.Event()
-        fed = _Feeder(text, tokenize, feed, seq, stop)
+        fed = _Feeder(text, tokenize, feed, seq, stop, normalize)
         thread = threading.Thread(target=fed.run, name="cosyserve-bistream-feed", daemon=True)
         thread.start()
         try:
@@ -171,11 +173,18 @@ class _Feeder:
     """Text pieces -> whole words -> token ids -> the bistream sequence (in its own thread)."""
 
     def __init__(self, text: TextStream, tokenize: Tokenize, feed: BistreamFeed, seq: Any,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, normalize: Callable[[str], str] | None = None) -> None:
         self.text, self.tokenize, self.feed, self.seq, self.stop = text, tokenize, feed, seq, stop
+        self.clauses = ClauseNormalizer(normalize) if normalize is not None else None
         self.count = 0
         self.empty = False
         self.error: BaseException | None = None
+
+    def _normalized(self, words: str, final: bool = False) -> str:
+        if self.clauses is None:
+            return words
+        out = self.clauses.feed(words)
+        return out + self.clauses.flush() if final else out
 
     def _push(self, chunk: str) -> None:
         if chunk.strip():
@@ -187,10 +196,10 @@ class _Feeder:
         try:
             words = WordBuffer()
             for piece in self.text.pieces(self.stop):
-                self._push(words.feed(piece))
+                self._push(self._normalized(words.feed(piece)))
             if self.stop.is_set():
                 return
-            self._push(words.flush())
+            self._push(self._normalized(words.flush(), final=True))
             if self.count == 0:
                 self.empty = True
                 self.seq.cancel()

@@ -47,6 +47,7 @@ class LoadedModel:
     tiny: bool
     model_dir: Path
     precision: Precision = field(default_factory=lambda: Precision("fp32"))
+    code_dir: str = ""  # where the imported ``cosyvoice`` package lives (installed copy or a checkout)
 
 
 def detect_version(model_dir: Path) -> int:
@@ -145,4 +146,5 @@ def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: t
         tiny=bool(marker.get("random_weights")),
         model_dir=model_dir,
         precision=precision,
+        code_dir=str(Path(cv_model.__file__).resolve().parent.parent),
     )

@@ -1,13 +1,14 @@
 """Sentence splitting for long input, so it is synthesised and streamed piece by piece.
 
-CosyVoice's own text normaliser needs packages (ttsfrd / WeTextProcessing) that
-are heavy or missing; we only need to cut text into sentence-sized segments
-the LLM handles well. Pure Python, no model imports.
+Text normalization (numbers, dates -> words) happens before this, in ``normalize.py``;
+here we only cut text into sentence-sized segments the LLM handles well, within its
+text-token budget (``fit_token_budget``). Pure Python, no model imports.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 # A sentence ends at . ! ? ; (ASCII, full-width and CJK forms) or an ellipsis, plus closing quotes.
@@ -78,3 +79,26 @@ def split_sentences(text: str, max_len: int = 240, min_len: int = 30) -> list[st
         last = merged.pop()
         merged[-1] = merged[-1] + ("" if _is_cjk(last) else " ") + last
     return [m for m in merged if any(ch.isalnum() for ch in m)]
+
+
+def fit_token_budget(segments: list[str], count: Callable[[str], int], max_tokens: int) -> list[str]:
+    """Split every segment whose ``count`` (text tokens) exceeds ``max_tokens`` until each fits.
+
+    The character limit of :func:`split_sentences` only approximates the LLM's budget
+    (digits, symbols and rare scripts cost more tokens per character); this enforces
+    it, cutting at commas, then spaces, then anywhere, as ``split_sentences`` does.
+    """
+    out: list[str] = []
+    for seg in segments:
+        out.extend(_fit(seg, count, max_tokens))
+    return [s for s in out if any(ch.isalnum() for ch in s)]
+
+
+def _fit(seg: str, count: Callable[[str], int], max_tokens: int) -> list[str]:
+    if len(seg) <= 1 or count(seg) <= max_tokens:
+        return [seg]
+    parts = _hard_split(seg, max(1, _length(seg) // 2))
+    if len(parts) < 2:
+        cut = len(seg) // 2
+        parts = [seg[:cut].strip(), seg[cut:].strip()]
+    return [p for part in parts if part for p in _fit(part, count, max_tokens)]

@@ -9,7 +9,9 @@ behaviour (streaming chunks, stop conditions) are the real ones.
 
 Random weights never emit end-of-speech, so the builder wires an exact stop
 controller into the random LLM (``tiny_stop.py``): short models stop right after the
-2x-text-tokens minimum, long ones at ~15x (v1) / ~9.5x (v2) the prefix length.
+2x-text-tokens minimum, long ones at ~15x (v1) / ~9.5x (v2, v3) the prefix length.
+CosyVoice3 (``tiny_v3.py``) needs a CosyVoice with the v3 classes, e.g. an upstream
+checkout passed as ``cosyvoice_path``.
 
 ``full_size=True`` (v2 only) writes CosyVoice2-0.5B's real dimensions instead, with a
 calibrated output head in place of the stop controller (``fullsize.py``): ~4.5 GB.
@@ -33,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.engines import fullsize
+from app.engines import fullsize, tiny_v3
 from app.engines import tiny_yaml as ty
 from app.engines.tiny_stop import StopPlan
 
@@ -49,12 +51,12 @@ SPEECH_TOKENIZER_NAMES = {
     2: "speech_tokenizer_v2.onnx",
     3: "speech_tokenizer_v3.onnx",
 }
-_TOKEN_STRIDE = {1: 2, 2: 4}  # mel frames (100 Hz) per speech token
-_SPEECH_VOCAB = {1: ty.V1_SPEECH_VOCAB, 2: ty.V2_SPEECH_VOCAB}
+_TOKEN_STRIDE = {1: 2, 2: 4, 3: 4}  # mel frames (100 Hz) per speech token
+_SPEECH_VOCAB = {1: ty.V1_SPEECH_VOCAB, 2: ty.V2_SPEECH_VOCAB, 3: tiny_v3.V3_SPEECH_VOCAB}
 # long=True: the LLM stops once context length / prefix length passes this. A 20-word
 # English sentence is 21 whisper tokens (v1) / ~37 tiny-BPE tokens (v2): ~336 / ~320
 # speech tokens. v2 streaming re-runs the flow over all tokens per chunk, so it gets less.
-_LONG_STOP_RATIO = {1: 15.0, 2: 9.5}
+_LONG_STOP_RATIO = {1: 15.0, 2: 9.5, 3: 9.5}
 
 # Special tokens CosyVoice2's QwenTokenizer adds; we put them in the trained vocab.
 _QWEN_SPECIALS = (
@@ -93,8 +95,15 @@ def _cosyvoice_location() -> str:
     return str(next(iter(spec.submodule_search_locations)))
 
 
-def tiny_version_available(version: int) -> tuple[bool, str]:
-    """Whether this process can build (and run) a tiny model of CosyVoice ``version``."""
+def tiny_version_available(version: int, cosyvoice_path: str | None = None) -> tuple[bool, str]:
+    """Whether this process can build (and run) a tiny model of CosyVoice ``version``.
+
+    ``cosyvoice_path``: an upstream checkout to import CosyVoice from (``engine.cosyvoice_path``).
+    """
+    try:
+        _prepare(cosyvoice_path)
+    except (FileNotFoundError, ImportError) as exc:
+        return False, str(exc)
     where = _cosyvoice_location()
     if not where:
         return (
@@ -104,27 +113,23 @@ def tiny_version_available(version: int) -> tuple[bool, str]:
     if version in (1, 2):
         return True, ""
     if version == 3:
-        _prepare()
         try:
             importlib.import_module("cosyvoice.llm.llm").CosyVoice3LM  # noqa: B018
             importlib.import_module("cosyvoice.cli.model").CosyVoice3Model  # noqa: B018
         except (ImportError, AttributeError):
             return False, (
                 f"installed CosyVoice ({where}) has no CosyVoice3 classes; "
-                "point engine.cosyvoice_path at an upstream checkout"
+                "point engine.cosyvoice_path (or COSYSERVE_ENGINE__COSYVOICE_PATH) at an upstream checkout"
             )
-        return (
-            False,
-            f"the installed CosyVoice ({where}) has CosyVoice3, but building tiny CosyVoice3 models is not implemented",
-        )
+        return True, ""
     return False, f"unknown CosyVoice version {version!r} (expected 1, 2 or 3)"
 
 
-def _prepare() -> None:
+def _prepare(cosyvoice_path: str | None = None) -> None:
     """Make cosyvoice/matcha importable (all shims live in ``cosyvoice_compat``)."""
     from app.engines.cosyvoice_compat import prepare_imports
 
-    prepare_imports()
+    prepare_imports(cosyvoice_path)
 
 
 # --------------------------------------------------------------------------- public API
@@ -138,14 +143,18 @@ def build_tiny_model(
     instruct: bool = False,
     seed: int = 0,
     full_size: bool = False,
+    cosyvoice_path: str | None = None,
 ) -> Path:
     """Write a complete tiny CosyVoice model dir for ``version`` into ``out_dir``.
 
     ``full_size``: CosyVoice2 (v2) only, with CosyVoice2-0.5B's real dimensions (see ``fullsize.py``).
+    CosyVoice3 needs a CosyVoice with the v3 classes (an upstream checkout on ``sys.path``).
     """
     if version == 3:
-        raise RuntimeError(tiny_version_available(3)[1])
-    if version not in (1, 2):
+        ok, why = tiny_version_available(3, cosyvoice_path)
+        if not ok:
+            raise RuntimeError(why)
+    if version not in (1, 2, 3):
         raise ValueError(f"unknown CosyVoice version {version!r} (expected 1, 2 or 3)")
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
@@ -157,16 +166,16 @@ def build_tiny_model(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"refusing to build a tiny model into non-empty {out}")
     out.mkdir(parents=True, exist_ok=True)
-    _prepare()
+    _prepare(cosyvoice_path)
     import torch
 
     with _preserved_rng(), _torch_threads(2), _quiet_transformers():
         torch.manual_seed(seed)
         overrides = {}
-        if version == 2:
+        if version >= 2:
             overrides["qwen_pretrain_path"] = str(out / QWEN_DIR)
-            _write_qwen_dir(out / QWEN_DIR, seed, full_size=full_size)
-        yaml_text = ty.render_yaml(version, full_size=full_size)
+            _write_qwen_dir(out / QWEN_DIR, seed, full_size=full_size, version=version)
+        yaml_text = tiny_v3.render_yaml() if version == 3 else ty.render_yaml(version, full_size=full_size)
         (out / YAML_NAMES[version]).write_text(yaml_text, encoding="utf-8")
         from hyperpyyaml import load_hyperpyyaml
 
@@ -188,7 +197,7 @@ def build_tiny_model(
         elif full_size:
             fullsize.calibrate_decoder(llm, torch.Generator().manual_seed(seed * 7919 + 29))
         else:
-            plan.install_v2(llm)
+            plan.install_v3(llm) if version == 3 else plan.install_v2(llm)
             llm.llm.model.save_pretrained(str(out / QWEN_DIR))  # keep the safetensors == llm.pt
         torch.save(llm.state_dict(), out / "llm.pt")
         if full_size:  # the safetensors == llm.pt up to bf16 rounding; llm.pt (loaded strictly) wins
@@ -229,6 +238,7 @@ def ensure_tiny_model(
     long: bool = False,
     instruct: bool = False,
     seed: int = 0,
+    cosyvoice_path: str | None = None,
 ) -> Path:
     """Return ``cache_root/<key>``, building it once (atomic, safe across processes)."""
     root = Path(cache_root)
@@ -252,7 +262,7 @@ def ensure_tiny_model(
             tmp = Path(tempfile.mkdtemp(prefix=f".{key}.tmp-", dir=root))
             try:
                 started = time.monotonic()
-                build_tiny_model(tmp, version, long=long, instruct=instruct, seed=seed)
+                build_tiny_model(tmp, version, long=long, instruct=instruct, seed=seed, cosyvoice_path=cosyvoice_path)
                 os.chmod(tmp, 0o755)  # mkdtemp made it 0700
                 if final.exists():  # stale or from another builder number
                     stale = Path(tempfile.mkdtemp(prefix=f".{key}.old-", dir=root))
@@ -364,11 +374,13 @@ def _corpus_lines() -> list[str]:
     return ["".join(words[i : i + 64]) for i in range(0, len(words), 64)]
 
 
-def _write_qwen_dir(path: Path, seed: int, full_size: bool = False) -> None:
+def _write_qwen_dir(path: Path, seed: int, full_size: bool = False, version: int = 2) -> None:
     """CosyVoice-BlankEN: a byte-level BPE tokenizer trained here and a 2-layer Qwen2.
 
     ``full_size``: a Qwen2 of Qwen2.5-0.5B's shape instead (the tokenizer stays the small
     one; its ids are a subset of the real vocabulary), written in bf16.
+    ``version=3``: the tokenizer is numbered like Qwen2's (see ``tiny_v3.write_tokenizer``),
+    so the embedding covers ~152k ids.
     """
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -380,17 +392,23 @@ def _write_qwen_dir(path: Path, seed: int, full_size: bool = False) -> None:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=_BPE_VOCAB,
-        special_tokens=list(_QWEN_SPECIALS),
+        special_tokens=[] if version == 3 else list(_QWEN_SPECIALS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_corpus_lines(), trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    fast.save_pretrained(str(path))
-    vocab = -(-tok.get_vocab_size() // 64) * 64
+    if version == 3:
+        tiny_v3.write_tokenizer(path, tok)
+        vocab = -(-tiny_v3.cosyvoice3_vocab_size(path) // 64) * 64
+        eos = tiny_v3.ENDOFPROMPT_ID - 3
+    else:
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+        fast.save_pretrained(str(path))
+        vocab = -(-tok.get_vocab_size() // 64) * 64
+        eos = tok.token_to_id("<|endoftext|>")
     if full_size:
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(fullsize.qwen_config(vocab, tok.token_to_id("<|endoftext|>")))
+        model = Qwen2ForCausalLM(fullsize.qwen_config(vocab, eos))
         model.to(torch.bfloat16).save_pretrained(str(path))
         return
     config = Qwen2Config(
@@ -402,7 +420,7 @@ def _write_qwen_dir(path: Path, seed: int, full_size: bool = False) -> None:
         num_key_value_heads=ty.LLM_HEADS,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
-        eos_token_id=tok.token_to_id("<|endoftext|>"),
+        eos_token_id=eos,
         dtype="float32",
     )
     torch.manual_seed(seed)

@@ -60,6 +60,11 @@ class StopPlan:
         return b
 
     def _decoder(self, lin: Any, n_speech: int, b: Any, fill: int | None) -> None:
+        """Speech rows random; row ``n_speech`` (the EOS CosyVoice masks before min_len) stops; other extras never.
+
+        A decoder without a bias (CosyVoice3's) gets its biases from the ``_T_ONE`` input,
+        which the normalised constant vector holds at ~1.
+        """
         import torch
 
         w = torch.randn(lin.weight.shape, generator=self.gen) * self.head_std
@@ -78,6 +83,12 @@ class StopPlan:
         if fill is not None:  # bistream text input needs the fill token until the task id is in context
             w[fill, _R_TASK] = -2.0e4
             bias[fill] = 0.5
+        if lin.bias is None:
+            if b[_T_ONE] == 0:
+                raise ValueError("a decoder without bias needs the constant vector's _T_ONE entry")
+            w[:, _T_ONE] = bias
+            lin.weight.copy_(w)
+            return
         lin.weight.copy_(w)
         lin.bias.copy_(bias)
 
@@ -149,6 +160,42 @@ class StopPlan:
             llm.llm_embedding.weight[llm.task_id, _S_TASK] = m_in
             llm.speech_embedding.weight[:, list(_RESERVED)] = 0.0
             b = self._const_vector(extra_one=True)
+            self._qwen_layers(qwen, b)
+            self._decoder(
+                llm.llm_decoder,
+                llm.speech_token_size,
+                b,
+                fill=llm.speech_token_size + 2,
+            )
+
+    def install_v3(self, llm: Any) -> None:
+        """CosyVoice3LM: start and task markers are speech-embedding rows; the decoder has no bias.
+
+        Its 200 stop ids all end the sequence, but only the first is masked before the
+        2x minimum, so every other one gets a large negative logit. No fill token is needed
+        outside bistream input (v3's fill id is one of the stop ids).
+        """
+        import torch
+
+        qwen = llm.llm.model.model
+        m_in = 40.0
+        with torch.no_grad():
+            emb = qwen.embed_tokens.weight
+            emb[:, list(_RESERVED)] = 0.0
+            emb[:, _S_MARK] = m_in
+            speech = llm.speech_embedding.weight
+            speech[:, list(_RESERVED)] = 0.0
+            speech[llm.sos, _S_MARK] = m_in
+            speech[llm.task_id, _S_TASK] = m_in
+            b = self._const_vector(extra_one=True)
+            self._qwen_layers(qwen, b)
+            self._decoder(llm.llm_decoder, llm.speech_token_size, b, fill=None)
+
+    def _qwen_layers(self, qwen: Any, b: Any) -> None:
+        """The counting head and the ramp in the first Qwen2 layer; reserved dims silent elsewhere."""
+        import torch
+
+        with torch.no_grad():
             for li, layer in enumerate(qwen.layers):
                 att, mlp = layer.self_attn, layer.mlp
                 att.o_proj.weight[list(_RESERVED)] = 0.0
@@ -176,9 +223,3 @@ class StopPlan:
                     mlp.down_proj.weight[:, unit] = 0.0
                 mlp.down_proj.weight[_R_GATE, _Q1] = self.b_rms / self.ramp
                 mlp.down_proj.weight[_R_GATE, _Q2] = -self.b_rms / self.ramp
-            self._decoder(
-                llm.llm_decoder,
-                llm.speech_token_size,
-                b,
-                fill=llm.speech_token_size + 2,
-            )

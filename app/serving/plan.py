@@ -53,6 +53,7 @@ class SpeechFields:
     speed: float = 1.0
     stream: bool = False  # ask the engine for its streaming mode (smaller first chunk)
     seed: int | None = None  # the LLM's sampling seed (reproducible output)
+    normalize: bool | None = None  # text normalization; None: the engine's default
     aliases: bool = False  # OpenAI built-in voice names map onto the presets
     text_param: str = "text"  # the surface's name for the text field, for error messages
     extra: dict = field(default_factory=dict)
@@ -143,6 +144,7 @@ def plan(fields: SpeechFields, info: EngineInfo, presets: Sequence[str], limits:
     request = SynthesisRequest(
         text=fields.text, mode=mode, speaker=speaker, voice=voice.library, prompt_text=fields.prompt_text,
         prompt_audio=fields.prompt_audio, instruct_text=used, source_audio=fields.source_audio,
-        speed=fields.speed, stream=fields.stream, seed=fields.seed, extra=dict(fields.extra),
+        speed=fields.speed, stream=fields.stream, seed=fields.seed, normalize=fields.normalize,
+        extra=dict(fields.extra),
     )
     return Plan(request, instructions_ignored=fields.instructions is not None and used is None)

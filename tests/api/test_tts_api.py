@@ -220,3 +220,15 @@ def test_seed_reaches_the_engine_and_is_validated(make_client, seen):
     assert [r.seed for r in seen[-2:]] == [1234, None]
     r = client.post("/v1/tts", json={"text": "hello", "seed": -1})
     assert r.status_code == 422 and r.json()["error"]["code"]
+
+
+def test_normalize_reaches_the_engine_and_is_validated(make_client, seen):
+    client = make_client()
+    assert client.post("/v1/tts", json={"text": "I have 5 apples", "normalize": False}).status_code == 200
+    assert client.post("/v1/tts", json={"text": "I have 5 apples"}).status_code == 200
+    assert client.post("/v1/tts", data={"text": "I have 5 apples", "normalize": "false"}).status_code == 200
+    assert client.post("/v1/audio/speech", json={"model": "tts-1", "input": "5 apples", "voice": "alloy"}).status_code == 200
+    assert [r.normalize for r in seen[-4:]] == [False, None, False, None]  # OpenAI: the engine's default
+    n = len(seen)
+    r = client.post("/v1/tts", json={"text": "hello", "normalize": "sometimes"})
+    assert r.status_code == 422 and r.json()["error"]["code"] and len(seen) == n

@@ -154,3 +154,38 @@ def test_without_bistream_each_sentence_is_spoken_once_it_is_complete(engines, v
     text.end()
     consumer.join(60)
     assert not consumer.is_alive() and len(chunks) >= 2 and sum(c.duration_s for c in chunks) > 0.2
+
+
+def _pushed_text_ids(engine, monkeypatch, text: str, **req) -> list[int]:
+    """The text token ids the engine's feeder handed the bistream sequence for ``text`` (streamed in pieces)."""
+    from app.engines.batching import bistream
+
+    pushed: list[int] = []
+    original = bistream.BistreamFeed.push
+
+    def record(self, ids):
+        pushed.extend(ids)
+        return original(self, ids)
+
+    monkeypatch.setattr(bistream.BistreamFeed, "push", record)
+    stream = TextStream()
+    for i, word in enumerate(text.split(" ")):  # a word a piece, as an LLM streams them
+        stream.put(word if i == 0 else " " + word)
+    stream.end()
+    chunks = list(engine.synthesize(SynthesisRequest(mode="sft", speaker=engine.voices()[0], text_stream=stream,
+                                                     stream=True, seed=3, **req), threading.Event()))
+    assert chunks
+    monkeypatch.setattr(bistream.BistreamFeed, "push", original)
+    return pushed
+
+
+def test_streamed_text_is_normalized_word_by_word_unless_the_request_says_not(engine, monkeypatch):
+    # wetext needs context ("5" alone stays "5"): a clause with digits is held until it ends, then
+    # normalized whole; the same text with normalize: false goes on word by word as written
+    decode = engine._loaded.frontend.tokenizer.decode
+    digits = _pushed_text_ids(engine, monkeypatch, "I have 5 apples and 12 pears.")
+    assert decode(digits) == "I have five apples and twelve pears."
+    raw = _pushed_text_ids(engine, monkeypatch, "I have 5 apples and 12 pears.", normalize=False)
+    assert decode(raw) == "I have 5 apples and 12 pears."
+    prose = _pushed_text_ids(engine, monkeypatch, "I have five apples and twelve pears.")
+    assert decode(prose) == decode(digits)

@@ -1,4 +1,4 @@
-from app.engines.text import split_sentences
+from app.engines.text import fit_token_budget, split_sentences
 
 
 def test_short_text_is_one_segment():
@@ -44,3 +44,27 @@ def test_long_sentence_without_marks_is_cut_at_commas_first():
 def test_newlines_separate_sentences():
     segs = split_sentences("first line without a stop\nsecond line without a stop either", max_len=240, min_len=5)
     assert segs == ["first line without a stop", "second line without a stop either"]
+
+
+def _words(text: str) -> int:
+    """A token counter for tests: one token per word, one per CJK character."""
+    return sum(1 if ch >= "\u3000" else 0 for ch in text) + len([w for w in text.split() if w.isascii()])
+
+
+def test_token_budget_splits_only_what_is_over_it():
+    short = "A short one."
+    long = "one, two, three, four, five, six, seven, eight, nine, ten, eleven, twelve."
+    out = fit_token_budget([short, long], _words, 5)
+    assert out[0] == short
+    assert all(_words(s) <= 5 for s in out)
+    assert " ".join(out[1:]).replace(",", "").split() == long.replace(",", "").split()  # nothing lost, in order
+    assert fit_token_budget([long], _words, 100) == [long]
+
+
+def test_token_budget_cuts_cjk_and_unbroken_text_anywhere():
+    zh = "这是一个没有任何标点符号而且非常非常长的中文句子需要切开"
+    out = fit_token_budget([zh], _words, 8)
+    assert "".join(out) == zh and all(_words(s) <= 8 for s in out) and len(out) >= 4
+    blob = "x" * 50
+    assert "".join(fit_token_budget([blob], len, 7)) == blob
+    assert all(len(s) <= 7 for s in fit_token_budget([blob], len, 7))
