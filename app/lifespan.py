@@ -60,7 +60,8 @@ def engine_factory(settings: Settings, llm_observer: Any = None) -> EngineFactor
                           torch_threads=eng.torch_threads, prompt_cache_size=eng.prompt_cache_size,
                           batching=batches_llm(eng), max_batch_size=eng.max_batch_size,
                           llm_greedy=eng.llm_greedy, token2wav_workers=eng.token2wav_workers,
-                          flow_cache=eng.flow_cache, flow_cache_window_frames=eng.flow_cache_window_frames)
+                          flow_cache=eng.flow_cache, flow_cache_window_frames=eng.flow_cache_window_frames,
+                          flow_prompt_cache_mb=eng.flow_prompt_cache_mb)
     return lambda index: CosyVoiceEngine(cfg, name=eng.name, llm_observer=llm_observer)
 
 
