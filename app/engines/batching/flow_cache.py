@@ -321,9 +321,10 @@ def _start_after_prompt(flow: Any, stream: FlowStream, prompt_token: Any, prompt
         fresh = FlowStream(window_frames=stream.window_frames)
         with bound_stream(fresh):  # the estimator's hooks read the bound stream
             _solve(flow.decoder, mu, cond, emb, 0, fresh)
-        conv = {k: v.clone() for k, v in fresh.conv.items()}  # not views pinning the whole input
-        fresh.conv = conv
-        state = PromptState(frames=frames, conv=conv, kv=dict(fresh.kv), nbytes=fresh.nbytes())
+        # own copies where a cached tensor is a view pinning a larger input (so nbytes is what is held)
+        fresh.conv = {k: _compact(v) for k, v in fresh.conv.items()}
+        fresh.kv = {k: (_compact(kk), _compact(vv)) for k, (kk, vv) in fresh.kv.items()}
+        state = PromptState(frames=frames, conv=fresh.conv, kv=fresh.kv, nbytes=fresh.nbytes())
         stream.prompt_cache.put(stream.prompt_key, state)
         stream.frames_computed += frames
     else:
@@ -331,6 +332,10 @@ def _start_after_prompt(flow: Any, stream: FlowStream, prompt_token: Any, prompt
     # the stream's own dicts (its later entries replace, never modify, the shared tensors)
     stream.conv, stream.kv = dict(state.conv), dict(state.kv)
     stream.frames_done = frames
+
+
+def _compact(t: Any) -> Any:
+    return t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t
 
 
 def _solve(cfm: Any, mu: Any, cond: Any, spks: Any, start: int, stream: FlowStream, steps: int = 10) -> Any:
