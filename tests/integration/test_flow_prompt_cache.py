@@ -74,6 +74,19 @@ def test_a_cache_hit_gives_the_same_mel_and_skips_the_prompt_frames(flow):
     assert 0 < cache.bytes < plain.nbytes()
 
 
+def test_with_a_bounded_window_a_hit_changes_nothing_either(flow):
+    x = inputs(n_prompt=N_PROMPT, seed=7)
+    plain = flow_cache.FlowStream(window_frames=100)
+    ref, _ = streamed_mel(flow, x, plain)
+    cache = flow_cache.PromptCache(1 << 30)
+    streamed_mel(flow, x, voice_stream(cache, x, window_frames=100))
+    hit = voice_stream(cache, x, window_frames=100)
+    got, _ = streamed_mel(flow, x, hit)
+    assert hit.prompt_frames_reused == PROMPT_FRAMES and close(got, ref)
+    k, _ = next(iter(hit.kv.values()))
+    assert k.shape[2] == 100  # the stream still keeps only its window
+
+
 def test_a_changed_voice_never_reuses_the_old_state(flow):
     cache = flow_cache.PromptCache(1 << 30)
     x = inputs(n_prompt=N_PROMPT, seed=4)

@@ -318,7 +318,8 @@ def _start_after_prompt(flow: Any, stream: FlowStream, prompt_token: Any, prompt
         h, _ = flow.encoder(flow.input_embedding(torch.clamp(prompt_token, min=0)), n, streaming=True)
         mu = flow.encoder_proj(h).transpose(1, 2)[:, :, :frames]
         cond = prompt_feat[:, :frames].transpose(1, 2).to(mu.dtype)
-        fresh = FlowStream(window_frames=stream.window_frames)
+        # unwindowed: the first hop then sees every prompt frame, as it does in one call without this cache
+        fresh = FlowStream()
         with bound_stream(fresh):  # the estimator's hooks read the bound stream
             _solve(flow.decoder, mu, cond, emb, 0, fresh)
         # own copies where a cached tensor is a view pinning a larger input (so nbytes is what is held)
