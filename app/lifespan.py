@@ -62,7 +62,8 @@ def engine_factory(settings: Settings, llm_observer: Any = None) -> EngineFactor
                           batching=batches_llm(eng), max_batch_size=eng.max_batch_size,
                           llm_greedy=eng.llm_greedy, token2wav_workers=eng.token2wav_workers,
                           flow_cache=eng.flow_cache, flow_cache_window_frames=eng.flow_cache_window_frames,
-                          text_normalization=eng.text_normalization)
+                          text_normalization=eng.text_normalization,
+                          flow_prompt_cache_mb=eng.flow_prompt_cache_mb)
     return lambda index: CosyVoiceEngine(cfg, name=eng.name, llm_observer=llm_observer)
 
 

@@ -14,8 +14,12 @@ no HTTP), zero-shot requests with a 2 s prompt (50 prompt speech tokens):
 * concurrency 8, whole: 8 requests at once through the batched LLM; CPU seconds per
   request and audio seconds per wall second.
 
-Variants: ``fp32``, ``bf16`` (``engine.dtype``) and ``fp32-cache`` (``engine.flow_cache``:
-streaming without recomputing the prefix). Full size runs the long text (~86 speech
+Variants: ``fp32``, ``bf16`` (``engine.dtype``), ``fp32-cache`` (``engine.flow_cache``:
+streaming without recomputing the prefix) and ``fp32-cache-voice`` (also
+``engine.flow_prompt_cache_mb``: the requests use a registered voice made from the same
+prompt, whose prompt part of the flow state is computed once; one streamed request
+fills that cache before the cases run). ``first_hop_flow_frames``: estimator frames
+computed before the first chunk of a c=1 stream. Full size runs the long text (~86 speech
 tokens, 3.5 s) for fp32 whole/streamed, and the short text (~38 tokens) for the fp32 vs
 bf16 comparison, which is expensive where bf16 is emulated. Results:
 ``docs/benchmarks/cost.json`` and ``cost.md`` (``--merge`` updates them with re-run cases).
@@ -51,7 +55,10 @@ PLAN: dict[tuple[str, str], list[tuple[str, str, bool, int, int]]] = {
     # c=8 left out at full size: where bf16 is emulated (no avx512_bf16/AMX) it alone would take ~5 min
     ("full", "bf16"): [("short-whole", SHORT, False, 1, 1)],
     ("full", "fp32-cache"): [("long-stream", LONG, True, 1, 1)],
+    ("full", "fp32-cache-voice"): [("long-stream", LONG, True, 1, 1)],
     ("tiny", "fp32-cache"): [("long-stream", LONG, True, 1, 3), ("short-c8-stream", SHORT, True, CONCURRENT, 2)],
+    ("tiny", "fp32-cache-voice"): [("long-stream", LONG, True, 1, 3),
+                                   ("short-c8-stream", SHORT, True, CONCURRENT, 2)],
     ("tiny", "fp32"): [("long-whole", LONG, False, 1, 3), ("long-stream", LONG, True, 1, 3),
                        ("short-whole", SHORT, False, 1, 3), ("short-c8", SHORT, False, CONCURRENT, 2),
                        ("short-c8-stream", SHORT, True, CONCURRENT, 2)],
@@ -78,6 +85,10 @@ class FrameCounter:
         with self._lock:
             self.frames += int(args[0].shape[2])
 
+    def peek(self) -> float:
+        with self._lock:
+            return self.frames / self.steps
+
     def take(self) -> float:
         with self._lock:
             n, self.frames = self.frames, 0
@@ -94,30 +105,33 @@ def _prompt() -> Any:
     return PromptAudio(wav.astype(np.float32), 16000)
 
 
-def _one(engine: Any, text: str, stream: bool) -> dict:
+def _one(engine: Any, text: str, stream: bool, voice: Any = None, counter: FrameCounter | None = None) -> dict:
+    """One request: with the prompt audio, or with ``voice`` (registered from the same prompt)."""
     from app.engines.base import SynthesisRequest
 
-    req = SynthesisRequest(text=text, mode="zero_shot", prompt_text=PROMPT_TEXT, prompt_audio=_prompt(),
-                           stream=stream, seed=7)
+    prompt = {"voice": voice} if voice is not None else {"prompt_text": PROMPT_TEXT, "prompt_audio": _prompt()}
+    req = SynthesisRequest(text=text, mode="zero_shot", stream=stream, seed=7, **prompt)
     t0 = time.perf_counter()
-    first = None
+    first = first_frames = None
     samples = 0
     for chunk in engine.synthesize(req, threading.Event()):
         if first is None:
             first = time.perf_counter() - t0
+            first_frames = counter.peek() if counter is not None else None
         samples += len(chunk.pcm)
     return {"wall_s": time.perf_counter() - t0, "ttfa_s": first, "audio_s": samples / engine.sample_rate,
-            "stages": req.timings.snapshot()}
+            "first_frames": first_frames, "stages": req.timings.snapshot()}
 
 
-def run_case(engine: Any, counter: FrameCounter, text: str, stream: bool, concurrency: int) -> dict:
+def run_case(engine: Any, counter: FrameCounter, text: str, stream: bool, concurrency: int,
+             voice: Any = None) -> dict:
     counter.take()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if concurrency == 1:
-        runs = [_one(engine, text, stream)]
+        runs = [_one(engine, text, stream, voice, counter)]
     else:
         runs = [{}] * concurrency
-        threads = [threading.Thread(target=lambda i=i: runs.__setitem__(i, _one(engine, text, stream)))
+        threads = [threading.Thread(target=lambda i=i: runs.__setitem__(i, _one(engine, text, stream, voice)))
                    for i in range(concurrency)]
         for t in threads:
             t.start()
@@ -135,11 +149,13 @@ def run_case(engine: Any, counter: FrameCounter, text: str, stream: bool, concur
             "cpu_rtf": cpu / max(1e-9, audio), "audio_s_per_wall_s": audio / wall,
             "ttfa_s": statistics.median(r["ttfa_s"] for r in runs if r["ttfa_s"] is not None),
             "flow_frames_per_request": counter.take() / concurrency,
+            "first_hop_flow_frames": runs[0]["first_frames"] if concurrency == 1 and stream else None,
             "stages_s_per_request": stages}
 
 
 def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | None = None) -> dict:
-    """One (model, variant) in this process; a variant is a dtype, ``-cache`` adds engine.flow_cache."""
+    """One (model, variant) in this process: a dtype; ``-cache`` adds engine.flow_cache, ``-cache-voice``
+    also engine.flow_prompt_cache_mb with a registered voice."""
     import torch
 
     from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
@@ -147,30 +163,43 @@ def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | No
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     dtype, _, cache = variant.partition("-")
+    by_voice = cache == "cache-voice"
     engine = CosyVoiceEngine(CosyVoiceConfig(model_dir=model_dir, dtype=dtype, torch_threads=1, batching=True,
-                                             max_batch_size=16, flow_cache=cache == "cache"))
+                                             max_batch_size=16, flow_cache=cache.startswith("cache"),
+                                             flow_prompt_cache_mb=1024 if by_voice else 0))
     engine.load()
     load_s = time.perf_counter() - t0
     counter = FrameCounter(engine._loaded.model.flow)
     _one(engine, "Hello.", False)  # warm-up: first-call kernel setup, the prompt's features (cached)
+    voice, voice_fill = None, None
+    if by_voice:
+        voice = engine.compute_voice(PROMPT_TEXT, _prompt())
+        voice_fill = run_case(engine, counter, SHORT, True, 1, voice)  # the miss: fills the voice's prompt cache
+        log(f"{model} {variant} voice-miss (short stream): cpu {voice_fill['cpu_s_per_request']:.2f} s, "
+            f"flow frames {voice_fill['flow_frames_per_request']:.0f}, "
+            f"first hop {voice_fill['first_hop_flow_frames']:.0f}")
     cases = {}
     for name, text, stream, conc, reps in PLAN[(model, variant)]:
         if quick and (conc > 1 or name.startswith("long")) and model == "full":
             continue
         if only and name not in only.split(","):
             continue
-        results = [run_case(engine, counter, text, stream, conc) for _ in range(1 if quick else reps)]
+        results = [run_case(engine, counter, text, stream, conc, voice) for _ in range(1 if quick else reps)]
         best = min(results, key=lambda r: r["cpu_s_per_request"])  # least disturbed run
         best["repeats"] = len(results)
         cases[name] = best
         log(f"{model} {variant} {name}: cpu {best['cpu_s_per_request']:.2f} s/req, wall {best['wall_s']:.2f} s, "
             f"ttfa {best['ttfa_s']:.2f} s, audio {best['audio_s_per_request']:.2f} s, "
-            f"flow frames {best['flow_frames_per_request']:.0f}")
+            f"flow frames {best['flow_frames_per_request']:.0f}, first hop {best['first_hop_flow_frames']}")
     precision = engine._loaded.precision
     engine_cache = engine._batched is not None and engine._batched.flow_cache
+    out = {"model": model, "variant": variant, "ran": precision.dtype, "stages_reduced": list(precision.stages),
+           "flow_cache": bool(engine_cache), "load_s": load_s, "cases": cases}
+    pc = engine._batched.prompt_cache if engine._batched is not None else None
+    if pc is not None:
+        out["voice_cache"] = {"hits": pc.hits, "misses": pc.misses, "bytes": pc.bytes, "fill": voice_fill}
     engine.close()
-    return {"model": model, "variant": variant, "ran": precision.dtype, "stages_reduced": list(precision.stages),
-            "flow_cache": bool(engine_cache), "load_s": load_s, "cases": cases}
+    return out
 
 
 # -- driver ------------------------------------------------------------------------------------------
@@ -237,10 +266,22 @@ def goals(results: dict) -> list[str]:
                        f"{c['cpu_s_per_request']:.2f} s vs {whole['cpu_s_per_request']:.2f} s")
             out.append(f"{model}, {label}: time to first audio streamed {c['ttfa_s']:.2f} s (whole answer: "
                        f"{whole['ttfa_s']:.2f} s)")
+        voiced = res.get("fp32-cache-voice", {}).get("cases", {}).get("long-stream")
+        if voiced is not None and "long-stream" in cached:
+            c = cached["long-stream"]
+            out.append(f"{model}: registered voice's prompt cache hit vs flow_cache alone: flow frames/request "
+                       f"{voiced['flow_frames_per_request']:.0f} vs {c['flow_frames_per_request']:.0f}, first hop "
+                       f"{voiced.get('first_hop_flow_frames') or 0:.0f} vs {c.get('first_hop_flow_frames') or 0:.0f} "
+                       f"frames, CPU {voiced['cpu_s_per_request']:.2f} s vs {c['cpu_s_per_request']:.2f} s, time to "
+                       f"first audio {voiced['ttfa_s']:.2f} s vs {c['ttfa_s']:.2f} s")
         if "long-stream" in cases and "long-stream" in cached:
             out.append(f"{model}: time to first audio, flow_cache vs recomputing: {cached['long-stream']['ttfa_s']:.2f} s "
                        f"vs {cases['long-stream']['ttfa_s']:.2f} s")
     return out
+
+
+def _frames(n: float | None) -> str:
+    return "-" if n is None else f"{n:.0f}"
 
 
 def markdown(doc: dict) -> str:
@@ -249,8 +290,8 @@ def markdown(doc: dict) -> str:
     intro = (f"Commands: {cmds}. Host: {host}. One torch thread, batched engine path, "
              "zero-shot with a 2 s prompt (50 prompt tokens).")
     header = ("| model | dtype (ran) | case | c | CPU s/req | wall s | RTF | CPU RTF | TTFA s | audio s/req | "
-              "flow frames/req | frontend | llm | flow | hift |")
-    lines = ["# Request cost: fp32 vs bf16, streamed vs whole", "", intro, "", header, "|" + "---|" * 15]
+              "flow frames/req | first hop frames | frontend | llm | flow | hift |")
+    lines = ["# Request cost: fp32 vs bf16, streamed vs whole", "", intro, "", header, "|" + "---|" * 16]
     for model, by_dtype in doc["results"].items():
         for dtype, res in by_dtype.items():
             for name, c in res["cases"].items():
@@ -258,9 +299,12 @@ def markdown(doc: dict) -> str:
                 lines.append(f"| {model} | {dtype} ({res['ran']}) | {name} | {c['concurrency']} | "
                              f"{c['cpu_s_per_request']:.2f} | {c['wall_s']:.2f} | {c['rtf']:.2f} | {c['cpu_rtf']:.2f} | "
                              f"{c['ttfa_s']:.2f} | {c['audio_s_per_request']:.2f} | {c['flow_frames_per_request']:.0f} | "
+                             f"{_frames(c.get('first_hop_flow_frames'))} | "
                              + " | ".join(f"{st.get(s, 0.0):.2f}" for s in ("frontend", "llm", "flow", "hift")) + " |")
     note = ("Stage columns: seconds per request (`llm` is wall time from start to last token; it overlaps "
-            "flow/HiFT when streaming, and includes waiting for the batch at c=8).")
+            "flow/HiFT when streaming, and includes waiting for the batch at c=8). `fp32-cache-voice`: the same "
+            "requests with a registered voice made from the same prompt, its prompt cache filled by one earlier "
+            "stream (a hit). First hop frames: estimator frames computed before the first chunk (c=1 streams).")
     lines += ["", note, "", "## Goals", ""]
     lines += [f"- {g}" for g in doc["goals"]]
     return "\n".join(lines) + "\n"
@@ -269,8 +313,8 @@ def markdown(doc: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="full,tiny", help="comma list of full, tiny")
-    ap.add_argument("--variants", default="fp32,bf16,fp32-cache",
-                    help="dtypes, and fp32-cache (engine.flow_cache on)")
+    ap.add_argument("--variants", default="fp32,bf16,fp32-cache,fp32-cache-voice",
+                    help="dtypes, fp32-cache (engine.flow_cache on), fp32-cache-voice (+ the voice prompt cache)")
     ap.add_argument("--cases", default=None, help="comma list: run only these cases (e.g. long-whole,long-stream)")
     ap.add_argument("--merge", action="store_true", help="update the existing cost.json instead of replacing it")
     ap.add_argument("--quick", action="store_true", help="one repeat, full size: short c=1 only")

@@ -63,6 +63,7 @@ class CosyVoiceConfig:
     token2wav_workers: int | None = None  # batched: token2wav calls at once; None: CPU cores (CPU), no limit (GPU)
     flow_cache: bool = False  # batched streaming: flow computes each hop's new frames only (flow_cache.py)
     flow_cache_window_frames: int | None = None  # keep at most this many cached frames per layer (inexact)
+    flow_prompt_cache_mb: float = 0  # with flow_cache: registered voices' prompt flow state, LRU by bytes (0: off)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,11 @@ class VoiceFeatures:
     family: str
     features: dict
     prompt_text: str
+
+
+def _registered_voice(req: SynthesisRequest) -> bool:
+    """The request speaks with a library voice (its prompt is reused: worth the flow's prompt cache)."""
+    return req.prompt_audio is None and isinstance(req.voice, VoiceFeatures) and req.mode != "vc"
 
 
 def _precision_text(precision: Any) -> str:
@@ -123,7 +129,8 @@ class CosyVoiceEngine:
                                           initial_hop=self._initial_hop,
                                           token2wav_workers=self._token2wav_workers(),
                                           flow_cache=self.config.flow_cache,
-                                          flow_cache_window_frames=self.config.flow_cache_window_frames)
+                                          flow_cache_window_frames=self.config.flow_cache_window_frames,
+                                          flow_prompt_cache_mb=self.config.flow_prompt_cache_mb)
         elif self.config.flow_cache:
             log.warning("engine.flow_cache needs the batched CosyVoice2/3 path (engine.batching): not used")
         instrument(self._loaded.model)  # flow / HiFT seconds per request (app/engines/timings.py), outermost
@@ -452,7 +459,8 @@ class CosyVoiceEngine:
         for speech in self._batched.run_bistream(model_input, req.text_stream, tokenize, cancel=cancel,
                                                  seed=req.seed, request_id=req.request_id,
                                                  system_prompt=prompts.V3_SYSTEM_PROMPT,
-                                                 normalize=lambda text: self._normalized(req, text)):
+                                                 normalize=lambda text: self._normalized(req, text),
+                                                 cache_prompt=_registered_voice(req)):
             if cancel.is_set():
                 return
             yield from self._chunk(speech)
@@ -460,7 +468,8 @@ class CosyVoiceEngine:
     def _run_batched(self, model_input: dict, stream: bool, req: SynthesisRequest,
                      cancel: threading.Event) -> Iterator[AudioChunk]:
         for speech in self._batched.run(model_input, stream=stream, speed=req.speed, cancel=cancel,
-                                        seed=req.seed, request_id=req.request_id):
+                                        seed=req.seed, request_id=req.request_id,
+                                        cache_prompt=_registered_voice(req)):
             if cancel.is_set():
                 return
             yield from self._chunk(speech)

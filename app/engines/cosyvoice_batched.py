@@ -16,7 +16,12 @@ from typing import Any
 
 from app.engines.base import InvalidInput
 from app.engines.batching.bistream import BistreamFeed
-from app.engines.batching.flow_cache import FlowStream, supports_flow_cache
+from app.engines.batching.flow_cache import (
+    FlowStream,
+    PromptCache,
+    prompt_key,
+    supports_flow_cache,
+)
 from app.engines.batching.flow_cache import install as install_flow_cache
 from app.engines.batching.gate import PriorityGate
 from app.engines.batching.lm import ENDOFPROMPT_ID, BatchedLM, supports_batching
@@ -35,7 +40,8 @@ class BatchedRunner:
     def __init__(self, model: Any, *, max_batch_size: int, greedy: bool = False,
                  observer: LLMObserver | None = None, initial_hop: int | None = None,
                  trace_logp: bool = False, token2wav_workers: int | None = None,
-                 flow_cache: bool = False, flow_cache_window_frames: int | None = None) -> None:
+                 flow_cache: bool = False, flow_cache_window_frames: int | None = None,
+                 flow_prompt_cache_mb: float = 0) -> None:
         if not supports_batching(getattr(model, "llm", None)):
             raise TypeError("this CosyVoice model's LLM cannot be batched")
         self.model = model
@@ -43,8 +49,11 @@ class BatchedRunner:
         self.schedule = HopSchedule.of(model, initial_hop)
         self.flow_cache = flow_cache and self._can_cache_flow()
         self.flow_cache_window_frames = flow_cache_window_frames
+        self.prompt_cache: PromptCache | None = None
         if self.flow_cache:
             install_flow_cache(model.flow)
+            if flow_prompt_cache_mb > 0:
+                self.prompt_cache = PromptCache(int(flow_prompt_cache_mb * 2**20))
         elif flow_cache:
             log.warning("engine.flow_cache: this model's flow or hop schedule cannot be streamed incrementally; "
                         "streaming recomputes the prefix")
@@ -73,9 +82,21 @@ class BatchedRunner:
             hops.add(hop)
         return all(h % chunk == 0 for h in hops)
 
-    def _flow_stream(self) -> FlowStream | None:
-        """A request's own flow state between hops, when the flow cache is on."""
-        return FlowStream(window_frames=self.flow_cache_window_frames) if self.flow_cache else None
+    def _flow_stream(self, model_input: dict, cache_prompt: bool) -> FlowStream | None:
+        """A request's own flow state between hops, when the flow cache is on.
+
+        ``cache_prompt``: the prompt is a registered voice's; its prompt part comes from (or goes
+        into) the prompt cache, keyed by a hash of the flow's prompt inputs themselves.
+        """
+        if not self.flow_cache:
+            return None
+        stream = FlowStream(window_frames=self.flow_cache_window_frames)
+        if cache_prompt and self.prompt_cache is not None:
+            key = prompt_key(model_input.get("flow_prompt_speech_token"), model_input.get("prompt_speech_feat"),
+                             model_input.get("flow_embedding"))
+            if key is not None:
+                stream.prompt_cache, stream.prompt_key = self.prompt_cache, key
+        return stream
 
     @property
     def alive(self) -> bool:
@@ -101,7 +122,7 @@ class BatchedRunner:
         return self.scheduler.submit(lm_input, min_len, max_len, seed=seed, cancel=cancel, request_id=request_id)
 
     def run(self, model_input: dict, *, stream: bool, speed: float, cancel: threading.Event,
-            seed: int | None = None, request_id: str = "") -> Iterator[Any]:
+            seed: int | None = None, request_id: str = "", cache_prompt: bool = False) -> Iterator[Any]:
         """Speech tensors ``[1, n]`` for one segment, as token2wav produces them."""
         if model_input.get("source_speech_token") is not None and model_input["source_speech_token"].shape[1] > 0:
             source: Any = FixedTokens(model_input["source_speech_token"].flatten().tolist())
@@ -110,7 +131,7 @@ class BatchedRunner:
         try:
             yield from synthesize_tokens(self.model, source, model_input, stream=stream, speed=speed,
                                          cancel=cancel, schedule=self.schedule, gate=self.gate,
-                                         flow_stream=self._flow_stream())
+                                         flow_stream=self._flow_stream(model_input, cache_prompt))
         finally:
             if hasattr(source, "cancel"):
                 source.cancel()  # leaves the batch at the next step (no-op once done)
@@ -118,7 +139,8 @@ class BatchedRunner:
 
     def run_bistream(self, model_input: dict, text: TextStream, tokenize: Tokenize, *, cancel: threading.Event,
                      seed: int | None = None, request_id: str = "", system_prompt: str = "",
-                     normalize: Callable[[str], str] | None = None) -> Iterator[Any]:
+                     normalize: Callable[[str], str] | None = None,
+                     cache_prompt: bool = False) -> Iterator[Any]:
         """Speech tensors for text that arrives while it is spoken (CosyVoice2/3 bistream, streamed).
 
         ``model_input`` holds the prompt (no text); a feeder thread tokenises ``text``'s pieces in
@@ -143,7 +165,8 @@ class BatchedRunner:
         thread.start()
         try:
             yield from synthesize_tokens(self.model, seq, model_input, stream=True, speed=1.0, cancel=cancel,
-                                         schedule=self.schedule, gate=self.gate, flow_stream=self._flow_stream())
+                                         schedule=self.schedule, gate=self.gate,
+                                         flow_stream=self._flow_stream(model_input, cache_prompt))
         except RuntimeError:
             if fed.empty:
                 raise InvalidInput("the utterance has no text to speak") from None

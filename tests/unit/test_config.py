@@ -11,6 +11,13 @@ def test_defaults_and_file(tmp_path):
     assert s.engine.kind == "cosyvoice"
 
 
+def test_flow_prompt_cache_defaults_to_a_gigabyte_and_zero_turns_it_off(tmp_path):
+    assert load_settings(None).engine.flow_prompt_cache_mb == 1024
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("engine:\n  flow_prompt_cache_mb: 0\n")
+    assert load_settings(cfg).engine.flow_prompt_cache_mb == 0
+
+
 def test_env_overrides_file_per_key(tmp_path, monkeypatch):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("pool:\n  workers: 3\n  max_queue: 5\n")
@@ -49,6 +56,7 @@ def test_repo_config_yaml_is_valid_and_documents_every_key():
     [
         ("pool:\n  workers: 0\n", "pool.workers"),
         ("pool:\n  wrokers: 2\n", "pool.wrokers"),
+        ("engine:\n  flow_prompt_cache_mb: -1\n", "engine.flow_prompt_cache_mb"),
         ("engine:\n  model_dir: /does/not/exist\n", "engine"),
         ("server: [1, 2\n", "not valid YAML"),
         ("- a\n- b\n", "mapping"),

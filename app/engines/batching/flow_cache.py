@@ -23,12 +23,23 @@ path finishes with full attention; ``window_frames`` (optional) keeps only that 
 cached frames per layer, bounding memory (keys + values of every layer and ODE step:
 ~4.6 MB per frame at full size in fp32) at the price of exactness.
 Config: ``engine.flow_cache`` (off by default) and ``engine.flow_cache_window_frames``.
+
+The prompt part (``PromptCache``, ``engine.flow_prompt_cache_mb``): the estimator frames
+of a prompt's complete chunks whose encoder input ends inside the prompt (chunk ``j``
+of ``C`` frames needs tokens up to the end of its encoder chunk plus the 3-token
+look-ahead) depend on the voice only: its prompt tokens and features, its speaker
+embedding and the fixed noise. For a registered voice they are computed once (the
+token encoder over the prompt tokens alone), their per-step caches kept, keyed by a
+hash of those tensors, and every later stream with that voice starts after them. The
+prompt's last, partial or look-ahead-dependent chunk is computed per request.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,10 +71,102 @@ class FlowStream:
     conv: dict[tuple[int, int], Any] = field(default_factory=dict)
     kv: dict[tuple[int, int], tuple[Any, Any]] = field(default_factory=dict)
     frames_computed: int = 0  # estimator frames this stream ran (what it cost)
+    prompt_cache: PromptCache | None = None  # the voice's prompt part, shared across requests
+    prompt_key: str | None = None  # content hash of the voice's flow inputs (None: not cached)
+    prompt_frames_reused: int = 0  # estimator frames taken from the prompt cache
+    first_call_frames: int | None = None  # estimator frames of the first call (the first hop's cost)
 
     def nbytes(self) -> int:
         total = sum(t.numel() * t.element_size() for t in self.conv.values())
         return total + sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.kv.values())
+
+
+@dataclass(frozen=True)
+class PromptState:
+    """A voice's estimator caches after its cacheable prompt frames (never mutated once stored)."""
+
+    frames: int
+    conv: dict[tuple[int, int], Any]
+    kv: dict[tuple[int, int], tuple[Any, Any]]
+    nbytes: int
+
+
+class PromptCache:
+    """Voice prompt states by content key, least recently used evicted beyond ``max_bytes``. Thread-safe."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = int(max_bytes)
+        self._items: OrderedDict[str, PromptState] = OrderedDict()
+        self._lock = threading.Lock()
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    def get(self, key: str) -> PromptState | None:
+        with self._lock:
+            state = self._items.get(key)
+            if state is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self.hits += 1
+            return state
+
+    def put(self, key: str, state: PromptState) -> bool:
+        """Store ``state`` (False when it alone exceeds the budget: not kept)."""
+        if state.nbytes > self.max_bytes:
+            return False
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.bytes -= old.nbytes
+            self._items[key] = state
+            self.bytes += state.nbytes
+            while self.bytes > self.max_bytes:
+                _, gone = self._items.popitem(last=False)
+                self.bytes -= gone.nbytes
+                self.evictions += 1
+            return True
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def __contains__(self, key: str) -> bool:
+        with self._lock:
+            return key in self._items
+
+
+def prompt_key(prompt_token: Any, prompt_feat: Any, embedding: Any) -> str | None:
+    """A hash of everything the prompt frames depend on (None without a prompt)."""
+    import torch
+
+    if prompt_token is None or prompt_token.shape[-1] == 0:
+        return None
+    h = hashlib.sha256()
+    for t in (prompt_token, prompt_feat, embedding):
+        t = t.detach().cpu().contiguous()
+        h.update(f"{t.dtype}{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def cacheable_prompt_frames(flow: Any, prompt_tokens: int) -> int:
+    """Estimator frames of the prompt's leading whole chunks that depend on no generated token."""
+    chunk = int(flow.decoder.estimator.static_chunk_size)
+    ratio = int(getattr(flow, "token_mel_ratio", 2))
+    enc_chunk = int(getattr(flow.encoder, "static_chunk_size", 0) or 0)
+    look = int(flow.pre_lookahead_len)
+    if enc_chunk <= 0:
+        return 0  # the encoder attends over every token: every frame depends on the generated ones
+    frames = 0
+    while True:
+        last_token = (frames + chunk - 1) // ratio  # the chunk's last frame comes from this token
+        needs = (last_token // enc_chunk + 1) * enc_chunk + look  # tokens its encoder chunk + look-ahead read
+        if needs > prompt_tokens:
+            return frames
+        frames += chunk
 
 
 def supports_flow_cache(flow: Any) -> bool:
@@ -183,6 +286,8 @@ def incremental_inference(flow: Any, stream: FlowStream, *, token: Any, token_le
         h, _ = flow.encoder(x[:, :-look], n, context=x[:, -look:], streaming=True)
     mu = flow.encoder_proj(h).transpose(1, 2)  # [1, 80, frames]
     total, prompt_frames = mu.shape[2], prompt_feat.shape[1]
+    if stream.frames_done == 0 and stream.prompt_key is not None and stream.prompt_cache is not None:
+        _start_after_prompt(flow, stream, prompt_token, prompt_feat, emb)
     start = stream.frames_done
     if start % flow.decoder.estimator.static_chunk_size:
         raise ValueError(f"a hop must start on a chunk boundary (frame {start})")
@@ -191,9 +296,47 @@ def incremental_inference(flow: Any, stream: FlowStream, *, token: Any, token_le
     new_mel = _solve(flow.decoder, mu[:, :, start:], cond[:, :, start:], emb, start, stream)
     stream.frames_done = total
     stream.frames_computed += total - start
+    if stream.first_call_frames is None:
+        stream.first_call_frames = stream.frames_computed
     mel = torch.zeros(1, new_mel.shape[1], total - prompt_frames, dtype=new_mel.dtype, device=new_mel.device)
     mel[:, :, max(0, start - prompt_frames):] = new_mel[:, :, max(0, prompt_frames - start):]
     return mel.float(), None
+
+
+def _start_after_prompt(flow: Any, stream: FlowStream, prompt_token: Any, prompt_feat: Any, emb: Any) -> None:
+    """Load the voice's prompt state into ``stream`` (computing and storing it on a miss)."""
+    import torch
+
+    frames = cacheable_prompt_frames(flow, int(prompt_token.shape[1]))
+    if frames <= 0:
+        return
+    assert stream.prompt_cache is not None and stream.prompt_key is not None
+    state = stream.prompt_cache.get(stream.prompt_key)
+    if state is None or state.frames != frames:
+        # the voice alone: the encoder over the prompt tokens, the estimator over its cacheable frames
+        n = torch.tensor([prompt_token.shape[1]], dtype=torch.int32, device=prompt_token.device)
+        h, _ = flow.encoder(flow.input_embedding(torch.clamp(prompt_token, min=0)), n, streaming=True)
+        mu = flow.encoder_proj(h).transpose(1, 2)[:, :, :frames]
+        cond = prompt_feat[:, :frames].transpose(1, 2).to(mu.dtype)
+        # unwindowed: the first hop then sees every prompt frame, as it does in one call without this cache
+        fresh = FlowStream()
+        with bound_stream(fresh):  # the estimator's hooks read the bound stream
+            _solve(flow.decoder, mu, cond, emb, 0, fresh)
+        # own copies where a cached tensor is a view pinning a larger input (so nbytes is what is held)
+        fresh.conv = {k: _compact(v) for k, v in fresh.conv.items()}
+        fresh.kv = {k: (_compact(kk), _compact(vv)) for k, (kk, vv) in fresh.kv.items()}
+        state = PromptState(frames=frames, conv=fresh.conv, kv=fresh.kv, nbytes=fresh.nbytes())
+        stream.prompt_cache.put(stream.prompt_key, state)
+        stream.frames_computed += frames
+    else:
+        stream.prompt_frames_reused += frames
+    # the stream's own dicts (its later entries replace, never modify, the shared tensors)
+    stream.conv, stream.kv = dict(state.conv), dict(state.kv)
+    stream.frames_done = frames
+
+
+def _compact(t: Any) -> Any:
+    return t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t
 
 
 def _solve(cfm: Any, mu: Any, cond: Any, spks: Any, start: int, stream: FlowStream, steps: int = 10) -> Any:
