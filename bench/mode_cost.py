@@ -4,7 +4,7 @@ Uses only the engine's public contract (CosyVoiceEngine, CosyVoiceConfig, Synthe
 PromptAudio), so the same file runs against an older checkout of the project:
 
     PYTHONPATH=. python bench/mode_cost.py --model-dir .cache/models/v2-short-seed0-b2
-    git worktree add /tmp/old REV && PYTHONPATH=/tmp/old python bench/mode_cost.py --model-dir ...
+    git worktree add ../old-checkout REV && PYTHONPATH=../old-checkout python bench/mode_cost.py --model-dir ...
 
 Prints, per mode and streaming flag, the median process CPU seconds and wall seconds per
 request, time to the first chunk, and audio seconds (seeded, so both runs decode the same
