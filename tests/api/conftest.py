@@ -32,21 +32,26 @@ def behaviour() -> FakeBehaviour:
 
 
 @pytest.fixture
-def client_factory(tmp_path, behaviour) -> Iterator[Callable[..., TestClient]]:
+def start_app(behaviour) -> Iterator[Callable[[Settings], TestClient]]:
+    """``start(settings)``: a started TestClient on the real app over FakeEngines; all stopped at teardown."""
     clients: list[TestClient] = []
 
-    def make(**pool) -> TestClient:
-        app = create_app(make_settings(tmp_path, **pool), engine_factory=lambda i: FakeEngine(behaviour))
-        client = TestClient(app)
+    def start(settings: Settings) -> TestClient:
+        client = TestClient(create_app(settings, engine_factory=lambda i: FakeEngine(behaviour)))
         client.__enter__()
         clients.append(client)
         return client
 
-    yield make
+    yield start
     for c in clients:
         if behaviour.gate is not None:
-            behaviour.gate.set()
+            behaviour.gate.set()  # a held synthesis must end, or the shutdown drain waits for it
         c.__exit__(None, None, None)
+
+
+@pytest.fixture
+def client_factory(tmp_path, start_app) -> Callable[..., TestClient]:
+    return lambda **pool: start_app(make_settings(tmp_path, **pool))
 
 
 @pytest.fixture
