@@ -129,10 +129,12 @@ def engines(tiny_models):
         eng.close()
 
 
-def speak(eng, cancel_after: int | None = None):
-    req = SynthesisRequest(text=("The train to the city leaves at seven every single morning, and the people who "
-                                 "ride it read, sleep or stare at the fields going by."),
-                           mode="sft", speaker=eng.voices()[0], stream=True, seed=5)
+STREAM_TEXT = ("The train to the city leaves at seven every single morning, and the people who "
+               "ride it read, sleep or stare at the fields going by.")
+
+
+def stream_pcm(eng, req: SynthesisRequest, cancel_after: int | None = None) -> list:
+    """The streamed chunks' PCM (int32), cancelling after ``cancel_after`` chunks if given."""
     torch.manual_seed(1234)  # HiFT's excitation noise (the LLM is greedy, the flow's noise fixed)
     cancel = threading.Event()
     chunks = []
@@ -141,6 +143,11 @@ def speak(eng, cancel_after: int | None = None):
         if cancel_after is not None and len(chunks) >= cancel_after:
             cancel.set()
     return chunks
+
+
+def speak(eng, cancel_after: int | None = None):
+    req = SynthesisRequest(text=STREAM_TEXT, mode="sft", speaker=eng.voices()[0], stream=True, seed=5)
+    return stream_pcm(eng, req, cancel_after)
 
 
 def test_engine_streams_the_same_audio_with_the_cache(engines):

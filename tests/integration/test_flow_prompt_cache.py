@@ -26,7 +26,13 @@ from app.engines.base import PromptAudio, SynthesisRequest
 from app.engines.batching import flow_cache
 from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
 from app.engines.cosyvoice_load import load_model_dir
-from tests.integration.test_flow_cache import EXACT, inputs, streamed_mel
+from tests.integration.test_flow_cache import (
+    EXACT,
+    STREAM_TEXT,
+    inputs,
+    stream_pcm,
+    streamed_mel,
+)
 
 N_PROMPT = 80  # 80 prompt tokens: chunks 0-2 (tokens 0-74, look-ahead to 77) are the voice's alone
 PROMPT_FRAMES = 150
@@ -189,16 +195,8 @@ def registered(eng, seconds: float = 4.0):
 
 
 def speak(eng, voice, cancel_after: int | None = None):
-    req = SynthesisRequest(text=("The train to the city leaves at seven every single morning, and the people who "
-                                 "ride it read, sleep or stare at the fields going by."),
-                           mode="zero_shot", voice=voice, stream=True, seed=5)
-    torch.manual_seed(1234)  # HiFT's excitation noise (the LLM is greedy, the flow's noise fixed)
-    cancel, chunks = threading.Event(), []
-    for chunk in eng.synthesize(req, cancel):
-        chunks.append(chunk.pcm.astype(np.int32))
-        if cancel_after is not None and len(chunks) >= cancel_after:
-            cancel.set()
-    return chunks
+    req = SynthesisRequest(text=STREAM_TEXT, mode="zero_shot", voice=voice, stream=True, seed=5)
+    return stream_pcm(eng, req, cancel_after)
 
 
 def test_engine_reuses_a_registered_voices_prompt_and_streams_the_same_audio(engines):
