@@ -389,7 +389,7 @@ class CosyVoiceEngine:
         return bound_iter(self._synthesize(req, cancel), req.timings)
 
     def _synthesize(self, req: SynthesisRequest, cancel: threading.Event) -> Iterator[AudioChunk]:
-        lm = self._require()
+        self._require()  # loaded, or a clear error
         check_mode_inputs(req, self.modes(), self.voices())
         # Upstream streams only at speed 1.0; at other speeds we stream sentence by sentence.
         stream = req.stream and abs(req.speed - 1.0) < 1e-6
@@ -405,10 +405,7 @@ class CosyVoiceEngine:
                     break
                 if cancel.is_set():
                     return
-                if self._batched is not None:
-                    chunks = self._run_batched(model_input, stream, req, cancel)
-                else:
-                    chunks = self._run_tts(lm.model, model_input, stream, req.speed, cancel)
+                chunks = self._speak(model_input, stream, req, cancel)
                 try:
                     for chunk in chunks:
                         yield dataclasses.replace(chunk, segment=index) if index else chunk
@@ -421,6 +418,13 @@ class CosyVoiceEngine:
                 return
             log.exception("CosyVoice synthesis failed (request %s)", req.request_id)
             raise EngineFailure(f"synthesis failed: {type(exc).__name__}") from exc
+
+    def _speak(self, model_input: dict, stream: bool, req: SynthesisRequest,
+               cancel: threading.Event) -> Iterator[AudioChunk]:
+        """One segment's audio: through the batched LLM when it is on, else CosyVoice's own tts()."""
+        if self._batched is not None:
+            return self._run_batched(model_input, stream, req, cancel)
+        return self._run_tts(self._require().model, model_input, stream, req.speed, cancel)
 
     # -- text that arrives over time (WebSocket sessions) --------------------------------------
     _BISTREAM_MODES = ("sft", "zero_shot", "cross_lingual", "instruct2")
@@ -437,10 +441,7 @@ class CosyVoiceEngine:
                 if cancel.is_set():
                     return
                 spoken = True
-                if self._batched is not None:
-                    yield from self._run_batched(model_input, stream, req, cancel)
-                else:
-                    yield from self._run_tts(self._loaded.model, model_input, stream, req.speed, cancel)
+                yield from self._speak(model_input, stream, req, cancel)
         if not spoken and not cancel.is_set():
             raise InvalidInput("the utterance has no text to speak")
 
