@@ -38,7 +38,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_make_tiny_model(args: argparse.Namespace) -> int:
     _setup_logging("info")
     from app.config import ConfigError, load_settings
-    from app.engines.tiny import build_tiny_model, tiny_version_available
+    from app.devmodels.tiny import build_tiny_model, tiny_version_available
 
     cosyvoice_path = args.cosyvoice_path
     if not cosyvoice_path:  # engine.cosyvoice_path from --config / $COSYSERVE_CONFIG / COSYSERVE_ENGINE__COSYVOICE_PATH

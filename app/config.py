@@ -109,7 +109,7 @@ class EngineSettings(_Section):
     kind: Literal["cosyvoice", "fake"] = "cosyvoice"
     model_dir: str | None = None
     cosyvoice_path: str | None = None
-    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # see app/engines/precision.py
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # see app/engines/cosyvoice/precision.py
     dtype_stages: list[Literal["llm", "flow", "hift"]] = ["llm", "flow"]  # what runs in a reduced dtype
     fp16: bool = False  # old name: true means dtype fp16
     torch_threads: int = Field(1, ge=1, le=256)

@@ -31,7 +31,7 @@ def resolve_model_dir(settings: Settings) -> str:
     """The configured model dir, or the embedded tiny default (built once into the cache)."""
     if settings.engine.model_dir:
         return str(Path(settings.engine.model_dir).expanduser().resolve())
-    from app.engines.tiny import ensure_tiny_model
+    from app.devmodels.tiny import ensure_tiny_model
 
     path = ensure_tiny_model(settings.engine.tiny_cache_dir, settings.engine.tiny_version,
                              cosyvoice_path=settings.engine.cosyvoice_path)
@@ -53,7 +53,7 @@ def engine_factory(settings: Settings, llm_observer: Any = None) -> EngineFactor
         delay = eng.fake_chunk_delay_s  # sleeping, not computing: a latency-bound engine for cluster tests
         behaviour = FakeBehaviour(first_chunk_delay_s=delay, chunk_delay_s=delay)
         return lambda index: FakeEngine(behaviour, name=eng.name or "fake")
-    from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 
     model_dir = resolve_model_dir(settings)
     cfg = CosyVoiceConfig(model_dir=model_dir, cosyvoice_path=eng.cosyvoice_path, dtype=eng.dtype,

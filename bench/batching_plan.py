@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 # ~19 text tokens with the tiny/full-size BPE tokenizer -> ~38 speech tokens (~1.5 s of audio)
-# with the full-size model's calibrated stop (app/engines/fullsize.py).
+# with the full-size model's calibrated stop (app/devmodels/fullsize.py).
 FULL_TEXT = "The train to the city leaves at seven every single morning."
 SAMPLE_RATE = 24000  # CosyVoice2; requested explicitly, so PCM bytes / 2 / rate = audio seconds
 SPEECH_TOKENS_PER_S = 25  # CosyVoice2: one speech token per 40 ms of audio

@@ -25,7 +25,7 @@ def _ms(fn, x, reps: int) -> float:
 def main() -> int:
     import torch
 
-    from app.engines.precision import cpu_has_native_bf16
+    from app.engines.cosyvoice.precision import cpu_has_native_bf16
 
     torch.set_num_threads(1)
     out = {"native_bf16": cpu_has_native_bf16(), "threads": 1}

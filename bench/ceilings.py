@@ -31,7 +31,7 @@ SPEAKER_ENV = "COSYSERVE_BENCH_SPEAKER"
 
 
 def _engine(model_dir: str) -> Any:
-    from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 
     return CosyVoiceEngine(CosyVoiceConfig(model_dir=model_dir, torch_threads=1))
 

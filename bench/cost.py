@@ -158,7 +158,7 @@ def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | No
     also engine.flow_prompt_cache_mb with a registered voice."""
     import torch
 
-    from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()

@@ -45,8 +45,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
-    from app.engines.tiny import ensure_tiny_model
+    from app.devmodels.tiny import ensure_tiny_model
+    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 
     print(f"20-word sentence, {args.threads} torch thread(s), median of {args.reps} after 2 warm-ups\n")
     print("| model | mode | latency s | first chunk s | audio s | RTF |")

@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from app.engines.batching import flow_cache
-    from app.engines.cosyvoice_load import load_model_dir
+    from app.engines.cosyvoice.batching import flow_cache
+    from app.engines.cosyvoice.load import load_model_dir
 
     torch.set_num_threads(1)
     if args.model_dir is None:

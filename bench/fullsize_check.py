@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from app.engines.cosyvoice_load import load_model_dir
+    from app.engines.cosyvoice.load import load_model_dir
 
     proc = psutil.Process()
     rss0 = proc.memory_info().rss

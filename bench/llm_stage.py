@@ -29,7 +29,7 @@ TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 def _inputs(model_dir: str):
     import torch
 
-    from app.engines.cosyvoice_load import load_model_dir
+    from app.engines.cosyvoice.load import load_model_dir
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -95,8 +95,8 @@ class _Steps:
 def batched(llm, model_input: dict, concurrency: int, requests: int) -> dict:
     import torch
 
-    from app.engines.batching.lm import BatchedLM
-    from app.engines.batching.scheduler import LLMScheduler
+    from app.engines.cosyvoice.batching.lm import BatchedLM
+    from app.engines.cosyvoice.batching.scheduler import LLMScheduler
 
     steps = _Steps()
     blm = BatchedLM(llm)

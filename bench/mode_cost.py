@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from app.engines.base import PromptAudio, SynthesisRequest
-from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
+from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 
 TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away into the green forest."
 

@@ -11,7 +11,7 @@ import argparse
 import statistics
 import time
 
-from app.engines.normalize import TextNormalizer
+from app.text.normalize import TextNormalizer
 
 TEXTS = {
     "en-numbers": "I bought 5 apples for $3.50 at 10:30 am on Jan 5, 2024. Prices rose 20% and the store is 3 km away. ",

@@ -168,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Markdown report to write ('' to skip)")
     args = parser.parse_args(argv)
 
-    from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
-    from app.engines.tiny import ensure_tiny_model
+    from app.devmodels.tiny import ensure_tiny_model
+    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 
     model_dir = args.model_dir or str(ensure_tiny_model(ROOT / ".cache" / "models", 2))
     engine = CosyVoiceEngine(CosyVoiceConfig(model_dir=model_dir, torch_threads=args.threads))

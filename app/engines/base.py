@@ -14,8 +14,8 @@ from typing import Iterator, Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from app.engines.textstream import TextStream
 from app.engines.timings import StageTimings
+from app.text.stream import TextStream
 
 Mode = Literal["sft", "zero_shot", "cross_lingual", "instruct", "instruct2", "vc"]
 MODES: tuple[str, ...] = ("sft", "zero_shot", "cross_lingual", "instruct", "instruct2", "vc")

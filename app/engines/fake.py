@@ -17,15 +17,15 @@ import numpy as np
 
 from app.engines.base import (
     MODES,
-    PromptAudio,
     AudioChunk,
     EngineFailure,
     EngineInfo,
     InvalidInput,
+    PromptAudio,
     SynthesisRequest,
     check_mode_inputs,
 )
-from app.engines.textstream import sentences
+from app.text.stream import sentences
 
 
 @dataclass

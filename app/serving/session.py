@@ -26,7 +26,6 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from app.engines.base import EngineError
-from app.engines.textstream import TextStream
 from app.serving.encoded import OutputSpec
 from app.serving.errors import (
     BadRequest,
@@ -40,6 +39,7 @@ from app.serving.errors import (
 from app.serving.plan import Plan, SpeechFields
 from app.serving.pool import Ticket
 from app.serving.speech import SpeechService
+from app.text.stream import TextStream
 
 log = logging.getLogger("cosyserve.session")
 

@@ -19,7 +19,7 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
 
 
 def engine_config(args: argparse.Namespace) -> Any:
-    from app.engines.cosyvoice import CosyVoiceConfig
+    from app.engines.cosyvoice.engine import CosyVoiceConfig
 
     return CosyVoiceConfig(model_dir=args.model_dir, torch_threads=args.torch_threads)
 

@@ -32,7 +32,7 @@ class Body(BaseModel):
 
 def build_app(config: object) -> FastAPI:
     from app.engines.base import SynthesisRequest
-    from app.engines.cosyvoice import CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceEngine
 
     app = FastAPI(title="load-per-request baseline")
 

@@ -47,7 +47,7 @@ def build_app(engine: Any) -> FastAPI:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(__doc__ or "", argv)
-    from app.engines.cosyvoice import CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceEngine
 
     engine = CosyVoiceEngine(engine_config(args))
     engine.load()  # upstream builds its model at import time, before uvicorn starts

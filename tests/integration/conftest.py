@@ -18,7 +18,7 @@ CACHE = Path(os.environ.get("COSYSERVE_TEST_MODELS", ROOT / ".cache" / "models")
 @pytest.fixture(scope="session")
 def tiny_models():
     """``get(version, long=False, instruct=False) -> Path`` building each tiny model dir once."""
-    from app.engines.tiny import ensure_tiny_model
+    from app.devmodels.tiny import ensure_tiny_model
 
     lock = threading.Lock()
 
@@ -32,7 +32,7 @@ def tiny_models():
 @pytest.fixture(scope="session")
 def engines(tiny_models):
     """``get(version, long=False, instruct=False)``: a loaded CosyVoiceEngine, one per kind per session."""
-    from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 
     loaded: dict = {}
 

@@ -35,7 +35,7 @@ TEXTS = [
 @pytest.fixture(scope="module")
 def v2(tiny_models):
     """A loaded tiny CosyVoice2 engine (per-request path) whose modules the tests batch themselves."""
-    from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 
     eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), torch_threads=1, llm_greedy=True))
     eng.load()
@@ -44,7 +44,7 @@ def v2(tiny_models):
 
 
 def _batched_engine(model_dir):
-    from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 
     eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(model_dir), torch_threads=1,
                                           batching=True, llm_greedy=True, max_batch_size=8))
@@ -111,9 +111,9 @@ def reference(engine, model_input: dict) -> tuple[list[int], list]:
 
 
 def make_scheduler(engine, greedy: bool = True, max_batch_size: int = 16):
-    from app.engines.batching.lm import BatchedLM
-    from app.engines.batching.sampling import SamplingRules
-    from app.engines.batching.scheduler import LLMScheduler
+    from app.engines.cosyvoice.batching.lm import BatchedLM
+    from app.engines.cosyvoice.batching.sampling import SamplingRules
+    from app.engines.cosyvoice.batching.scheduler import LLMScheduler
 
     lm = BatchedLM(engine._loaded.model.llm)
     sched = LLMScheduler(lm, max_batch_size=max_batch_size, trace_logp=True,

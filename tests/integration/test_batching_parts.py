@@ -8,8 +8,13 @@ pytestmark = [pytest.mark.integration]
 
 torch = pytest.importorskip("torch")
 
-from app.engines.batching.kv import BatchedKV  # noqa: E402
-from app.engines.batching.sampling import Sampler, SamplingRules, nucleus_support, ranked_greedy  # noqa: E402
+from app.engines.cosyvoice.batching.kv import BatchedKV  # noqa: E402
+from app.engines.cosyvoice.batching.sampling import (  # noqa: E402
+    Sampler,
+    SamplingRules,
+    nucleus_support,
+    ranked_greedy,
+)
 
 
 def filled(kv: BatchedKV, length: int, value: float) -> int:

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from app.engines.base import SynthesisRequest
-from app.engines.batching.bistream import BistreamFeed
-from app.engines.textstream import TextStream
+from app.engines.cosyvoice.batching.bistream import BistreamFeed
+from app.text.stream import TextStream
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -26,7 +26,7 @@ TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away i
 
 @pytest.fixture(scope="module")
 def engine(tiny_models):
-    from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 
     eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
                                           llm_greedy=False))
@@ -158,7 +158,7 @@ def test_without_bistream_each_sentence_is_spoken_once_it_is_complete(engines, v
 
 def _pushed_text_ids(engine, monkeypatch, text: str, **req) -> list[int]:
     """The text token ids the engine's feeder handed the bistream sequence for ``text`` (streamed in pieces)."""
-    from app.engines.batching import bistream
+    from app.engines.cosyvoice.batching import bistream
 
     pushed: list[int] = []
     original = bistream.BistreamFeed.push

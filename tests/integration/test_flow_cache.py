@@ -22,9 +22,9 @@ pytestmark = [pytest.mark.integration]
 torch = pytest.importorskip("torch")
 
 from app.engines.base import SynthesisRequest
-from app.engines.batching import flow_cache
-from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
-from app.engines.cosyvoice_load import load_model_dir
+from app.engines.cosyvoice.batching import flow_cache
+from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+from app.engines.cosyvoice.load import load_model_dir
 
 EXACT = 1e-4
 

@@ -50,7 +50,7 @@ TOKEN_SECONDS = {1: 0.02, 2: 0.04}  # audio per speech token: v1 50 Hz, v2 25 Hz
 
 @pytest.fixture(scope="module")
 def engine(tiny_models):
-    from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 
     eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), batching=True))
     eng.load()

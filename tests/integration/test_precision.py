@@ -21,9 +21,9 @@ pytestmark = [pytest.mark.integration]
 torch = pytest.importorskip("torch")
 
 from app.engines.base import SynthesisRequest
-from app.engines.batching.lm import BatchedLM
-from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
-from app.engines.cosyvoice_load import load_model_dir
+from app.engines.cosyvoice.batching.lm import BatchedLM
+from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+from app.engines.cosyvoice.load import load_model_dir
 
 LLM_BOUND = 0.02
 FLOW_BOUND = 0.10

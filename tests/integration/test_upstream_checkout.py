@@ -38,7 +38,7 @@ MODES = {1: "sft,zero_shot,cross_lingual,vc", 2: "sft,zero_shot,cross_lingual,in
 SCRIPT = r"""
 import sys, threading
 from app.engines.base import PromptAudio, SynthesisRequest
-from app.engines.cosyvoice import CosyVoiceConfig, CosyVoiceEngine
+from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 from tests.integration.conftest import speechlike
 model_dir, upstream, modes, batching = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4] == "1"
 eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=model_dir, cosyvoice_path=upstream, batching=batching, llm_greedy=batching))
@@ -58,7 +58,7 @@ for mode in modes:
         seconds = sum(c.duration_s for c in chunks)
         assert chunks and seconds > 0.2, (mode, stream, seconds)
         if mode == "sft":  # stop-calibrated: the tiny LLM stops right after CosyVoice's 2x-text-tokens minimum
-            from app.engines.cosyvoice_prompts import speech_text
+            from app.engines.cosyvoice.prompts import speech_text
             version = int(eng.family[-1])
             n = eng.text_tokens(speech_text(version, mode, "Hello there, this is test one."))
             tokens = seconds / (0.02 if version == 1 else 0.04)
@@ -95,7 +95,7 @@ def model_dirs(tiny_models, upstream):
             if version < 3:
                 built[version] = tiny_models(version)
             else:
-                code = ("import sys; from app.engines.tiny import ensure_tiny_model; "
+                code = ("import sys; from app.devmodels.tiny import ensure_tiny_model; "
                         "print(ensure_tiny_model(sys.argv[1], 3, cosyvoice_path=sys.argv[2]))")
                 out = subprocess.run([sys.executable, "-c", code, str(CACHE), upstream], cwd=ROOT,
                                      capture_output=True, text=True, timeout=600, check=False)

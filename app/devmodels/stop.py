@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.engines import tiny_yaml as ty
+from app.devmodels import tiny_yaml as ty
 
 # Residual-stream dimensions reserved by the stop controller (LLM width 64, 2 heads of 32).
 _S_MARK, _S_TASK, _R_COUNT, _R_TASK, _R_GATE, _T_ONE = 0, 1, 2, 3, 4, 5

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from app.engines.normalize import TextNormalizer, detect_language, language_pieces
+from app.text.normalize import TextNormalizer, detect_language, language_pieces
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_english_fast_path_matches_wetext(tn, text):
 
 
 def test_clause_normalizer_holds_only_clauses_wetext_would_change_and_keeps_word_spacing():
-    from app.engines.normalize import ClauseNormalizer
+    from app.text.normalize import ClauseNormalizer
 
     seen: list[str] = []
 

@@ -95,6 +95,7 @@ def _patch_qwen2_incremental_mask() -> None:
     """
     try:
         import transformers
+
         from cosyvoice.llm.llm import Qwen2Encoder
     except ImportError:
         return

@@ -1,9 +1,9 @@
-"""The full-size random-weight CosyVoice2 builder (app/engines/fullsize.py, tiny.build_tiny_model(full_size=True)).
+"""The full-size random-weight CosyVoice2 builder (app/devmodels/fullsize.py, tiny.build_tiny_model(full_size=True)).
 
 The fast tests instantiate the real CosyVoice classes from the full-size config (Qwen2 on
 the meta device, so no GBs are allocated) and check the calibrated stop in CosyVoice's own
 sampler. The build-and-load test writes ~4.5 GB and takes minutes: it is marked
-``fullsize`` and deselected by default (``pytest -m fullsize tests/integration/test_fullsize.py``).
+``fullsize`` and deselected by default (``pytest -m fullsize tests/integration/devmodels/test_fullsize.py``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ pytestmark = pytest.mark.integration
 
 import torch
 
-from app.engines import fullsize, tiny
-from app.engines import tiny_yaml as ty
+from app.devmodels import fullsize, tiny
+from app.devmodels import tiny_yaml as ty
 
 TEXTS = ("Hello there, how are you?", "The quick brown fox jumps over the lazy dog near the quiet river bank today.")
 
@@ -116,7 +116,7 @@ def test_calibrated_head_stops_inside_cosyvoice_sampler():
 @pytest.mark.fullsize
 def test_build_and_load_full_size(tmp_path_factory):
     """Build the full-size dir (or reuse COSYSERVE_FULLSIZE_DIR), load it strictly, count tokens."""
-    from app.engines.cosyvoice_load import load_model_dir
+    from app.engines.cosyvoice.load import load_model_dir
 
     given = os.environ.get("COSYSERVE_FULLSIZE_DIR")
     if given:

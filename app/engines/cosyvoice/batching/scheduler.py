@@ -27,10 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from app.engines.batching.bistream import BistreamFeed
-from app.engines.batching.kv import SavedRow
-from app.engines.batching.lm import BatchedLM
-from app.engines.batching.sampling import Sampler, SamplingRules
+from app.engines.cosyvoice.batching.bistream import BistreamFeed
+from app.engines.cosyvoice.batching.kv import SavedRow
+from app.engines.cosyvoice.batching.lm import BatchedLM
+from app.engines.cosyvoice.batching.sampling import Sampler, SamplingRules
 
 log = logging.getLogger("cosyserve.engine.batch")
 

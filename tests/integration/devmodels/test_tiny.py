@@ -1,4 +1,4 @@
-"""The tiny random-weight CosyVoice model builder (app/engines/tiny.py) against the real CosyVoice code.
+"""The tiny random-weight CosyVoice model builder (app/devmodels/tiny.py) against the real CosyVoice code.
 
 Every dir is built fresh into pytest's tmp dirs (never the shared model cache), once per
 session, so these tests always exercise the current builder.
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 import torch
 
-from app.engines import tiny
+from app.devmodels import tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from app.engines.batching.gate import PriorityGate
+from app.engines.cosyvoice.batching.gate import PriorityGate
 
 MAX_SILENT_RUN = 5
 POLL_S = 0.05  # how often a waiting consumer re-checks its cancel flag
@@ -101,11 +101,11 @@ def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, sp
 
     ``gate`` (optional) bounds concurrent token2wav calls across requests, first chunks first.
     ``flow_stream`` (optional, streaming only): a ``flow_cache.FlowStream`` bound around each
-    call, so the flow computes each hop's new frames only (``app/engines/batching/flow_cache.py``).
+    call, so the flow computes each hop's new frames only (``app/engines/cosyvoice/batching/flow_cache.py``).
     """
     import torch
 
-    from app.engines.batching.flow_cache import bound_stream
+    from app.engines.cosyvoice.batching.flow_cache import bound_stream
 
     started = time.monotonic()
     calls = 0

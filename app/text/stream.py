@@ -21,7 +21,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 
-from app.engines.text import split_sentences
+from app.text.split import split_sentences
 
 POLL_S = 0.05  # how often a blocked reader re-checks its cancel flag
 

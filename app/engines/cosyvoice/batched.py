@@ -15,22 +15,30 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from app.engines.base import InvalidInput
-from app.engines.batching.bistream import BistreamFeed
-from app.engines.batching.flow_cache import (
+from app.engines.cosyvoice.batching.bistream import BistreamFeed
+from app.engines.cosyvoice.batching.flow_cache import (
     FlowStream,
     PromptCache,
     prompt_key,
     supports_flow_cache,
 )
-from app.engines.batching.flow_cache import install as install_flow_cache
-from app.engines.batching.gate import PriorityGate
-from app.engines.batching.lm import ENDOFPROMPT_ID, BatchedLM, supports_batching
-from app.engines.batching.sampling import SamplingRules
-from app.engines.batching.scheduler import LLMObserver, LLMScheduler
-from app.engines.batching.token2wav import FixedTokens, HopSchedule, synthesize_tokens
-from app.engines.normalize import ClauseNormalizer
-from app.engines.textstream import TextStream, WordBuffer
+from app.engines.cosyvoice.batching.flow_cache import install as install_flow_cache
+from app.engines.cosyvoice.batching.gate import PriorityGate
+from app.engines.cosyvoice.batching.lm import (
+    ENDOFPROMPT_ID,
+    BatchedLM,
+    supports_batching,
+)
+from app.engines.cosyvoice.batching.sampling import SamplingRules
+from app.engines.cosyvoice.batching.scheduler import LLMObserver, LLMScheduler
+from app.engines.cosyvoice.batching.token2wav import (
+    FixedTokens,
+    HopSchedule,
+    synthesize_tokens,
+)
 from app.engines.timings import current
+from app.text.normalize import ClauseNormalizer
+from app.text.stream import TextStream, WordBuffer
 
 log = logging.getLogger("cosyserve.engine")
 Tokenize = Callable[[str], list[int]]

@@ -1,4 +1,4 @@
-from app.engines.text import fit_token_budget, split_sentences
+from app.text.split import fit_token_budget, split_sentences
 
 
 def test_short_text_is_one_segment():

@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from app.engines import cosyvoice_prompts as prompts
 from app.engines.base import (
     AudioChunk,
     EngineFailure,
@@ -34,10 +33,11 @@ from app.engines.base import (
     check_mode_inputs,
     float_to_int16,
 )
-from app.engines.normalize import TextNormalizer
-from app.engines.text import fit_token_budget, split_sentences
-from app.engines.textstream import sentences
+from app.engines.cosyvoice import prompts
 from app.engines.timings import bound_iter, current, instrument
+from app.text.normalize import TextNormalizer
+from app.text.split import fit_token_budget, split_sentences
+from app.text.stream import sentences
 
 log = logging.getLogger("cosyserve.engine")
 
@@ -50,7 +50,7 @@ _TEXT_PROMPT_KEYS = ("prompt_text", "prompt_text_len")
 class CosyVoiceConfig:
     model_dir: str
     cosyvoice_path: str | None = None
-    dtype: str = "fp32"  # engine.dtype: auto | fp32 | bf16 | fp16 (app/engines/precision.py)
+    dtype: str = "fp32"  # engine.dtype: auto | fp32 | bf16 | fp16 (app/engines/cosyvoice/precision.py)
     dtype_stages: tuple[str, ...] = ("llm", "flow")  # which stages run in a reduced dtype
     torch_threads: int = 1
     prompt_cache_size: int = 32
@@ -105,8 +105,8 @@ class CosyVoiceEngine:
     def load(self) -> None:
         import torch
 
-        from app.engines.cosyvoice_cancel import CancelRegistry
-        from app.engines.cosyvoice_load import load_model_dir
+        from app.engines.cosyvoice.cancel import CancelRegistry
+        from app.engines.cosyvoice.load import load_model_dir
 
         torch.set_num_threads(max(1, int(self.config.torch_threads)))
         t0 = time.perf_counter()
@@ -118,11 +118,11 @@ class CosyVoiceEngine:
         self.sample_rate = self._loaded.sample_rate
         self._initial_hop = getattr(self._loaded.model, "token_hop_len", None)
         if self.config.llm_greedy and self._loaded.version >= 2:
-            from app.engines.batching.sampling import ranked_greedy
+            from app.engines.cosyvoice.batching.sampling import ranked_greedy
 
             self._loaded.model.llm.sampling = ranked_greedy()  # testing: deterministic per-request decoding
         if self.config.batching and self._loaded.version >= 2:
-            from app.engines.cosyvoice_batched import BatchedRunner
+            from app.engines.cosyvoice.batched import BatchedRunner
 
             self._batched = BatchedRunner(self._loaded.model, max_batch_size=self.config.max_batch_size,
                                           greedy=self.config.llm_greedy, observer=self.llm_observer,
@@ -200,7 +200,7 @@ class CosyVoiceEngine:
         """Which stored voice features this engine can use: family + its frontend models' fingerprint."""
         lm = self._require()
         if self._voice_family is None:
-            from app.engines.cosyvoice_load import TOKENIZER_FILES
+            from app.engines.cosyvoice.load import TOKENIZER_FILES
 
             h = hashlib.sha256()
             for name in ("campplus.onnx", TOKENIZER_FILES[lm.version]):

@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 
-from app.engines.batching.bistream import SOS, TASK, BistreamFeed
-from app.engines.textstream import TextStream, WordBuffer, sentences
+from app.engines.cosyvoice.batching.bistream import SOS, TASK, BistreamFeed
+from app.text.stream import TextStream, WordBuffer, sentences
 
 
 def test_text_stream_blocks_until_a_piece_or_the_end_and_stops_on_cancel():

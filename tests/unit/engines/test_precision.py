@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.config import EngineSettings
-from app.engines.precision import (
+from app.engines.cosyvoice.precision import (
     DEFAULT_STAGES,
     Precision,
     cpu_flags,

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from app.engines.base import EngineFailure
-from app.engines.cosyvoice_compat import SafeMelExtractor, attach_llm, prepare_imports
-from app.engines.precision import (
+from app.engines.cosyvoice.compat import SafeMelExtractor, attach_llm, prepare_imports
+from app.engines.cosyvoice.precision import (
     DEFAULT_STAGES,
     Precision,
     apply_precision,
@@ -81,7 +81,7 @@ def load_model_dir(model_dir: str | os.PathLike, *, dtype: str = "fp32", dtype_s
                    cosyvoice_path: str | None = None) -> LoadedModel:
     """Build frontend + model for the CosyVoice version found in ``model_dir`` (one thread at a time).
 
-    ``dtype`` is ``engine.dtype`` (auto | fp32 | bf16 | fp16, see ``app/engines/precision.py``).
+    ``dtype`` is ``engine.dtype`` (auto | fp32 | bf16 | fp16, see ``app/engines/cosyvoice/precision.py``).
     """
     with _BUILD_LOCK:
         return _load_model_dir(model_dir, dtype=dtype, dtype_stages=tuple(dtype_stages), cosyvoice_path=cosyvoice_path)
@@ -91,9 +91,10 @@ def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: t
                     cosyvoice_path: str | None) -> LoadedModel:
     prepare_imports(cosyvoice_path)
     import torch
+    from hyperpyyaml import load_hyperpyyaml
+
     from cosyvoice.cli import model as cv_model
     from cosyvoice.cli.frontend import CosyVoiceFrontEnd
-    from hyperpyyaml import load_hyperpyyaml
 
     model_dir = Path(model_dir).expanduser().resolve()
     if not model_dir.is_dir():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.engines.cosyvoice_prompts import instruction, speech_text, zero_shot_prompt
+from app.engines.cosyvoice.prompts import instruction, speech_text, zero_shot_prompt
 
 SYSTEM = "You are a helpful assistant.<|endofprompt|>"
 

@@ -35,9 +35,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.engines import fullsize, tiny_v3
-from app.engines import tiny_yaml as ty
-from app.engines.tiny_stop import StopPlan
+from app.devmodels import fullsize, tiny_v3
+from app.devmodels import tiny_yaml as ty
+from app.devmodels.stop import StopPlan
 
 log = logging.getLogger("cosyserve.engine.tiny")
 
@@ -127,7 +127,7 @@ def tiny_version_available(version: int, cosyvoice_path: str | None = None) -> t
 
 def _prepare(cosyvoice_path: str | None = None) -> None:
     """Make cosyvoice/matcha importable (all shims live in ``cosyvoice_compat``)."""
-    from app.engines.cosyvoice_compat import prepare_imports
+    from app.engines.cosyvoice.compat import prepare_imports
 
     prepare_imports(cosyvoice_path)
 

@@ -6,7 +6,7 @@ their own input embeddings (text: the backbone's ``embed_tokens``; speech:
 ``speech_embedding``; start/task markers: ``llm_embedding`` in v2,
 ``speech_embedding`` in v3) and a speech-token head (``llm_decoder``). We reuse
 those modules and their weights as they are, and run the decoder layers
-ourselves over a :class:`~app.engines.batching.kv.BatchedKV`, so one step
+ourselves over a :class:`~app.engines.cosyvoice.batching.kv.BatchedKV`, so one step
 serves every running sequence whatever its length:
 
 * ``prefill`` runs one sequence's prompt (causal attention over itself) and
@@ -25,7 +25,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from app.engines.batching.kv import BatchedKV, SavedRow
+from app.engines.cosyvoice.batching.kv import BatchedKV, SavedRow
 
 
 @dataclass(frozen=True)
