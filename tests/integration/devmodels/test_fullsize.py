@@ -39,8 +39,25 @@ def full_configs():
     # keep the llm out: Qwen2Encoder loads a pretrained dir at construction
     head, rest = text.split("\nllm: ", 1)
     _, tail = rest.split("\nflow: ", 1)
+    _import_named_modules(text)
     with tiny._preserved_rng(), torch.device("meta"):  # shapes only: nothing allocated
         return load_hyperpyyaml(head + "\nflow: " + tail), text
+
+
+def _import_named_modules(yaml_text: str) -> None:
+    """Import every module the yaml names (and CosyVoice's model classes) before the meta device is on.
+
+    A module imported for the first time under ``torch.device("meta")`` keeps meta tensors in its
+    default arguments (``CosyVoiceModel.tts(..., flow_prompt_speech_token=torch.zeros(1, 0))``) for
+    the rest of the process, and every later test's CosyVoice call fails ("Cannot copy out of meta
+    tensor").
+    """
+    import importlib
+    import re
+
+    names = {m.rsplit(".", 1)[0] for m in re.findall(r"!(?:new|name|apply):([\w.]+)", yaml_text)}
+    for module in sorted(names | {"cosyvoice.cli.model", "cosyvoice.cli.frontend"}):
+        importlib.import_module(module)
 
 
 def test_full_size_flow_and_hift_have_cosyvoice2_05b_sizes(full_configs):
