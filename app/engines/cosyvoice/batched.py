@@ -47,7 +47,7 @@ Tokenize = Callable[[str], list[int]]
 class BatchedRunner:
     def __init__(self, model: Any, *, max_batch_size: int, greedy: bool = False,
                  observer: LLMObserver | None = None, initial_hop: int | None = None,
-                 trace_logp: bool = False, token2wav_workers: int | None = None,
+                 token2wav_workers: int | None = None,
                  flow_cache: bool = False, flow_cache_window_frames: int | None = None,
                  flow_prompt_cache_mb: float = 0) -> None:
         if not supports_batching(getattr(model, "llm", None)):
@@ -67,7 +67,7 @@ class BatchedRunner:
                         "streaming recomputes the prefix")
         self.scheduler = LLMScheduler(self.lm, max_batch_size=max_batch_size,
                                       rules=SamplingRules.from_llm(model.llm, greedy=greedy),
-                                      observer=observer, trace_logp=trace_logp)
+                                      observer=observer)
         self.gate = PriorityGate(token2wav_workers) if token2wav_workers else None
         self.scheduler.start()
 
@@ -108,8 +108,7 @@ class BatchedRunner:
 
     @property
     def alive(self) -> bool:
-        thread = self.scheduler._thread
-        return thread is not None and thread.is_alive()
+        return self.scheduler.alive
 
     def close(self) -> None:
         self.scheduler.stop()

@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -125,8 +124,7 @@ class LLMScheduler:
     """Owns one BatchedLM; ``start()`` launches its thread, ``stop()`` ends it."""
 
     def __init__(self, lm: BatchedLM, max_batch_size: int = 16, rules: SamplingRules | None = None,
-                 observer: LLMObserver | None = None, trace_logp: bool = False,
-                 thread_setup: Callable[[], None] | None = None) -> None:
+                 observer: LLMObserver | None = None, trace_logp: bool = False) -> None:
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         self.lm = lm
@@ -134,7 +132,6 @@ class LLMScheduler:
         self.rules = rules or SamplingRules.from_llm(lm.llm)
         self.observer: LLMObserver = observer or _NullObserver()
         self.trace_logp = trace_logp
-        self._thread_setup = thread_setup
         self._kv = lm.new_cache()
         self._rows: list[Sequence] = []  # _rows[r] decodes in cache row r
         self._pending: deque[Sequence] = deque()
@@ -152,6 +149,11 @@ class LLMScheduler:
             raise RuntimeError("scheduler already started")
         self._thread = threading.Thread(target=self._run, name="cosyserve-llm", daemon=True)
         self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        """The scheduler thread runs (False before start and after stop or a crash)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def stop(self, timeout: float = 30.0) -> None:
         with self._cond:
@@ -205,8 +207,6 @@ class LLMScheduler:
     def _run(self) -> None:
         import torch
 
-        if self._thread_setup is not None:
-            self._thread_setup()
         try:
             with torch.inference_mode():
                 while True:
