@@ -22,12 +22,11 @@ from starlette.exceptions import HTTPException
 
 from app.api.context import context_of
 from app.audio.decode import AudioDecodeError, decode_audio
-from app.engines.base import PromptAudio
+from app.engines.base import PROMPT_RATE, PromptAudio
 from app.serving.errors import BadRequest, BodyTimeout, PayloadTooLarge
 from app.serving.limits import (
     PROMPT_MAX_S,
     PROMPT_MIN_S,
-    PROMPT_RATE,
     SpeechLimits,
     size_text,
 )

@@ -19,6 +19,7 @@ from app.text.stream import TextStream
 
 Mode = Literal["sft", "zero_shot", "cross_lingual", "instruct", "instruct2", "vc"]
 MODES: tuple[str, ...] = ("sft", "zero_shot", "cross_lingual", "instruct", "instruct2", "vc")
+PROMPT_RATE = 16000  # prompt and source audio go to the model at this rate (uploads are decoded to it)
 
 
 class EngineError(Exception):

@@ -12,7 +12,6 @@ from app.engines.base import MODES
 
 SPEED_MIN, SPEED_MAX = 0.25, 4.0
 PROMPT_MIN_S, PROMPT_MAX_S = 1.0, 30.0  # prompt and source audio, seconds
-PROMPT_RATE = 16000  # uploads are decoded to this rate for the model
 OPENAI_MAX_INPUT_CHARS = 4096  # OpenAI's documented limit for /v1/audio/speech
 OUTPUT_RATE_MIN, OUTPUT_RATE_MAX = 8000, 48000  # sample_rate a client may ask for
 ALL_MODES: tuple[str, ...] = MODES
