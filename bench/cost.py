@@ -169,7 +169,7 @@ def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | No
                                              flow_prompt_cache_mb=1024 if by_voice else 0))
     engine.load()
     load_s = time.perf_counter() - t0
-    counter = FrameCounter(engine._loaded.model.flow)
+    counter = FrameCounter(engine.loaded.model.flow)
     _one(engine, "Hello.", False)  # warm-up: first-call kernel setup, the prompt's features (cached)
     voice, voice_fill = None, None
     if by_voice:
@@ -191,11 +191,11 @@ def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | No
         log(f"{model} {variant} {name}: cpu {best['cpu_s_per_request']:.2f} s/req, wall {best['wall_s']:.2f} s, "
             f"ttfa {best['ttfa_s']:.2f} s, audio {best['audio_s_per_request']:.2f} s, "
             f"flow frames {best['flow_frames_per_request']:.0f}, first hop {best['first_hop_flow_frames']}")
-    precision = engine._loaded.precision
-    engine_cache = engine._batched is not None and engine._batched.flow_cache
+    precision = engine.loaded.precision
+    engine_cache = engine.runner is not None and engine.runner.flow_cache
     out = {"model": model, "variant": variant, "ran": precision.dtype, "stages_reduced": list(precision.stages),
            "flow_cache": bool(engine_cache), "load_s": load_s, "cases": cases}
-    pc = engine._batched.prompt_cache if engine._batched is not None else None
+    pc = engine.runner.prompt_cache if engine.runner is not None else None
     if pc is not None:
         out["voice_cache"] = {"hits": pc.hits, "misses": pc.misses, "bytes": pc.bytes, "fill": voice_fill}
     engine.close()

@@ -107,9 +107,9 @@ def run_all(engine, scenarios: list[Scenario], reps: int, warmup: int) -> dict[s
     results = {sc.key: Result(sc.label, [], 0) for sc in scenarios}
     for _ in range(reps):
         for sc in scenarios:
-            hits = engine.prompt_cache_hits
+            hits = engine.prompts.hits
             results[sc.key].runs.append(measure(engine, sc.req, sc.before))
-            results[sc.key].cache_hits += engine.prompt_cache_hits - hits
+            results[sc.key].cache_hits += engine.prompts.hits - hits
     for r in results.values():
         print(f"  {r.label}: TTFA median {r.stat('ttfa_s', 50):.3f} s, total median {r.stat('total_s', 50):.3f} s",
               file=sys.stderr)
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"benchmarking {args.reps} runs after {args.warmup} warm-ups per scenario...", file=sys.stderr)
     results = run_all(engine, [
         Scenario("a", "(a) zero-shot, inline prompt, first time", SynthesisRequest(text=TEXT, stream=True, **inline),
-                 before=engine._prompt_cache.clear),
+                 before=engine.prompts.clear),
         Scenario("b", "(b) zero-shot, same inline prompt again (cache hit)",
                  SynthesisRequest(text=TEXT, stream=True, **inline)),
         Scenario("c", "(c) zero-shot, registered voice",

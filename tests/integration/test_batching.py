@@ -86,13 +86,13 @@ def mixed_requests(engine) -> list[SynthesisRequest]:
 
 
 def llm_inputs(engine, req: SynthesisRequest) -> dict:
-    (model_input,) = list(engine._model_inputs(req))
+    (model_input,) = list(engine.inputs.for_request(req, engine.sample_rate))
     return model_input
 
 
 def reference(engine, model_input: dict) -> tuple[list[int], list]:
     """CosyVoice's own llm.inference alone: its tokens and every step's log-probs."""
-    llm = engine._loaded.model.llm
+    llm = engine.loaded.model.llm
     steps: list = []
     hook = llm.llm_decoder.register_forward_hook(lambda m, i, o: steps.append(o.log_softmax(-1)[0].clone()))
     empty = torch.zeros(1, 0, dtype=torch.int32)
@@ -115,7 +115,7 @@ def make_scheduler(engine, greedy: bool = True, max_batch_size: int = 16):
     from app.engines.cosyvoice.batching.sampling import SamplingRules
     from app.engines.cosyvoice.batching.scheduler import LLMScheduler
 
-    lm = BatchedLM(engine._loaded.model.llm)
+    lm = BatchedLM(engine.loaded.model.llm)
     sched = LLMScheduler(lm, max_batch_size=max_batch_size, trace_logp=True,
                          rules=SamplingRules.from_llm(lm.llm, greedy=greedy))
     sched.start()

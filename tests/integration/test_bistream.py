@@ -36,11 +36,11 @@ def engine(tiny_models):
 
 
 def tokenize(engine, text: str) -> list[int]:
-    return [int(t) for t in engine._loaded.frontend._extract_text_token(text)[0].flatten().tolist()]
+    return [int(t) for t in engine.loaded.frontend._extract_text_token(text)[0].flatten().tolist()]
 
 
 def new_feed(engine, prompt_speech=(), prompt_text=()) -> BistreamFeed:
-    spec = engine._batched.lm.spec
+    spec = engine.runner.lm.spec
     return BistreamFeed(speech_token_size=spec.speech_token_size, fill_token=spec.fill_token,
                         mix_ratio=spec.mix_ratio, prompt_text=list(prompt_text), prompt_speech=list(prompt_speech),
                         min_ratio=spec.min_token_text_ratio, max_ratio=spec.max_token_text_ratio, trace=True)
@@ -49,7 +49,7 @@ def new_feed(engine, prompt_speech=(), prompt_text=()) -> BistreamFeed:
 def run_feed(engine, feed: BistreamFeed, ids: list[int], pieces: int = 1, pause_s: float = 0.0,
              lockstep: bool = False, seed: int = 7) -> list[int]:
     """Feed ``ids`` in ``pieces``; ``lockstep``: each piece only once the sequence waits for text again."""
-    sched = engine._batched.scheduler
+    sched = engine.runner.scheduler
     seq = sched.submit_bistream(feed, seed=seed)
     step = max(1, -(-len(ids) // pieces))
     for i in range(0, len(ids), step):
@@ -80,8 +80,8 @@ def test_incremental_decoding_equals_one_full_forward_of_the_backbone(engine, pr
     tokens = run_feed(engine, feed, ids, pieces=len(ids), lockstep=True)  # one text token at a time
     assert feed.streamed_tokens >= 10, "no speech was decoded before the text ended"
     assert sum(1 for _, t, _ in feed.decisions if t == feed.fill) >= 3  # waited for text at least 3 times
-    lm = engine._batched.lm
-    llm = engine._loaded.model.llm
+    lm = engine.runner.lm
+    llm = engine.loaded.model.llm
     with torch.inference_mode():
         embeds = lm.embed(feed.trace)
         hidden = llm.llm.model(inputs_embeds=embeds, output_hidden_states=True).hidden_states[-1]
@@ -113,7 +113,7 @@ def test_tokens_do_not_depend_on_how_the_text_is_cut_paced_or_batched(engine, pr
     for t in threads:
         t.join(60)
     assert [results[i] for i in range(3)] == [whole] * 3
-    assert engine._batched.scheduler.max_batch_seen >= 2
+    assert engine.runner.scheduler.max_batch_seen >= 2
 
 
 def test_the_engine_speaks_streamed_text_and_a_cancelled_request_leaves_at_once(engine):
@@ -131,7 +131,7 @@ def test_the_engine_speaks_streamed_text_and_a_cancelled_request_leaves_at_once(
     gen = engine.synthesize(SynthesisRequest(mode="sft", speaker=speaker, text_stream=waiting, stream=True), cancel)
     consumer = threading.Thread(target=lambda: list(gen))
     consumer.start()
-    sched = engine._batched.scheduler
+    sched = engine.runner.scheduler
     wait_until(lambda: sched.stats()["waiting_for_text"] == 1, timeout=10)
     cancel.set()
     consumer.join(5)
@@ -182,7 +182,7 @@ def _pushed_text_ids(engine, monkeypatch, text: str, **req) -> list[int]:
 def test_streamed_text_is_normalized_word_by_word_unless_the_request_says_not(engine, monkeypatch):
     # wetext needs context ("5" alone stays "5"): a clause with digits is held until it ends, then
     # normalized whole; the same text with normalize: false goes on word by word as written
-    decode = engine._loaded.frontend.tokenizer.decode
+    decode = engine.loaded.frontend.tokenizer.decode
     digits = _pushed_text_ids(engine, monkeypatch, "I have 5 apples and 12 pears.")
     assert decode(digits) == "I have five apples and twelve pears."
     raw = _pushed_text_ids(engine, monkeypatch, "I have 5 apples and 12 pears.", normalize=False)

@@ -131,7 +131,7 @@ def test_prompt_sample_rate_is_handled_in_our_code(engines, prompt_audio):
 def test_loaded_weights_equal_the_files_and_are_in_eval_mode(engines, tiny_models):
     for version in (1, 2):
         eng = engines(version)
-        model = eng._loaded.model
+        model = eng.loaded.model
         for name in ("llm", "flow", "hift"):
             module = getattr(model, name)
             assert not module.training, name
@@ -145,10 +145,10 @@ def test_loaded_weights_equal_the_files_and_are_in_eval_mode(engines, tiny_model
 
 def test_inline_prompt_features_are_cached(engines, prompt_audio):
     eng = engines(2)
-    before = eng.prompt_cache_hits
+    before = eng.prompts.hits
     run(eng, mode_request("zero_shot", prompt_audio, False, 2))
     run(eng, mode_request("zero_shot", prompt_audio, False, 2))
-    assert eng.prompt_cache_hits >= before + 1
+    assert eng.prompts.hits >= before + 1
 
 
 def test_exported_voice_gives_the_same_audio_as_the_inline_prompt(engines, prompt_audio):
@@ -191,8 +191,8 @@ def test_cancel_stops_the_llm_thread_and_frees_state(engines, how):
     burned = time.process_time() - cpu0
     assert burned < 0.15, f"{burned:.2f} CPU-s burned after cancel"
     assert threading.active_count() <= llm_threads_before
-    assert _model_state_sizes(eng._loaded.model) == 0
-    assert eng._cancel.active() == 0
+    assert _model_state_sizes(eng.loaded.model) == 0
+    assert eng.cancels.active() == 0
     # and the engine still works
     check_audio(run(eng, SynthesisRequest(text="Still alive after a cancel.", speaker="tiny_male")), 24000, max_s=60)
 

@@ -123,7 +123,7 @@ def engines(tiny_models):
                                               llm_greedy=True, flow_cache=cached))
         eng.load()
         out[cached] = eng
-    assert out[True]._batched.flow_cache and not out[False]._batched.flow_cache
+    assert out[True].runner.flow_cache and not out[False].runner.flow_cache
     yield out
     for eng in out.values():
         eng.close()
@@ -157,7 +157,7 @@ def test_engine_streams_the_same_audio_with_the_cache(engines):
         assert a.shape == b.shape and int(np.abs(a - b).max()) <= 1
     # the last chunk: chunk-masked here, full attention in the recomputing path's final call
     assert plain[-1].shape == cached[-1].shape
-    model = engines[True]._loaded.model
+    model = engines[True].loaded.model
     assert not model.hift_cache_dict  # per-request HiFT state is gone after the stream
 
 
@@ -165,6 +165,6 @@ def test_cancelling_a_cached_stream_leaves_nothing_behind(engines):
     eng = engines[True]
     chunks = speak(eng, cancel_after=1)
     assert len(chunks) == 1
-    assert not eng._loaded.model.hift_cache_dict
+    assert not eng.loaded.model.hift_cache_dict
     again = speak(eng)  # the next request starts from a clean state: same audio as before
     assert len(again) >= 3

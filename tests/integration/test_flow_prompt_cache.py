@@ -181,7 +181,7 @@ def engines(tiny_models):
                                               llm_greedy=True, flow_cache=True, flow_prompt_cache_mb=mb))
         eng.load()
         out[name] = eng
-    assert out["plain"]._batched.prompt_cache is None and out["voice"]._batched.prompt_cache is not None
+    assert out["plain"].runner.prompt_cache is None and out["voice"].runner.prompt_cache is not None
     yield out
     for eng in out.values():
         eng.close()
@@ -202,7 +202,7 @@ def speak(eng, voice, cancel_after: int | None = None):
 def test_engine_reuses_a_registered_voices_prompt_and_streams_the_same_audio(engines):
     voice = registered(engines["voice"])
     assert voice.features["flow_prompt_speech_token"].shape[1] >= 28  # at least one cacheable chunk
-    cache = engines["voice"]._batched.prompt_cache
+    cache = engines["voice"].runner.prompt_cache
     plain = speak(engines["plain"], voice)
     assert len(plain) >= 3
     assert len(speak(engines["voice"], voice, cancel_after=1)) == 1  # a miss, cancelled after its first hop
@@ -213,4 +213,4 @@ def test_engine_reuses_a_registered_voices_prompt_and_streams_the_same_audio(eng
         for a, b in zip(plain, got):  # int16 audio, +-1 for rounding
             assert a.shape == b.shape and int(np.abs(a - b).max()) <= 1
     assert cache.hits == 2
-    assert not engines["voice"]._loaded.model.hift_cache_dict
+    assert not engines["voice"].loaded.model.hift_cache_dict

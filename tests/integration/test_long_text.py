@@ -65,7 +65,7 @@ def v1_engine(engines):
 
 def first_text_tokens(engine, text: str, **kw) -> list[int]:
     req = SynthesisRequest(text=text, mode="sft", speaker=engine.voices()[0], **kw)
-    return next(engine._model_inputs(req))["text"].flatten().tolist()
+    return next(engine.inputs.for_request(req, engine.sample_rate))["text"].flatten().tolist()
 
 
 def test_digits_and_words_give_the_same_text_tokens(engine):
@@ -76,7 +76,7 @@ def test_digits_and_words_give_the_same_text_tokens(engine):
     assert first_text_tokens(engine, "I have 5 apples.", normalize=False) != \
         first_text_tokens(engine, "I have five apples.")
     assert first_text_tokens(engine, "I have 5 apples.", normalize=False) == \
-        engine._require().frontend._extract_text_token("I have 5 apples.")[0].flatten().tolist()
+        engine.loaded.frontend._extract_text_token("I have 5 apples.")[0].flatten().tolist()
 
 
 def _squash(text: str) -> str:
@@ -90,8 +90,8 @@ def test_long_mixed_text_streams_every_sentence_in_order(v1_engine):
     # sentence by sentence: each sentence's audio is yielded (and sent) before the next is decoded. The
     # engine's within-sentence streaming (stream=True) would re-run the flow per hop: ~3x the CPU here.
     req = SynthesisRequest(text=text, mode="sft", speaker=engine.voices()[0], stream=False, seed=7)
-    segments = engine.segments(req)
-    tokens = [engine.text_tokens(s) for s in segments]
+    segments = engine.inputs.segments(req)
+    tokens = [engine.inputs.text_tokens(s) for s in segments]
     assert len(segments) >= 15
     assert max(tokens) <= engine.config.max_segment_tokens
     assert _squash("".join(segments)) == _squash(engine.normalizer.normalize(text))  # every sentence, in order
@@ -100,7 +100,7 @@ def test_long_mixed_text_streams_every_sentence_in_order(v1_engine):
     chunks = []
     gen = engine.synthesize(req, threading.Event())
     chunks.append(next(gen))
-    per_token = TOKEN_SECONDS[int(engine.family[-1])]
+    per_token = TOKEN_SECONDS[int(engine.info().family[-1])]
     assert chunks[0].segment == 0 and chunks[0].duration_s < 0.1 * 2 * sum(tokens) * per_token  # not all of it
     chunks.extend(gen)
     order = [c.segment for c in chunks]

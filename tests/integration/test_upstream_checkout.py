@@ -59,8 +59,8 @@ for mode in modes:
         assert chunks and seconds > 0.2, (mode, stream, seconds)
         if mode == "sft":  # stop-calibrated: the tiny LLM stops right after CosyVoice's 2x-text-tokens minimum
             from app.engines.cosyvoice.prompts import speech_text
-            version = int(eng.family[-1])
-            n = eng.text_tokens(speech_text(version, mode, "Hello there, this is test one."))
+            version = int(eng.info().family[-1])
+            n = eng.inputs.text_tokens(speech_text(version, mode, "Hello there, this is test one."))
             tokens = seconds / (0.02 if version == 1 else 0.04)
             assert 2 * n - 2 <= tokens <= 2.5 * n + 5, (version, stream, n, tokens)
         print(mode, stream, len(chunks), round(seconds, 2))

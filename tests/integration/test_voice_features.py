@@ -53,13 +53,13 @@ def test_imported_voice_speaks_like_its_inline_prompt(engine):
 
 
 def test_a_repeated_inline_prompt_is_not_recomputed(engine):
-    engine._prompt_cache.clear()
-    hits = engine.prompt_cache_hits
+    engine.prompts.clear()
+    hits = engine.prompts.hits
     audio = prompt(2.5)
     speak(engine, prompt_text=TRANSCRIPT, prompt_audio=audio)
-    assert engine.prompt_cache_hits == hits
+    assert engine.prompts.hits == hits
     speak(engine, prompt_text=TRANSCRIPT, prompt_audio=PromptAudio(audio.samples.copy(), 16000))
-    assert engine.prompt_cache_hits == hits + 1
+    assert engine.prompts.hits == hits + 1
 
 
 def test_a_voice_from_another_family_is_refused(engine):
