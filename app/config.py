@@ -115,6 +115,7 @@ class EngineSettings(_Section):
     torch_threads: int = Field(1, ge=1, le=256)
     prompt_cache_size: int = Field(32, ge=0)
     batching: bool = True  # v2/v3: one model instance, LLM continuously batched across requests
+    # (resolved by Settings: stays true only for a CosyVoice2/3 dir or the tiny v2/v3 default)
     max_batch_size: int = Field(16, ge=1, le=256)  # most sequences in one batched LLM step
     token2wav_workers: int | None = Field(None, ge=1, le=256)  # batched: flow+HiFT calls at once (None: auto)
     flow_cache: bool = False  # batched v2 streaming: flow keeps per-request caches, a hop costs its own frames
@@ -206,9 +207,11 @@ class Settings(BaseSettings):
     websocket: WebSocketSettings = Field(default_factory=WebSocketSettings)
 
     @model_validator(mode="after")
-    def _resolve_workers(self) -> "Settings":
+    def _resolve_engine_plan(self) -> "Settings":
+        """Decide once whether the LLM is batched (read as ``engine.batching`` from here on) and the workers."""
+        self.engine.batching = batches_llm(self.engine)
         if self.pool.workers is None:
-            self.pool.workers = self.engine.max_batch_size if batches_llm(self.engine) else _default_workers()
+            self.pool.workers = self.engine.max_batch_size if self.engine.batching else _default_workers()
         return self
 
     @field_validator("engine")

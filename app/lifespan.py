@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 from fastapi import FastAPI
 
-from app.config import Settings, batches_llm
+from app.config import Settings
 from app.runtime import Runtime
 from app.serving.limits import SpeechLimits
 from app.serving.pool import EnginePool, PoolConfig
@@ -55,15 +55,7 @@ def engine_factory(settings: Settings, llm_observer: Any = None) -> EngineFactor
         return lambda index: FakeEngine(behaviour, name=eng.name or "fake")
     from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 
-    model_dir = resolve_model_dir(settings)
-    cfg = CosyVoiceConfig(model_dir=model_dir, cosyvoice_path=eng.cosyvoice_path, dtype=eng.dtype,
-                          dtype_stages=tuple(eng.dtype_stages),
-                          torch_threads=eng.torch_threads, prompt_cache_size=eng.prompt_cache_size,
-                          batching=batches_llm(eng), max_batch_size=eng.max_batch_size,
-                          llm_greedy=eng.llm_greedy, token2wav_workers=eng.token2wav_workers,
-                          flow_cache=eng.flow_cache, flow_cache_window_frames=eng.flow_cache_window_frames,
-                          text_normalization=eng.text_normalization,
-                          flow_prompt_cache_mb=eng.flow_prompt_cache_mb)
+    cfg = CosyVoiceConfig.from_settings(eng, resolve_model_dir(settings))
     return lambda index: CosyVoiceEngine(cfg, name=eng.name, llm_observer=llm_observer)
 
 
@@ -92,7 +84,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
     runtime: Runtime = app.state.runtime
     settings = runtime.settings
     factory = app.state.engine_factory
-    batching = factory is None and batches_llm(settings.engine)  # an injected factory (tests) is not shared
+    batching = factory is None and settings.engine.batching  # an injected factory (tests) is not shared
     if factory is None:
         llm_observer = runtime.metrics.llm_observer() if runtime.metrics is not None else None
         factory = await anyio.to_thread.run_sync(engine_factory, settings, llm_observer)
