@@ -35,6 +35,7 @@ from app.serving.errors import (
     Overloaded,
     QueueTimeout,
 )
+from app.serving.job import Job
 from app.serving.lease import Lease, PoolConfig, Ticket
 from app.serving.lease import Slot as _Slot
 from app.serving.stats import (
@@ -43,7 +44,6 @@ from app.serving.stats import (
     SafeObserver,
     ServiceTimeEstimator,
 )
-from app.serving.stream import Job
 
 __all__ = ["EnginePool", "Job", "Lease", "NullObserver", "PoolConfig", "PoolObserver", "Ticket"]
 

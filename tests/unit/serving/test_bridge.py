@@ -1,4 +1,4 @@
-"""BlockingStream: a blocking generator in an executor thread -> async iterator."""
+"""BlockingStream (bridge.py): a blocking generator in an executor thread -> async iterator."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from app.serving.stream import BlockingStream
+from app.serving.bridge import BlockingStream
 from tests.waiting import await_until, run
 
 

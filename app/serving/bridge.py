@@ -31,29 +31,19 @@ on the event loop). No extra thread per stream is needed:
   at once, dropping buffered chunks (deadline, shutdown).
 
 The future returned by ``start()`` completes when the slot thread has returned,
-which is the only moment its slot may be reused.
-
-``Job`` wraps one ``BlockingStream`` for the pool: the engine call, the
-request deadline (``loop.call_later`` -> ``abort(DeadlineExceeded)``), the
-client-cancel path (``CancelledError`` while reading sets the cancel flag and
-re-raises) and the release callbacks for the slot and the admission permit.
+which is the only moment its slot may be reused. ``app/serving/job.py`` wraps
+one stream per request (deadline, client cancel, slot and permit).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
-from typing import Generic, Self, TypeVar
-
-from app.engines.base import AudioChunk, Cancelled
-from app.serving.errors import DeadlineExceeded
-
-log = logging.getLogger(__name__)
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -243,180 +233,3 @@ def _size(item: object) -> int:
 def _resolve(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
-
-
-class Job:
-    """One running synthesis: an async iterator of AudioChunk that owns its slot lease.
-
-    Built by ``EnginePool.run``; it knows nothing about the pool except two
-    callbacks, each called once on the loop: ``on_thread_done(job)`` when the
-    slot thread has returned (outcome known, the slot may be reused) and
-    ``on_released(job)`` when, in addition, the consumer is done (end, error,
-    cancellation or ``aclose``): the admission permit may go.
-    """
-
-    def __init__(
-        self,
-        *,
-        loop: asyncio.AbstractEventLoop,
-        executor: Executor,
-        open_gen: GeneratorFactory[AudioChunk],
-        request_id: str,
-        queue_wait_s: float,
-        slot_index: int,
-        buffer_chunks: int,
-        deadline_s: float,
-        buffer_bytes: int | None = None,
-        on_thread_done: Callable[[Job], None],
-        on_released: Callable[[Job], None],
-    ) -> None:
-        self.request_id = request_id
-        self.queue_wait_s = queue_wait_s
-        self.slot_index = slot_index
-        self.time_to_first_chunk_s: float | None = None
-        self.audio_s = 0.0
-        self.outcome = "running"  # then ok | cancelled | error | timeout
-        self.service_s: float | None = None
-        self._deadline_s = deadline_s
-        self._on_thread_done_cb = on_thread_done
-        self._on_released_cb = on_released
-        self._timed_out = False
-        self._consumer_done = False
-        self._settled = False  # the thread-returned bookkeeping ran
-        self._released = False
-        self._pending_first: AudioChunk | None = None
-        self._stream: BlockingStream[AudioChunk] = BlockingStream(loop, buffer_chunks, max_bytes=buffer_bytes)
-        self._started_at = time.monotonic()
-        self.stuck_reported = False  # the pool logged this job as stuck in the engine
-        self._thread_done = self._stream.start(executor, open_gen)
-        self._thread_done.add_done_callback(self._on_thread_done)
-        self._timer = loop.call_later(deadline_s, self._on_deadline) if deadline_s > 0 else None
-
-    # -- consumer API -------------------------------------------------------------------------
-    async def first_chunk(self) -> AudioChunk | None:
-        """Wait for the first chunk (None if the engine yielded none); engine errors raise here."""
-        if self._pending_first is None:
-            self._pending_first = await self._next()
-        return self._pending_first
-
-    def __aiter__(self) -> AsyncIterator[AudioChunk]:
-        return self
-
-    async def __anext__(self) -> AudioChunk:
-        if self._pending_first is not None:
-            chunk, self._pending_first = self._pending_first, None
-            return chunk
-        chunk = await self._next()
-        if chunk is None:
-            raise StopAsyncIteration
-        return chunk
-
-    async def aclose(self, wait_s: float | None = None) -> None:
-        """Idempotent: cancel if still running, wait until the slot thread returned, release.
-
-        ``wait_s`` bounds the wait: an engine that ignores its cancel flag must not hold
-        the caller (and its client) hostage. The slot and the permit are then released
-        by the thread-done callback, whenever the thread returns.
-        """
-        self._stream.cancel()
-        self._consumer_finished()
-        if wait_s is None:
-            await asyncio.shield(self._thread_done)
-        else:
-            await asyncio.wait({self._thread_done}, timeout=wait_s)
-            if not self._thread_done.done():
-                log.warning("job %s: slot %d has not returned from the engine %g s after cancel; the slot stays "
-                            "busy until it does", self.request_id, self.slot_index, wait_s)
-                return
-        self._settle()  # an await on a finished future resumes before its done callbacks run
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
-
-    @property
-    def started_at(self) -> float:
-        """``time.monotonic()`` when the job was handed to its slot thread."""
-        return self._started_at
-
-    @property
-    def done(self) -> bool:
-        """The slot thread has returned from the engine generator."""
-        return self._thread_done.done()
-
-    @property
-    def thread_returned(self) -> asyncio.Future[None]:
-        """Completes when the slot thread has returned; shield it before awaiting it."""
-        return self._thread_done
-
-    def abort(self, exc: BaseException) -> None:
-        """Cancel the engine job and make the consumer raise ``exc`` (used by pool.close)."""
-        if not self._thread_done.done():
-            self._stream.abort(exc)
-
-    def settle(self) -> None:
-        """Run the thread-returned bookkeeping now if the thread has returned (idempotent)."""
-        self._settle()
-
-    # -- internals -------------------------------------------------------------------------------
-    async def _next(self) -> AudioChunk | None:
-        if self._consumer_done:
-            return None
-        try:
-            chunk = await self._stream.__anext__()
-        except StopAsyncIteration:
-            self._consumer_finished()
-            return None
-        except asyncio.CancelledError:
-            self._stream.cancel()  # the client left: abort the engine job, then re-raise
-            self._consumer_finished()
-            raise
-        except BaseException:
-            self._consumer_finished()
-            raise
-        if self.time_to_first_chunk_s is None and self._stream.first_item_at is not None:
-            self.time_to_first_chunk_s = max(0.0, self._stream.first_item_at - self._started_at)
-        self.audio_s += getattr(chunk, "duration_s", 0.0)
-        return chunk
-
-    def _on_deadline(self) -> None:
-        if not self._thread_done.done():
-            self._timed_out = True
-            self._stream.abort(DeadlineExceeded(f"the request did not finish within {self._deadline_s:g} s"))
-
-    def _on_thread_done(self, fut: asyncio.Future[None]) -> None:
-        if not fut.cancelled() and fut.exception() is not None:  # run() catches everything
-            log.error("slot thread failed outside the engine", exc_info=fut.exception())
-        self._settle()
-
-    def _settle(self) -> None:
-        if self._settled or not self._thread_done.done():
-            return
-        self._settled = True
-        if self._timer is not None:
-            self._timer.cancel()
-        self.service_s = time.monotonic() - self._started_at
-        error = self._stream.error
-        if self._timed_out:
-            self.outcome = "timeout"
-        elif error is not None and not (isinstance(error, Cancelled) and self._stream.cancel_event.is_set()):
-            self.outcome = "error"
-        elif self._stream.exhausted:
-            self.outcome = "ok"
-        else:
-            self.outcome = "cancelled"
-        self._on_thread_done_cb(self)
-        self._maybe_release()
-
-    def _consumer_finished(self) -> None:
-        if not self._consumer_done:
-            self._consumer_done = True
-            self._pending_first = None
-            self._maybe_release()
-
-    def _maybe_release(self) -> None:
-        if self._consumer_done and self._settled and not self._released:
-            self._released = True
-            self._on_released_cb(self)

@@ -1,0 +1,128 @@
+"""Engine slots and the FIFO hand-off of free ones: a ``Lease`` returns its slot itself.
+
+A slot is one preloaded engine and the single thread that may call it. ``Slots``
+keeps the idle ones and the waiters, oldest first: a freed slot goes straight to
+the oldest live waiter, never to a later arrival (no barging), and a waiter
+cancelled just after a slot was handed to it passes the slot on. A ``Lease`` is
+one slot held by one holder; ``release()`` gives it back exactly once (a second
+release is a bug and raises). Event-loop thread only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+
+class LeaseError(RuntimeError):
+    """A lease released twice: a bug in its holder."""
+
+
+@dataclass(eq=False)
+class Slot:
+    index: int
+    executor: ThreadPoolExecutor
+    engine: Any = None  # app.engines.base.Engine
+    state: str = "loading"  # loading | idle | busy | failed | closed
+    jobs_done: int = 0
+
+
+class Lease:
+    """One slot, held by one holder until ``release()`` hands it to the next waiter (or back to idle)."""
+
+    __slots__ = ("_slots", "_held", "slot")
+
+    def __init__(self, slots: Slots, slot: Slot) -> None:
+        self._slots = slots
+        self.slot = slot
+        self._held = True
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def release(self) -> None:
+        if not self._held:
+            raise LeaseError(f"slot {self.slot.index}'s lease was released twice")
+        self._held = False
+        self._slots._hand_on(self.slot)
+
+
+class Slots:
+    """The idle slots and the FIFO of requests waiting for one."""
+
+    def __init__(self) -> None:
+        self._idle: deque[Slot] = deque()
+        self._waiters: deque[asyncio.Future[Slot]] = deque()
+        self._closed = False
+
+    def add_idle(self, slot: Slot) -> None:
+        """A loaded slot joins the idle ones."""
+        slot.state = "idle"
+        self._idle.append(slot)
+
+    def has_waiters(self) -> bool:
+        return any(not w.done() for w in self._waiters)
+
+    def try_acquire(self) -> Lease | None:
+        """An idle slot now, if one is free and nobody waits for it; else None."""
+        if self._closed or not self._idle or self.has_waiters():
+            return None
+        return self._lease(self._idle.popleft())
+
+    async def acquire(self, timeout_s: float) -> Lease:
+        """Wait FIFO for a slot; TimeoutError after ``timeout_s``, or what ``close`` fails waiters with."""
+        lease = self.try_acquire()
+        if lease is not None:
+            return lease
+        fut: asyncio.Future[Slot] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return self._lease(await fut)
+        except TimeoutError:
+            if _handed(fut):
+                return self._lease(fut.result())  # a slot arrived as the timer fired: keep it
+            raise
+        except BaseException:
+            if _handed(fut):
+                self._hand_on(fut.result())  # handed over as we were cancelled: pass it on
+            raise
+        finally:
+            if not fut.done():
+                fut.cancel()
+            try:
+                self._waiters.remove(fut)
+            except ValueError:
+                pass
+
+    def close(self, exc: BaseException) -> None:
+        """Fail every waiter with ``exc``; from now on freed slots are not handed on (shutdown)."""
+        self._closed = True
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(exc)
+        self._idle.clear()
+
+    def _lease(self, slot: Slot) -> Lease:
+        slot.state = "busy"
+        return Lease(self, slot)
+
+    def _hand_on(self, slot: Slot) -> None:
+        """A freed slot goes to the oldest live waiter (no barging), or back to idle."""
+        if self._closed:
+            return
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(slot)
+                return
+        self.add_idle(slot)
+
+
+def _handed(fut: asyncio.Future[Slot]) -> bool:
+    return fut.done() and not fut.cancelled() and fut.exception() is None
