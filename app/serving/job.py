@@ -14,17 +14,19 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Executor
-from typing import Self
+from typing import Generic, Self, TypeVar
 
-from app.engines.base import AudioChunk, Cancelled
+from app.engines.base import Cancelled
 from app.serving.bridge import BlockingStream, GeneratorFactory
 from app.serving.errors import DeadlineExceeded
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 
-class Job:
-    """One running synthesis: an async iterator of AudioChunk that owns its slot lease.
+
+class Job(Generic[T]):
+    """One running synthesis: an async iterator (of AudioChunk, or what a transform yields).
 
     Built by ``EnginePool.run``; it knows nothing about the pool except two
     callbacks, each called once on the loop: ``on_thread_done(job)`` when the
@@ -38,7 +40,7 @@ class Job:
         *,
         loop: asyncio.AbstractEventLoop,
         executor: Executor,
-        open_gen: GeneratorFactory[AudioChunk],
+        open_gen: GeneratorFactory[T],
         request_id: str,
         queue_wait_s: float,
         slot_index: int,
@@ -62,8 +64,9 @@ class Job:
         self._consumer_done = False
         self._settled = False  # the thread-returned bookkeeping ran
         self._released = False
-        self._pending_first: AudioChunk | None = None
-        self._stream: BlockingStream[AudioChunk] = BlockingStream(loop, buffer_chunks, max_bytes=buffer_bytes)
+        self._reading = False  # first_chunk() or iteration has begun
+        self._loop = loop
+        self._stream: BlockingStream[T] = BlockingStream(loop, buffer_chunks, max_bytes=buffer_bytes)
         self._started_at = time.monotonic()
         self.stuck_reported = False  # the pool logged this job as stuck in the engine
         self._thread_done = self._stream.start(executor, open_gen)
@@ -71,42 +74,55 @@ class Job:
         self._timer = loop.call_later(deadline_s, self._on_deadline) if deadline_s > 0 else None
 
     # -- consumer API -------------------------------------------------------------------------
-    async def first_chunk(self) -> AudioChunk | None:
-        """Wait for the first chunk (None if the engine yielded none); engine errors raise here."""
-        if self._pending_first is None:
-            self._pending_first = await self._next()
-        return self._pending_first
+    async def first_chunk(self) -> tuple[T | None, AsyncIterator[T]]:
+        """The first item (None if the engine yielded none) and an iterator over the rest.
 
-    def __aiter__(self) -> AsyncIterator[AudioChunk]:
+        Engine errors before the first item raise here. Call it before reading the job,
+        at most once: the first item is handed out here and nowhere else.
+        """
+        if self._reading:
+            raise RuntimeError("first_chunk() must be the first read of a job")
+        self._reading = True
+        return await self._next(), self
+
+    def __aiter__(self) -> AsyncIterator[T]:
         return self
 
-    async def __anext__(self) -> AudioChunk:
-        if self._pending_first is not None:
-            chunk, self._pending_first = self._pending_first, None
-            return chunk
-        chunk = await self._next()
-        if chunk is None:
+    async def __anext__(self) -> T:
+        self._reading = True
+        item = await self._next()
+        if item is None:
             raise StopAsyncIteration
-        return chunk
+        return item
 
     async def aclose(self, wait_s: float | None = None) -> None:
-        """Idempotent: cancel if still running, wait until the slot thread returned, release.
+        """The one way a job is closed (idempotent): cancel it if it still runs, wait for its thread.
 
-        ``wait_s`` bounds the wait: an engine that ignores its cancel flag must not hold
-        the caller (and its client) hostage. The slot and the permit are then released
-        by the thread-done callback, whenever the thread returns.
+        When it returns (or raises) the consumer side is done; once the slot thread has
+        returned, the slot and then the permit are released (here, or by the thread-done
+        callback). ``wait_s`` bounds the wait: an engine that ignores its cancel flag must
+        not hold the caller (and its client) hostage; its slot and permit go back whenever
+        its thread returns. A caller cancelled while waiting still finishes the wait, then
+        re-raises, so a cancelled request has freed what it could before it unwinds.
         """
         self._stream.cancel()
         self._consumer_finished()
-        if wait_s is None:
-            await asyncio.shield(self._thread_done)
-        else:
-            await asyncio.wait({self._thread_done}, timeout=wait_s)
-            if not self._thread_done.done():
-                log.warning("job %s: slot %d has not returned from the engine %g s after cancel; the slot stays "
-                            "busy until it does", self.request_id, self.slot_index, wait_s)
-                return
+        until = None if wait_s is None else self._loop.time() + wait_s
+        try:
+            await self._wait_returned(until)
+        except asyncio.CancelledError:
+            await self._wait_returned(until)
+            raise
+        if not self._thread_done.done():
+            log.warning("job %s: slot %d has not returned from the engine %g s after cancel; the slot stays "
+                        "busy until it does", self.request_id, self.slot_index, wait_s)
+            return
         self._settle()  # an await on a finished future resumes before its done callbacks run
+
+    async def _wait_returned(self, until: float | None) -> None:
+        if not self._thread_done.done():
+            timeout = None if until is None else max(0.0, until - self._loop.time())
+            await asyncio.wait({self._thread_done}, timeout=timeout)  # never cancels the thread's future
 
     async def __aenter__(self) -> Self:
         return self
@@ -139,7 +155,7 @@ class Job:
         self._settle()
 
     # -- internals -------------------------------------------------------------------------------
-    async def _next(self) -> AudioChunk | None:
+    async def _next(self) -> T | None:
         if self._consumer_done:
             return None
         try:
@@ -191,7 +207,6 @@ class Job:
     def _consumer_finished(self) -> None:
         if not self._consumer_done:
             self._consumer_done = True
-            self._pending_first = None
             self._maybe_release()
 
     def _maybe_release(self) -> None:

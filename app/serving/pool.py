@@ -6,8 +6,8 @@ Life of a request::
     lease = await pool.acquire(ticket) # FIFO wait for a free slot, or QueueTimeout
     job = pool.run(lease, req)         # engine.synthesize() in the slot's own thread
     async with job:                    # aclose(): cancel flag, wait for the thread, release
-        first = await job.first_chunk()
-        async for chunk in job: ...
+        first, rest = await job.first_chunk()
+        async for chunk in rest: ...
 
 Capacity is ``workers + max_queue`` permits. A slot is reused only after its
 thread has returned from the engine generator; the permit is released once the
@@ -418,7 +418,8 @@ class EnginePool:
         ticket = self.admit()
         lease = await self.acquire(ticket)
         async with self._start(lease, one, request_id) as job:
-            return await job.first_chunk()
+            result, _ = await job.first_chunk()
+            return result
 
     def _start(self, lease: Lease, open_gen: Callable[[Engine, Any], Iterator[Any]], request_id: str) -> Job:
         if lease._pool is not self or lease._owned or not lease._slot_held:

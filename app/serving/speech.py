@@ -62,9 +62,9 @@ class SpeechResult:
         return self.job.audio_s if self.job is not None else 0.0
 
     async def aclose(self) -> None:
-        """Cancel (if still running) and wait for the slot thread; idempotent."""
+        """Cancel (if still running) and wait for the slot thread; idempotent (``Job.aclose``)."""
         if self.job is not None:
-            await _shielded_close(self.job)
+            await self.job.aclose(wait_s=CLOSE_WAIT_S)
 
 
 class SpeechService:
@@ -112,23 +112,23 @@ class SpeechService:
         transform = partial(pieces, out=out, native_rate=self.info.sample_rate, make=self._make_encoder,
                             timings=plan.request.timings)
         job = self.pool.run(lease, plan.request, transform=transform)
+        result = SpeechResult(out.content_type, out.sample_rate, queue_wait_s=job.queue_wait_s, job=job,
+                              timings=plan.request.timings)
         try:
-            first: Piece | None = await job.first_chunk()
-            result = SpeechResult(out.content_type, out.sample_rate, queue_wait_s=job.queue_wait_s, job=job,
-                                  timings=plan.request.timings)
+            first, rest = await job.first_chunk()
             if out.stream:
                 result.ttfa_s = job.time_to_first_chunk_s
-                result.body = _body(job)
+                result.body = _body(first, rest)
                 return result
             parts = [first.data] if first is not None else []
-            async for piece in _rest(job):
+            async for piece in rest:
                 parts.append(piece.data)
             result.ttfa_s = job.time_to_first_chunk_s
             result.data = b"".join(parts)
         except BaseException:
-            await _shielded_close(job)
+            await result.aclose()
             raise
-        await _shielded_close(job)
+        await result.aclose()
         return result
 
 
@@ -138,28 +138,13 @@ def _release_if_unused(ticket: Ticket) -> None:
         ticket.release()
 
 
-async def _rest(job: Job) -> AsyncIterator[Piece]:
-    """The pieces after the first one (``first_chunk`` already handed that one out)."""
-    it = aiter(job)
-    await anext(it)  # the first piece again: Job re-delivers it
-    async for piece in it:
-        yield piece
-
-
-async def _body(job: Job) -> AsyncIterator[bytes]:
-    """The stream's bytes; empty pieces are skipped."""
-    async for piece in job:  # starts with the first piece again
+async def _body(first: Piece | None, rest: AsyncIterator[Piece]) -> AsyncIterator[bytes]:
+    """The stream's bytes, the first piece's first; empty pieces are skipped."""
+    if first is not None and first.data:
+        yield first.data
+    async for piece in rest:
         if piece.data:
             yield piece.data
-
-
-async def _shielded_close(job: Job) -> None:
-    close = asyncio.ensure_future(job.aclose(wait_s=CLOSE_WAIT_S))
-    try:
-        await asyncio.shield(close)
-    except asyncio.CancelledError:
-        await close  # finish releasing even if our caller was cancelled, then propagate
-        raise
 
 
 async def _unless_gone(task: asyncio.Future[SpeechResult], gone: asyncio.Event) -> SpeechResult:

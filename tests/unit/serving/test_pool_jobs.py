@@ -45,15 +45,16 @@ async def still_works(pool: EnginePool) -> None:
     assert_idle(pool)
 
 
-def test_first_chunk_is_replayed_by_iteration_and_timings_are_recorded() -> None:
+def test_first_chunk_returns_the_first_and_the_rest_and_timings_are_recorded() -> None:
     async def main():
         pool = await started_pool(FakeBehaviour(chunks=3, chunk_s=0.2), workers=1)
         try:
             async with await pool.synthesize(req("a")) as job:
-                first = await job.first_chunk()
-                assert await job.first_chunk() is first
-                chunks = [c async for c in job]
-            assert chunks[0] is first and len(chunks) == 3
+                first, rest = await job.first_chunk()
+                with pytest.raises(RuntimeError):
+                    await job.first_chunk()  # handed out once, never re-delivered
+                chunks = [first] + [c async for c in rest]
+            assert chunks[0] is first and len(chunks) == 3 and all(c is not first for c in chunks[1:])
             assert job.request_id == "a" and job.outcome == "ok"
             assert job.time_to_first_chunk_s is not None and job.time_to_first_chunk_s >= 0
             assert job.audio_s == pytest.approx(0.6) and job.queue_wait_s >= 0
@@ -79,8 +80,9 @@ def test_first_chunk_is_none_when_the_engine_yields_nothing() -> None:
         pool = await started_pool(EmptyEngine(), workers=1)
         try:
             async with await pool.synthesize(req()) as job:
-                assert await job.first_chunk() is None
-                assert [c async for c in job] == []
+                first, rest = await job.first_chunk()
+                assert first is None
+                assert [c async for c in rest] == []
             assert job.outcome == "ok" and job.audio_s == 0
             assert_idle(pool)
         finally:
@@ -100,8 +102,9 @@ def test_engine_errors_reach_the_consumer_and_free_the_slot(case: str) -> None:
             got = []
             async with await pool.synthesize(r) as job:
                 with pytest.raises(expected):
-                    await job.first_chunk()
-                    async for chunk in job:
+                    first, rest = await job.first_chunk()
+                    got.append(first)
+                    async for chunk in rest:
                         got.append(chunk)
                 # The consumer saw the error and the thread returned: released even before aclose.
                 await await_until(lambda: pool.stats()["in_flight"] == 0)
