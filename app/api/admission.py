@@ -5,10 +5,12 @@ nothing, or rejecting steals the CPU (and, with GIL-bound models, the GIL) that
 the engines need. This plain ASGI middleware takes the pool's admission permit
 for the synthesis routes of the route table first; a refused request gets its
 503 envelope without touching FastAPI's routing, dependencies or the body. An
-admitted request carries its permit in its ``RequestContext`` to the speech
-service; whatever path the request takes, the permit is released when the
-response ends. The body then has ``server.body_timeout_s`` to arrive, and the
-queue wait counts from when it is in (``EnginePool.acquire``).
+admitted request carries its permit in its ``RequestContext`` until the speech
+service takes it (``RequestContext.take_ticket``: the permit moves on, and the
+job releases it); a request that never reaches the service (refused while
+parsing or planning) releases it here when its response ends. The body then has
+``server.body_timeout_s`` to arrive, and the queue wait counts from when it is in
+(``EnginePool.run``).
 """
 
 from __future__ import annotations
@@ -48,4 +50,4 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
         finally:
             ctx.ticket = None
-            ticket.release()  # idempotent: a no-op when the job already released it
+            ticket.release()  # nothing to do if the service took it; else nobody used it

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engines.timings import StageTimings
-from app.serving.pool import Ticket
+from app.serving.admission import Ticket
 
 SCOPE_KEY = "cosyserve.context"
 
@@ -34,8 +34,9 @@ class RequestContext:
     timings: StageTimings | None = None  # seconds per stage (frontend, llm, flow, hift, encode)
 
     def take_ticket(self) -> Ticket | None:
-        ticket, self.ticket = self.ticket, None
-        return ticket
+        """Move the edge's permit to the caller (the speech service); None if there is none."""
+        ticket = self.ticket
+        return ticket.take() if ticket is not None and ticket.held else None
 
 
 def context_of(scope: dict[str, Any]) -> RequestContext:

@@ -1,5 +1,6 @@
-"""Concurrency core: engine slots, admission, leases, streaming. No web or model imports."""
+"""Concurrency core: admission, engine slots, jobs, streaming, the speech service. No web or model imports."""
 
+from app.serving.admission import PermitError, Ticket
 from app.serving.errors import (
     DeadlineExceeded,
     Draining,
@@ -8,7 +9,8 @@ from app.serving.errors import (
     QueueTimeout,
     ServingError,
 )
-from app.serving.pool import EnginePool, Job, Lease, PoolConfig, Ticket
+from app.serving.job import Job
+from app.serving.pool import EnginePool, PoolConfig
 from app.serving.stats import NullObserver, PoolObserver
 
 __all__ = [
@@ -16,10 +18,10 @@ __all__ = [
     "Draining",
     "EnginePool",
     "Job",
-    "Lease",
     "NotReady",
     "NullObserver",
     "Overloaded",
+    "PermitError",
     "PoolConfig",
     "PoolObserver",
     "QueueTimeout",

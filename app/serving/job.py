@@ -1,10 +1,16 @@
 """``Job``: one request's engine generator running in its slot thread, read as an async iterator.
 
-``EnginePool.run`` builds it around one :class:`~app.serving.bridge.BlockingStream`:
-the engine call, the request deadline (``loop.call_later`` ->
-``abort(DeadlineExceeded)``), the client-cancel path (``CancelledError`` while
-reading sets the cancel flag and re-raises) and the release callbacks for the
-slot and the admission permit.
+``EnginePool.run`` builds it once the request has a slot, around one
+:class:`~app.serving.bridge.BlockingStream`: the engine call, the request
+deadline (``loop.call_later`` -> ``abort(DeadlineExceeded)``) and the
+client-cancel path (``CancelledError`` while reading sets the cancel flag and
+re-raises).
+
+The job owns the request's slot lease and admission ticket (moved in by the
+pool) and gives each back exactly once, in this order: the lease when the slot
+thread has returned from the engine (the slot may be reused only then), the
+ticket when, in addition, the consumer is done (end, error, cancellation or
+``aclose``). That is the one place a started request's permit is released.
 """
 
 from __future__ import annotations
@@ -13,12 +19,13 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Executor
 from typing import Generic, Self, TypeVar
 
 from app.engines.base import Cancelled
+from app.serving.admission import Ticket
 from app.serving.bridge import BlockingStream, GeneratorFactory
 from app.serving.errors import DeadlineExceeded
+from app.serving.slots import Lease
 
 log = logging.getLogger(__name__)
 
@@ -28,48 +35,47 @@ T = TypeVar("T")
 class Job(Generic[T]):
     """One running synthesis: an async iterator (of AudioChunk, or what a transform yields).
 
-    Built by ``EnginePool.run``; it knows nothing about the pool except two
-    callbacks, each called once on the loop: ``on_thread_done(job)`` when the
-    slot thread has returned (outcome known, the slot may be reused) and
-    ``on_released(job)`` when, in addition, the consumer is done (end, error,
-    cancellation or ``aclose``): the admission permit may go.
+    Built by ``EnginePool.run``; of the pool it knows one callback, called once on
+    the loop when the slot thread has returned (outcome known), before the lease goes
+    back: ``on_thread_done(job)``.
     """
 
     def __init__(
         self,
-        *,
-        loop: asyncio.AbstractEventLoop,
-        executor: Executor,
+        ticket: Ticket,
+        lease: Lease,
         open_gen: GeneratorFactory[T],
+        *,
         request_id: str,
         queue_wait_s: float,
-        slot_index: int,
         buffer_chunks: int,
         deadline_s: float,
         buffer_bytes: int | None = None,
         on_thread_done: Callable[[Job], None],
-        on_released: Callable[[Job], None],
     ) -> None:
+        if not (ticket.held and lease.held):
+            raise RuntimeError("a job needs a held admission ticket and slot lease")
+        loop = asyncio.get_running_loop()
         self.request_id = request_id
         self.queue_wait_s = queue_wait_s
-        self.slot_index = slot_index
+        self.slot_index = lease.slot.index
         self.time_to_first_chunk_s: float | None = None
         self.audio_s = 0.0
         self.outcome = "running"  # then ok | cancelled | error | timeout
         self.service_s: float | None = None
         self._deadline_s = deadline_s
         self._on_thread_done_cb = on_thread_done
-        self._on_released_cb = on_released
         self._timed_out = False
         self._consumer_done = False
         self._settled = False  # the thread-returned bookkeeping ran
-        self._released = False
         self._reading = False  # first_chunk() or iteration has begun
         self._loop = loop
         self._stream: BlockingStream[T] = BlockingStream(loop, buffer_chunks, max_bytes=buffer_bytes)
         self._started_at = time.monotonic()
         self.stuck_reported = False  # the pool logged this job as stuck in the engine
-        self._thread_done = self._stream.start(executor, open_gen)
+        self._thread_done = self._stream.start(lease.slot.executor, open_gen)  # if this raises, nothing was taken
+        self._ticket = ticket.take()
+        self._lease = lease
         self._thread_done.add_done_callback(self._on_thread_done)
         self._timer = loop.call_later(deadline_s, self._on_deadline) if deadline_s > 0 else None
 
@@ -129,6 +135,11 @@ class Job(Generic[T]):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+    @property
+    def stream(self) -> BlockingStream[T]:
+        """The bridge from the slot thread (read-only use: its counters, e.g. ``buffered``)."""
+        return self._stream
 
     @property
     def started_at(self) -> float:
@@ -202,6 +213,7 @@ class Job(Generic[T]):
         else:
             self.outcome = "cancelled"
         self._on_thread_done_cb(self)
+        self._lease.release()  # the slot thread has returned: the slot may serve the next request
         self._maybe_release()
 
     def _consumer_finished(self) -> None:
@@ -210,6 +222,5 @@ class Job(Generic[T]):
             self._maybe_release()
 
     def _maybe_release(self) -> None:
-        if self._consumer_done and self._settled and not self._released:
-            self._released = True
-            self._on_released_cb(self)
+        if self._consumer_done and self._settled and self._ticket.held:
+            self._ticket.release()  # the one release of a started request's permit

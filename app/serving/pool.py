@@ -1,13 +1,19 @@
-"""EnginePool: preloaded engine slots, admission, FIFO leases, jobs, drain and close.
+"""EnginePool: the lifecycle of preloaded engine slots, running requests on them, and stats.
 
 Life of a request::
 
-    ticket = pool.admit()              # non-blocking permit, or Overloaded/Draining/NotReady
-    lease = await pool.acquire(ticket) # FIFO wait for a free slot, or QueueTimeout
-    job = pool.run(lease, req)         # engine.synthesize() in the slot's own thread
-    async with job:                    # aclose(): cancel flag, wait for the thread, release
+    ticket = pool.admit()                # non-blocking permit, or Overloaded/Draining/NotReady
+    job = await pool.run(ticket, req)    # takes the ticket; FIFO wait for a slot (or QueueTimeout),
+                                         # then engine.synthesize() in the slot's own thread
+    async with job:                      # aclose(): cancel flag, wait for the thread
         first, rest = await job.first_chunk()
         async for chunk in rest: ...
+
+The parts: ``admission.py`` (permits, an owned ``Ticket``), ``slots.py`` (idle
+slots, FIFO hand-off, a ``Lease`` that returns itself), ``job.py`` (one running
+request; it gives back its lease and then its ticket) and ``bridge.py`` (the
+slot thread -> event loop stream). This module loads and warms the engines in
+their slot threads, runs requests on them, drains and closes.
 
 Capacity is ``workers + max_queue`` permits. A slot is reused only after its
 thread has returned from the engine generator; the permit is released once the
@@ -22,30 +28,19 @@ import logging
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from app.engines.base import Engine, EngineInfo, SynthesisRequest
-from app.serving.errors import (
-    Draining,
-    HealthCheckTimeout,
-    NotReady,
-    Overloaded,
-    QueueTimeout,
-)
+from app.serving.admission import Admission, PermitError, Ticket
+from app.serving.errors import Draining, HealthCheckTimeout, NotReady, QueueTimeout
 from app.serving.job import Job
-from app.serving.lease import Lease, PoolConfig, Ticket
-from app.serving.lease import Slot as _Slot
-from app.serving.stats import (
-    NullObserver,
-    PoolObserver,
-    SafeObserver,
-    ServiceTimeEstimator,
-)
+from app.serving.slots import Slot, Slots
+from app.serving.stats import NullObserver, PoolObserver, SafeObserver
 
-__all__ = ["EnginePool", "Job", "Lease", "NullObserver", "PoolConfig", "PoolObserver", "Ticket"]
+__all__ = ["EnginePool", "Job", "NullObserver", "PoolConfig", "PoolObserver", "Ticket"]
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +48,36 @@ THREAD_PREFIX = "cosyserve-slot-"
 
 # Wraps an engine generator inside the slot thread: (chunks, cancel flag) -> items.
 Transform = Callable[[Iterator[Any], threading.Event], Iterator[Any]]
+
+
+@dataclass
+class PoolConfig:
+    workers: int = 2
+    max_queue: int = 8  # waiting requests beyond the running ones
+    queue_timeout_s: float = 30.0
+    request_timeout_s: float = 300.0  # 0 = no deadline
+    share_engine: bool = False  # one engine instance shared by all slots
+    stream_buffer_chunks: int = 4  # bounded queue between slot thread and consumer
+    stream_buffer_bytes: int = 1 << 20  # ... and the encoded bytes it may hold
+    health_timeout_s: float = 5.0  # check_health() gives up (and fails) after this long
+    stuck_grace_s: float = 30.0  # a job past request_timeout_s + this, still in the engine, is stuck
+    close_timeout_s: float = 30.0  # close(): how long to wait for slot threads to return
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError("workers must be at least 1")
+        if self.max_queue < 0:
+            raise ValueError("max_queue must be 0 or more")
+        if self.queue_timeout_s <= 0:
+            raise ValueError("queue_timeout_s must be positive")
+        if self.request_timeout_s < 0:
+            raise ValueError("request_timeout_s must be 0 (no deadline) or positive")
+        if self.stream_buffer_chunks < 1:
+            raise ValueError("stream_buffer_chunks must be at least 1")
+        if self.stream_buffer_bytes < 1:
+            raise ValueError("stream_buffer_bytes must be at least 1")
+        if self.health_timeout_s <= 0 or self.stuck_grace_s < 0:
+            raise ValueError("health_timeout_s must be positive and stuck_grace_s 0 or more")
 
 
 def _name_thread(name: str) -> None:
@@ -71,27 +96,19 @@ class EnginePool:
         self.config = config
         self._factory = engine_factory
         self._observer = SafeObserver(observer if observer is not None else NullObserver())
-        self._estimator = ServiceTimeEstimator()
+        self._admission = Admission(config.workers, config.max_queue, self._observer)
+        self._slots = Slots()
+        self._slot_list: list[Slot] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._slots: list[_Slot] = []
-        self._idle: deque[_Slot] = deque()
-        self._waiters: deque[asyncio.Future[_Slot]] = deque()
-        self._jobs: set[Job] = set()
-        self._started = False
         self._loaded = False
+        self._jobs: set[Job] = set()  # started jobs whose slot thread has not returned
+        self._started = False
         self._failed = False
         self._draining = False
         self._closed = False
         self._close_done: asyncio.Future[None] | None = None
         self._slots_shut = False
-        self._permits = 0
-        self._queued = 0
-        self._running = 0
-        self._admitted_total = 0
-        self._rejected: dict[str, int] = {}
         self._stuck_total = 0
-        self._idle_event = asyncio.Event()
-        self._idle_event.set()
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -103,8 +120,8 @@ class EnginePool:
         for i in range(self.config.workers):
             name = f"{THREAD_PREFIX}{i}"
             executor = ThreadPoolExecutor(1, thread_name_prefix=name, initializer=_name_thread, initargs=(name,))
-            self._slots.append(_Slot(i, executor))
-        loading = self._slots[:1] if self.config.share_engine else self._slots
+            self._slot_list.append(Slot(i, executor))
+        loading = self._slot_list[:1] if self.config.share_engine else self._slot_list
         futs = [loop.run_in_executor(slot.executor, self._load_engine, slot.index) for slot in loading]
         cancelled: asyncio.CancelledError | None = None
         try:
@@ -125,10 +142,10 @@ class EnginePool:
             self._failed = True
             await self._shutdown_slots()
             raise cancelled if cancelled is not None else errors[0]
-        for slot in self._slots:
-            slot.engine = self._slots[0].engine if self.config.share_engine else slot.engine
-            slot.state = "idle"
-            self._idle.append(slot)
+        first = self._slot_list[0]
+        for slot in self._slot_list:
+            slot.engine = first.engine if self.config.share_engine else slot.engine
+            self._slots.add_idle(slot)
         self._loaded = True
 
     def _load_engine(self, index: int) -> Engine:
@@ -143,14 +160,7 @@ class EnginePool:
 
     async def wait_idle(self, timeout: float | None) -> bool:
         """True once no admitted request is queued, running or still being consumed."""
-        if self._permits == 0:
-            return True
-        try:
-            async with asyncio.timeout(timeout):
-                await self._idle_event.wait()
-        except TimeoutError:
-            return self._permits == 0
-        return True
+        return await self._admission.wait_idle(timeout)
 
     async def close(self) -> None:
         """Cancel what still runs, wait for slot threads, close engines, join executors."""
@@ -163,10 +173,7 @@ class EnginePool:
         self._close_done = self._loop.create_future()
         try:
             shutdown = Draining("the server is shutting down")
-            while self._waiters:
-                waiter = self._waiters.popleft()
-                if not waiter.done():
-                    waiter.set_exception(shutdown)
+            self._slots.close(shutdown)
             for job in list(self._jobs):
                 job.abort(shutdown)
             pending = [job.thread_returned for job in self._jobs]
@@ -186,9 +193,10 @@ class EnginePool:
         if self._slots_shut:
             return
         self._slots_shut = True
+        self._slots.close(Draining("the engine pool is closed"))
         closing: list[asyncio.Future[None]] = []
         hung = {job.slot_index for job in self._jobs if not job.done}
-        for slot in self._slots:
+        for slot in self._slot_list:
             first_owner = not self.config.share_engine or slot.index == 0
             if slot.engine is not None and first_owner and slot.index not in hung:
                 closing.append(self._loop.run_in_executor(slot.executor, slot.engine.close))
@@ -196,14 +204,13 @@ class EnginePool:
             for result in await asyncio.gather(*closing, return_exceptions=True):
                 if isinstance(result, BaseException):
                     log.error("engine close failed: %r", result)
-        for slot in self._slots:
+        for slot in self._slot_list:
             if slot.index in hung:
                 slot.executor.shutdown(wait=False, cancel_futures=True)
             else:
                 slot.executor.shutdown(wait=True)
             if slot.state != "failed":
                 slot.state = "closed"
-        self._idle.clear()
 
     # -- properties and info -----------------------------------------------------------------
     @property
@@ -216,10 +223,10 @@ class EnginePool:
 
     @property
     def capacity(self) -> int:
-        return self.config.workers + self.config.max_queue
+        return self._admission.capacity
 
     def _engine(self) -> Engine:
-        engine = self._slots[0].engine if self._slots and self._loaded else None
+        engine = self._slot_list[0].engine if self._slot_list and self._loaded else None
         if engine is None:
             raise NotReady("the engine is not loaded")
         return engine
@@ -239,17 +246,17 @@ class EnginePool:
         if self._closed:
             raise Draining("the engine pool is closed")
         self._engine()  # NotReady until loaded
-        if not self._idle or self._has_waiters():
+        lease = self._slots.try_acquire()
+        if lease is None:
             return
-        slot = self._idle.popleft()
-        slot.state = "busy"
-        assert slot.engine is not None
-        fut = self._require_loop().run_in_executor(slot.executor, slot.engine.health_check)
+        engine = lease.slot.engine
+        assert engine is not None
+        fut = self._require_loop().run_in_executor(lease.slot.executor, engine.health_check)
 
         def done(f: asyncio.Future[None]) -> None:
             if not f.cancelled():
                 f.exception()  # retrieved here too, in case the caller was cancelled
-            self._return_slot(slot, leased=False)
+            lease.release()
 
         fut.add_done_callback(done)
         try:
@@ -257,7 +264,7 @@ class EnginePool:
                 await asyncio.shield(fut)
         except TimeoutError:
             log.error("engine health check did not return within %g s (slot %d)", self.config.health_timeout_s,
-                      slot.index)
+                      lease.slot.index)
             raise HealthCheckTimeout(f"the engine health check did not return within "
                                      f"{self.config.health_timeout_s:g} s") from None
 
@@ -286,125 +293,33 @@ class EnginePool:
 
     # -- admission ----------------------------------------------------------------------------
     def retry_after_s(self) -> float:
-        return self._estimator.retry_after(self._queued, self.config.workers)
-
-    def _reject(self, reason: str) -> None:
-        self._rejected[reason] = self._rejected.get(reason, 0) + 1
-        self._observer.on_reject(reason)
+        return self._admission.retry_after_s()
 
     def admit(self) -> Ticket:
         """Take an admission permit at once, or raise Overloaded / Draining / NotReady."""
         if self._draining or self._closed:
-            self._reject("draining")
+            self._admission.reject("draining")
             raise Draining("the server is draining and takes no new requests", self.retry_after_s())
         if not self._loaded:
-            self._reject("not_ready")
+            self._admission.reject("not_ready")
             raise NotReady("the engine is not loaded yet" if not self._failed else "the engine failed to load")
-        if self._permits >= self.capacity:
-            self._reject("queue_full")
-            raise Overloaded(
-                f"all {self.config.workers} workers are busy and {self.config.max_queue} requests are waiting",
-                self.retry_after_s(),
-            )
-        self._permits += 1
-        self._queued += 1
-        self._admitted_total += 1
-        self._idle_event.clear()
-        self._observer.on_queue_depth(self._queued)
-        return Ticket(self)
-
-    def _release_permit(self, was_queued: bool) -> None:
-        self._permits -= 1
-        if was_queued:
-            self._queued -= 1
-            self._observer.on_queue_depth(self._queued)
-        if self._permits == 0:
-            self._idle_event.set()
-
-    def _has_waiters(self) -> bool:
-        return any(not w.done() for w in self._waiters)
-
-    async def acquire(self, ticket: Ticket) -> Lease:
-        """Wait FIFO for a free slot. On any failure the ticket's permit is released.
-
-        The queue wait (and ``queue_timeout_s``) counts from this call, not from
-        ``admit()``: a permit taken at the edge before the request body arrived
-        does not charge the upload time to the queue.
-        """
-        if ticket._pool is not self or ticket.state != "admitted":
-            raise RuntimeError("acquire() needs a fresh ticket from this pool's admit()")
-        asked_at = time.monotonic()
-        try:
-            slot = await self._wait_for_slot()
-        except QueueTimeout:
-            ticket.release()
-            self._reject("queue_timeout")
-            raise
-        except BaseException:
-            ticket.release()
-            raise
-        wait = time.monotonic() - asked_at
-        ticket.state = "leased"
-        self._queued -= 1
-        self._running += 1
-        slot.state = "busy"
-        self._observer.on_queue_depth(self._queued)
-        self._observer.on_queue_wait(wait)
-        return Lease(self, slot, ticket, wait)
-
-    async def _wait_for_slot(self) -> _Slot:
-        if self._closed:
-            raise Draining("the engine pool is closed", self.retry_after_s())
-        if self._idle and not self._has_waiters():
-            return self._idle.popleft()
-        fut: asyncio.Future[_Slot] = self._require_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            async with asyncio.timeout(self.config.queue_timeout_s):
-                return await fut
-        except TimeoutError:
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                return fut.result()  # a slot arrived as the timer fired: keep it
-            raise QueueTimeout(
-                f"no worker became free within {self.config.queue_timeout_s:g} s", self.retry_after_s()
-            ) from None
-        except BaseException:
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                self._return_slot(fut.result(), leased=False)  # handed over as we were cancelled: pass it on
-            raise
-        finally:
-            if not fut.done():
-                fut.cancel()
-            try:
-                self._waiters.remove(fut)
-            except ValueError:
-                pass
-
-    def _return_slot(self, slot: _Slot, leased: bool) -> None:
-        """Hand a freed slot to the oldest live waiter (no barging), or mark it idle."""
-        if leased:
-            self._running -= 1
-        if self._closed:
-            return
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(slot)
-                return
-        slot.state = "idle"
-        self._idle.append(slot)
+        return self._admission.admit()
 
     # -- running --------------------------------------------------------------------------------
-    def run(self, lease: Lease, req: SynthesisRequest, transform: Transform | None = None) -> Job:
-        """Start engine.synthesize(req, cancel) in the lease's slot thread.
+    async def run(self, ticket: Ticket, req: SynthesisRequest, transform: Transform | None = None) -> Job:
+        """Take ``ticket``, wait FIFO for a free slot, start engine.synthesize(req, cancel) in its thread.
 
         ``transform(chunks, cancel)``, when given, wraps the engine generator in the same
-        thread (e.g. encoding PCM to bytes); the job then yields what it yields.
+        thread (e.g. encoding PCM to bytes); the job then yields what it yields. The queue
+        wait (and ``queue_timeout_s``) counts from this call, not from ``admit()``: a permit
+        taken at the edge before the request body arrived does not charge the upload time
+        to the queue. If no job starts (queue timeout, cancelled, shut down), the permit
+        goes back before this raises.
         """
         if transform is None:
-            return self._start(lease, lambda engine, cancel: engine.synthesize(req, cancel), req.request_id)
-        return self._start(lease, lambda engine, cancel: transform(engine.synthesize(req, cancel), cancel),
-                           req.request_id)
+            return await self._submit(ticket, lambda engine, cancel: engine.synthesize(req, cancel), req.request_id)
+        return await self._submit(ticket, lambda engine, cancel: transform(engine.synthesize(req, cancel), cancel),
+                                  req.request_id)
 
     async def call(self, fn: Callable[[Engine], Any], request_id: str = "") -> Any:
         """Run ``fn(engine)`` once in a slot's thread, under the same admission, queue and deadline.
@@ -415,57 +330,53 @@ class EnginePool:
         def one(engine: Engine, cancel: Any) -> Iterator[Any]:
             yield fn(engine)
 
-        ticket = self.admit()
-        lease = await self.acquire(ticket)
-        async with self._start(lease, one, request_id) as job:
+        async with await self._submit(self.admit(), one, request_id) as job:
             result, _ = await job.first_chunk()
             return result
 
-    def _start(self, lease: Lease, open_gen: Callable[[Engine, Any], Iterator[Any]], request_id: str) -> Job:
-        if lease._pool is not self or lease._owned or not lease._slot_held:
-            raise RuntimeError("run() needs a live lease from this pool's acquire()")
-        if self._closed:
-            lease.release()
-            raise Draining("the engine pool is closed", self.retry_after_s())
-        engine = lease._slot.engine
-        assert engine is not None
+    async def _submit(self, ticket: Ticket, open_gen: Callable[[Engine, Any], Iterator[Any]], request_id: str) -> Job:
+        if not ticket.issued_by(self._admission):
+            raise PermitError("run() needs a ticket from this pool's admit()")
+        ticket = ticket.take()  # ours now: the caller's handle is empty, whatever happens here
         try:
-            job = Job(
-                loop=self._require_loop(),
-                executor=lease._slot.executor,
-                open_gen=lambda cancel: open_gen(engine, cancel),
-                request_id=request_id or uuid.uuid4().hex,
-                queue_wait_s=lease.queue_wait_s,
-                slot_index=lease.slot_index,
-                buffer_chunks=self.config.stream_buffer_chunks,
-                buffer_bytes=self.config.stream_buffer_bytes,
-                deadline_s=self.config.request_timeout_s,
-                on_thread_done=lambda j: self._job_ended(j, lease),
-                on_released=lambda j: lease.ticket.release(),
-            )
+            if self._closed:
+                raise Draining("the engine pool is closed", self.retry_after_s())
+            asked_at = time.monotonic()
+            try:
+                lease = await self._slots.acquire(self.config.queue_timeout_s)
+            except TimeoutError:
+                self._admission.reject("queue_timeout")
+                raise QueueTimeout(f"no worker became free within {self.config.queue_timeout_s:g} s",
+                                   self.retry_after_s()) from None
+            wait = time.monotonic() - asked_at
+            ticket.started()
+            self._observer.on_queue_wait(wait)
+            engine = lease.slot.engine
+            assert engine is not None
+            try:
+                job = Job(ticket, lease, lambda cancel: open_gen(engine, cancel),
+                          request_id=request_id or uuid.uuid4().hex, queue_wait_s=wait,
+                          buffer_chunks=self.config.stream_buffer_chunks,
+                          buffer_bytes=self.config.stream_buffer_bytes,
+                          deadline_s=self.config.request_timeout_s, on_thread_done=self._job_ended)
+            except BaseException:
+                lease.release()
+                raise
         except BaseException:
-            lease.release()
+            ticket.release()  # no job started: the permit goes back now
             raise
-        lease._owned = True
         self._jobs.add(job)
         self._observer.on_job_start()
         return job
 
-    def _job_ended(self, job: Job, lease: Lease) -> None:
-        """The job's slot thread returned: count it and free the slot."""
+    def _job_ended(self, job: Job) -> None:
+        """The job's slot thread returned: count it (its lease goes back next)."""
         self._jobs.discard(job)
-        lease._slot.jobs_done += 1
+        self._slot_list[job.slot_index].jobs_done += 1
         seconds = job.service_s or 0.0
         if job.outcome in ("ok", "error"):
-            self._estimator.observe(seconds)
+            self._admission.observe_service(seconds)
         self._observer.on_job_end(job.outcome, seconds)
-        lease._release_slot()
-
-    async def synthesize(self, req: SynthesisRequest, ticket: Ticket | None = None) -> Job:
-        """admit (unless given a fresh ``ticket``) + acquire + run; the permit is released if acquire fails."""
-        ticket = ticket if ticket is not None else self.admit()
-        lease = await self.acquire(ticket)
-        return self.run(lease, req)
 
     def _require_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -474,16 +385,18 @@ class EnginePool:
 
     # -- stats --------------------------------------------------------------------------------------
     def stats(self) -> dict:
+        a = self._admission
         return {
             "workers": self.config.workers,
-            "slots": [{"index": s.index, "state": s.state, "jobs_done": s.jobs_done} for s in self._slots],
-            "running": self._running,
-            "queued": self._queued,
-            "in_flight": self._permits,
-            "capacity": self.capacity,
-            "admitted": self._admitted_total,
-            "rejected": dict(self._rejected),
-            "avg_service_s": self._estimator.average_s,
+            "slots": [{"index": s.index, "state": s.state, "jobs_done": s.jobs_done} for s in self._slot_list],
+            "running": len(self._jobs),
+            "queued": a.queued,
+            "in_flight": a.in_flight,
+            "capacity": a.capacity,
+            "admitted": a.admitted,
+            "rejected": dict(a.rejected),
+            "ticket_misuses": a.misuses,
+            "avg_service_s": a.average_service_s,
             "stuck": len(self.stuck_slots()),
             "stuck_total": self._stuck_total,
             "ready": self.ready,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from app.engines.base import EngineError
+from app.serving.admission import Ticket
 from app.serving.encoded import OutputSpec
 from app.serving.errors import (
     BadRequest,
@@ -37,7 +38,6 @@ from app.serving.errors import (
     ServingError,
 )
 from app.serving.plan import Plan, SpeechFields
-from app.serving.pool import Ticket
 from app.serving.speech import SpeechService
 from app.text.stream import TextStream
 
@@ -169,8 +169,7 @@ class SpeechSession:
             utt.text.end()
         self._open = None
         if self._ticket is not None:
-            self._ticket.release()
-            self._ticket = None
+            self._ticket.release()  # the permit taken at connect, if no utterance took it (else: nothing)
 
     # -- the audio loop --------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -186,15 +185,16 @@ class SpeechSession:
                 self._unfinished.remove(utt)
 
     async def _speak(self, utt: Utterance) -> None:
-        ticket, self._ticket = self._ticket, None
-        if ticket is None:
+        assert self._plan is not None
+        req = replace(self._plan.request, text_stream=utt.text, stream=True,
+                      request_id=f"{self.request_id}-{utt.index}")
+        if self._ticket is not None and self._ticket.held:
+            ticket = self._ticket.take()  # the permit taken at connect serves the first utterance
+        else:
             try:
                 ticket = self.service.pool.admit()
             except _REFUSALS as exc:
                 raise SessionRefused(exc) from None
-        assert self._plan is not None
-        req = replace(self._plan.request, text_stream=utt.text, stream=True,
-                      request_id=f"{self.request_id}-{utt.index}")
         try:
             result = await self.service.run(Plan(req), utt.out, ticket=ticket)
         except (RequestError, ServingError, EngineError) as exc:

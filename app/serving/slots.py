@@ -64,6 +64,11 @@ class Slots:
         slot.state = "idle"
         self._idle.append(slot)
 
+    @property
+    def waiting(self) -> int:
+        """Live waiters (not yet handed a slot, timed out or cancelled)."""
+        return sum(1 for w in self._waiters if not w.done())
+
     def has_waiters(self) -> bool:
         return any(not w.done() for w in self._waiters)
 

@@ -5,15 +5,16 @@
     result = await service.run(plan, out, ticket=..., gone=event)
     # result.media_type, result.sample_rate, result.body (async bytes) or result.data
 
-``run`` admits (unless the edge already did), waits FIFO for a slot, runs the
-engine with the encoder in the slot's thread (see ``app/serving/encoded.py``),
-and waits for the first piece before returning, so errors before the first byte
-still get a status. ``gone`` is set by the HTTP layer when the client hangs up:
-a request still queued leaves the queue at once (its permit is released, no
-engine work is done); a whole-file request that is running is cancelled (the
-engine's cancel flag, so within one chunk); a stream is cancelled by its
-response when the client leaves. On every path the job is closed, which frees
-the slot once its thread has returned and then the permit.
+``run`` admits (unless the edge already did and hands its ticket over), hands
+the ticket to the pool, which waits FIFO for a slot and runs the engine with the
+encoder in the slot's thread (see ``app/serving/encoded.py``), and waits for the
+first piece before returning, so errors before the first byte still get a
+status. ``gone`` is set by the HTTP layer when the client hangs up: a request
+still queued leaves the queue at once (its permit is released, no engine work is
+done); a whole-file request that is running is cancelled (the engine's cancel
+flag, so within one chunk); a stream is cancelled by its response when the
+client leaves. On every path the job is closed, which frees the slot once its
+thread has returned and then the permit (the job releases it).
 
 ``EngineInfo`` and the preset speakers are read once, when the service is built.
 """
@@ -30,11 +31,13 @@ from typing import Any
 from app.audio.encode import make_encoder
 from app.engines.base import EngineInfo
 from app.engines.timings import StageTimings
+from app.serving.admission import Ticket
 from app.serving.encoded import EncoderFactory, OutputSpec, Piece, pieces
 from app.serving.errors import ClientGone
+from app.serving.job import Job
 from app.serving.limits import SpeechLimits
 from app.serving.plan import Plan, SpeechFields, plan
-from app.serving.pool import EnginePool, Job, Ticket
+from app.serving.pool import EnginePool
 
 log = logging.getLogger("cosyserve.speech")
 
@@ -97,21 +100,22 @@ class SpeechService:
     # -- running ---------------------------------------------------------------------------------
     async def run(self, plan: Plan, out: OutputSpec, *, ticket: Ticket | None = None,
                   gone: asyncio.Event | None = None) -> SpeechResult:
-        """Admit (unless ``ticket``), acquire, run, encode; raises ClientGone if ``gone`` fires first."""
-        ticket = ticket if ticket is not None else self.pool.admit()
+        """Admit (unless given a ``ticket``, which it takes), run, encode; ClientGone if ``gone`` fires first."""
+        ticket = ticket.take() if ticket is not None else self.pool.admit()
         task = asyncio.ensure_future(self._start(plan, out, ticket))
         try:
             if gone is None:
                 return await task
             return await _unless_gone(task, gone)
         finally:
-            task.add_done_callback(lambda _: _release_if_unused(ticket))
+            # The task takes the ticket as it starts; one cancelled before its first step never
+            # did, and this (then still holding) handle gives the permit back.
+            task.add_done_callback(lambda _: ticket.release())
 
     async def _start(self, plan: Plan, out: OutputSpec, ticket: Ticket) -> SpeechResult:
-        lease = await self.pool.acquire(ticket)  # releases the permit itself if it fails or is cancelled
         transform = partial(pieces, out=out, native_rate=self.info.sample_rate, make=self._make_encoder,
                             timings=plan.request.timings)
-        job = self.pool.run(lease, plan.request, transform=transform)
+        job = await self.pool.run(ticket, plan.request, transform=transform)  # takes the ticket
         result = SpeechResult(out.content_type, out.sample_rate, queue_wait_s=job.queue_wait_s, job=job,
                               timings=plan.request.timings)
         try:
@@ -130,12 +134,6 @@ class SpeechService:
             raise
         await result.aclose()
         return result
-
-
-def _release_if_unused(ticket: Ticket) -> None:
-    """A task cancelled before it reached ``acquire`` never used its permit: give it back."""
-    if ticket.state == "admitted":
-        ticket.release()
 
 
 async def _body(first: Piece | None, rest: AsyncIterator[Piece]) -> AsyncIterator[bytes]:

@@ -15,10 +15,12 @@ from app.serving import (
     EnginePool,
     NotReady,
     Overloaded,
+    PermitError,
     PoolConfig,
     QueueTimeout,
 )
 from app.serving.stats import ServiceTimeEstimator
+from tests.unit.serving.pool_helpers import assert_released, synthesize
 from tests.waiting import await_until, run
 
 
@@ -45,7 +47,7 @@ def slot_threads() -> list[str]:
 
 
 async def consume(pool: EnginePool, rid: str) -> int:
-    async with await pool.synthesize(req(rid)) as job:
+    async with await synthesize(pool, req(rid)) as job:
         return len([chunk async for chunk in job])
 
 
@@ -113,7 +115,7 @@ def test_exact_admission_limits_and_fast_rejection() -> None:
             assert time.monotonic() - t0 < 0.05
             assert info.value.retry_after_s >= 1 and info.value.retry_after_s == int(info.value.retry_after_s)
             with pytest.raises(Overloaded):
-                await pool.synthesize(req("late"))
+                await synthesize(pool, req("late"))
             assert len(b.started) == 2  # the engine was never touched by the rejected ones
             stats = pool.stats()
             assert stats["running"] == 2 and stats["queued"] == 3 and stats["in_flight"] == 5
@@ -158,7 +160,7 @@ def test_queue_timeout_releases_the_permit() -> None:
             await await_until(lambda: len(b.started) == 1)
             t0 = time.monotonic()
             with pytest.raises(QueueTimeout) as info:
-                await pool.synthesize(req("waits"))
+                await synthesize(pool, req("waits"))
             assert 0.04 < time.monotonic() - t0 < 2.0
             assert info.value.retry_after_s >= 1
             stats = pool.stats()
@@ -166,8 +168,9 @@ def test_queue_timeout_releases_the_permit() -> None:
             assert obs.rejects == ["queue_timeout"]
             ticket = pool.admit()  # the queue place is free again
             ticket.release()
-            ticket.release()  # idempotent
-            assert pool.stats()["in_flight"] == 1
+            with pytest.raises(PermitError):
+                ticket.release()  # a double release is a bug: refused and counted, not hidden
+            assert pool.stats()["in_flight"] == 1 and pool.stats()["ticket_misuses"] == 1
             gate.set()
             assert await running == 3
             assert obs.depths[-1] == 0 and obs.starts == 1 and obs.ends == ["ok"] and len(obs.waits) == 1
@@ -180,17 +183,16 @@ def test_queue_timeout_releases_the_permit() -> None:
 
 def test_fifo_order_and_cancelled_waiters_give_their_place_back() -> None:
     async def main():
-        pool, _, _ = make_pool(workers=1, max_queue=10)
+        pool, _, b = make_pool(FakeBehaviour(gate=threading.Event()), workers=1, max_queue=10)
         await pool.start()
         try:
-            holder = await pool.acquire(pool.admit())
+            holder = await synthesize(pool, req("holder"))
             order: list[int] = []
 
             async def waiter(i: int) -> None:
-                lease = await pool.acquire(pool.admit())
-                order.append(i)
-                await asyncio.sleep(0)
-                lease.release()
+                async with await synthesize(pool, req(f"w{i}")):
+                    order.append(i)
+                    await asyncio.sleep(0)
 
             tasks = []
             for i in range(6):
@@ -198,38 +200,16 @@ def test_fifo_order_and_cancelled_waiters_give_their_place_back() -> None:
                 await await_until(lambda n=i + 1: pool.stats()["queued"] == n)
             tasks[2].cancel()
             await await_until(lambda: pool.stats()["queued"] == 5)
-            holder.release()
+            b.gate.set()
+            await holder.aclose()
             results = await asyncio.gather(*tasks, return_exceptions=True)
             assert isinstance(results[2], asyncio.CancelledError)
             assert order == [0, 1, 3, 4, 5]
             stats = pool.stats()
             assert stats["in_flight"] == 0 and stats["running"] == 0 and stats["slots"][0]["state"] == "idle"
+            assert_released(pool)
         finally:
-            await pool.close()
-
-    run(main())
-
-
-def test_a_freed_slot_goes_to_the_oldest_waiter_not_to_a_later_arrival() -> None:
-    async def main():
-        pool, _, _ = make_pool(workers=1, max_queue=4)
-        await pool.start()
-        try:
-            order: list[str] = []
-
-            async def take(name: str) -> None:
-                lease = await pool.acquire(pool.admit())
-                order.append(name)
-                lease.release()
-
-            holder = await pool.acquire(pool.admit())
-            first = asyncio.create_task(take("first"))
-            await await_until(lambda: pool.stats()["queued"] == 1)
-            holder.release()  # handed straight to "first", which has not resumed yet
-            late = asyncio.create_task(take("late"))
-            await asyncio.gather(first, late)
-            assert order == ["first", "late"]
-        finally:
+            b.gate.set()
             await pool.close()
 
     run(main())
@@ -237,47 +217,57 @@ def test_a_freed_slot_goes_to_the_oldest_waiter_not_to_a_later_arrival() -> None
 
 def test_a_waiter_cancelled_just_after_a_slot_was_handed_to_it_passes_the_slot_on() -> None:
     async def main():
-        pool, _, _ = make_pool(workers=1, max_queue=4)
+        pool, _, b = make_pool(FakeBehaviour(gate=threading.Event()), workers=1, max_queue=4)
         await pool.start()
         try:
-            async def admit_and_acquire():
-                return await pool.acquire(pool.admit())
-
-            holder = await pool.acquire(pool.admit())
-            w1 = asyncio.create_task(admit_and_acquire())
+            holder = await synthesize(pool, req("holder"))
+            w1 = asyncio.create_task(synthesize(pool, req("w1")))
             await await_until(lambda: pool.stats()["queued"] == 1)
-            w2 = asyncio.create_task(admit_and_acquire())
+            w2 = asyncio.create_task(synthesize(pool, req("w2")))
             await await_until(lambda: pool.stats()["queued"] == 2)
-            holder.release()  # w1's future now holds the slot ...
-            w1.cancel()  # ... and w1 is cancelled before it could resume
+            # The holder's thread returns: its slot is handed to w1's future first (the job's own
+            # callback), then w1 is cancelled before it could resume.
+            holder.thread_returned.add_done_callback(lambda _: w1.cancel())
+            b.gate.set()
             with pytest.raises(asyncio.CancelledError):
                 await w1
-            lease2 = await w2
+            job2 = await w2
+            await holder.aclose()
+            assert job2.request_id == "w2"
             assert pool.stats()["running"] == 1 and pool.stats()["in_flight"] == 1
-            lease2.release()
+            async with job2:
+                assert len([c async for c in job2]) == 3
             stats = pool.stats()
             assert stats["running"] == 0 and stats["in_flight"] == 0 and stats["slots"][0]["state"] == "idle"
+            assert b.started == ["holder", "w2"]
+            assert_released(pool)
         finally:
+            b.gate.set()
             await pool.close()
 
     run(main())
 
 
-def test_tickets_and_leases_are_single_use() -> None:
+def test_tickets_are_single_use() -> None:
     async def main():
         pool, _, _ = make_pool(workers=1)
+        other, _, _ = make_pool(workers=1)
         await pool.start()
+        await other.start()
         try:
             ticket = pool.admit()
-            lease = await pool.acquire(ticket)
+            job = await pool.run(ticket, req())
+            assert not ticket.held  # moved into the job
             with pytest.raises(RuntimeError):
-                await pool.acquire(ticket)
-            lease.release()
+                await pool.run(ticket, req())
+            await job.aclose()
             with pytest.raises(RuntimeError):
-                pool.run(lease, req())
+                await pool.run(other.admit(), req())  # a ticket of another pool
             assert pool.stats()["in_flight"] == 0 and pool.stats()["slots"][0]["state"] == "idle"
+            assert other.stats()["in_flight"] == 1  # the foreign ticket was not taken
         finally:
             await pool.close()
+            await other.close()
 
     run(main())
 
@@ -327,8 +317,8 @@ def test_close_cancels_running_work_fails_waiters_and_joins_threads() -> None:
         pool = EnginePool(factory, PoolConfig(workers=2, max_queue=2))
         await pool.start()
         assert len(slot_threads()) == 2
-        jobs = [await pool.synthesize(req(f"r{i}")) for i in range(2)]
-        waiting = asyncio.create_task(pool.synthesize(req("queued")))
+        jobs = [await synthesize(pool, req(f"r{i}")) for i in range(2)]
+        waiting = asyncio.create_task(synthesize(pool, req("queued")))
         readers = [asyncio.create_task(job.first_chunk()) for job in jobs]
         await await_until(lambda: len(b.started) == 2 and pool.stats()["queued"] == 1)
         await pool.close()

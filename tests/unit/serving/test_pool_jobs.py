@@ -13,6 +13,7 @@ import pytest
 from app.engines.base import AudioChunk, EngineFailure, InvalidInput, SynthesisRequest
 from app.engines.fake import FakeBehaviour, FakeEngine
 from app.serving import DeadlineExceeded, EnginePool, PoolConfig
+from tests.unit.serving.pool_helpers import synthesize
 from tests.waiting import await_until, run
 
 
@@ -39,7 +40,7 @@ async def started_pool(engine_or_behaviour, **cfg) -> EnginePool:
 
 
 async def still_works(pool: EnginePool) -> None:
-    async with await pool.synthesize(req("after")) as job:
+    async with await synthesize(pool, req("after")) as job:
         assert len([c async for c in job]) >= 1
     assert job.outcome == "ok"
     assert_idle(pool)
@@ -49,7 +50,7 @@ def test_first_chunk_returns_the_first_and_the_rest_and_timings_are_recorded() -
     async def main():
         pool = await started_pool(FakeBehaviour(chunks=3, chunk_s=0.2), workers=1)
         try:
-            async with await pool.synthesize(req("a")) as job:
+            async with await synthesize(pool, req("a")) as job:
                 first, rest = await job.first_chunk()
                 with pytest.raises(RuntimeError):
                     await job.first_chunk()  # handed out once, never re-delivered
@@ -60,7 +61,7 @@ def test_first_chunk_returns_the_first_and_the_rest_and_timings_are_recorded() -
             assert job.audio_s == pytest.approx(0.6) and job.queue_wait_s >= 0
             await job.aclose()  # idempotent
             assert_idle(pool)
-            job2 = await pool.synthesize(SynthesisRequest(text="x", speaker="fake_male"))
+            job2 = await synthesize(pool, SynthesisRequest(text="x", speaker="fake_male"))
             assert job2.request_id  # generated when the request has none
             await job2.aclose()
             assert_idle(pool)
@@ -79,7 +80,7 @@ def test_first_chunk_is_none_when_the_engine_yields_nothing() -> None:
     async def main():
         pool = await started_pool(EmptyEngine(), workers=1)
         try:
-            async with await pool.synthesize(req()) as job:
+            async with await synthesize(pool, req()) as job:
                 first, rest = await job.first_chunk()
                 assert first is None
                 assert [c async for c in rest] == []
@@ -100,7 +101,7 @@ def test_engine_errors_reach_the_consumer_and_free_the_slot(case: str) -> None:
             r = req("e", speaker="nobody") if case == "invalid_input" else req("e")
             expected = InvalidInput if case == "invalid_input" else EngineFailure
             got = []
-            async with await pool.synthesize(r) as job:
+            async with await synthesize(pool, r) as job:
                 with pytest.raises(expected):
                     first, rest = await job.first_chunk()
                     got.append(first)
@@ -129,7 +130,7 @@ def test_a_client_cancelled_while_iterating_frees_the_slot(calls_aclose: bool) -
             got_first = asyncio.Event()
 
             async def client() -> None:
-                job = await pool.synthesize(req("c"))
+                job = await synthesize(pool, req("c"))
                 try:
                     async for _ in job:
                         got_first.set()
@@ -180,7 +181,7 @@ def test_deadline_raises_deadline_exceeded_and_frees_the_slot_only_when_the_thre
         engine = StubbornEngine(release)
         pool = await started_pool(engine, workers=1, max_queue=1, request_timeout_s=0.1)
         try:
-            job = await pool.synthesize(req("stuck"))
+            job = await synthesize(pool, req("stuck"))
             t0 = time.monotonic()
             with pytest.raises(DeadlineExceeded):
                 await job.first_chunk()
@@ -208,7 +209,7 @@ def test_deadline_with_a_cooperative_engine_and_a_late_reader() -> None:
         b = FakeBehaviour(gate=gate)
         pool = await started_pool(b, workers=1, request_timeout_s=0.05)
         try:
-            async with await pool.synthesize(req("slow")) as job:
+            async with await synthesize(pool, req("slow")) as job:
                 await await_until(lambda: job.done)  # nobody reads; the deadline cancels the engine
                 with pytest.raises(DeadlineExceeded):
                     async for _ in job:
@@ -238,7 +239,7 @@ def test_backpressure_bounds_what_a_slow_consumer_makes_the_engine_produce() -> 
         engine = CountingEngine(FakeBehaviour(chunks=50, chunk_s=0.5))
         pool = await started_pool(engine, workers=1, stream_buffer_chunks=4)
         try:
-            async with await pool.synthesize(req("slow-reader")) as job:
+            async with await synthesize(pool, req("slow-reader")) as job:
                 await await_until(lambda: engine.yielded == 5)  # 4 buffered + 1 held by the thread
                 await asyncio.sleep(0.2)
                 assert engine.yielded == 5  # the engine is not pulled further: memory stays bounded
@@ -249,7 +250,7 @@ def test_backpressure_bounds_what_a_slow_consumer_makes_the_engine_produce() -> 
                 assert got == 50
             assert job.outcome == "ok"
             # A non-reading consumer that gives up: aclose wakes the blocked thread at once.
-            job = await pool.synthesize(req("gives-up"))
+            job = await synthesize(pool, req("gives-up"))
             await await_until(lambda: engine.yielded == 55)
             t0 = time.monotonic()
             await job.aclose()
@@ -265,7 +266,7 @@ def test_no_deadline_when_request_timeout_is_zero() -> None:
     async def main():
         pool = await started_pool(FakeBehaviour(chunks=2, chunk_delay_s=0.05), workers=1, request_timeout_s=0)
         try:
-            async with await pool.synthesize(req()) as job:
+            async with await synthesize(pool, req()) as job:
                 assert len([c async for c in job]) == 2
             assert job.outcome == "ok"
         finally:
@@ -280,7 +281,7 @@ def test_close_gives_up_on_a_stuck_slot_thread_after_close_timeout() -> None:
         engine = StubbornEngine(release)
         pool = await started_pool(engine, workers=1, request_timeout_s=0, close_timeout_s=0.1)
         try:
-            job = await pool.synthesize(req("stuck"))
+            job = await synthesize(pool, req("stuck"))
             await await_until(engine.entered.is_set)
             t0 = time.monotonic()
             await pool.close()  # the stuck thread ignores its cancel flag

@@ -20,6 +20,7 @@ from app.serving import (
     PoolConfig,
     QueueTimeout,
 )
+from tests.unit.serving.pool_helpers import synthesize
 
 # One batch of concurrent clients; 50 shuffled batches make 1,000 requests.
 BATCH = ["ok"] * 6 + ["hang"] * 4 + ["stubborn"] * 2 + ["error"] * 2 + ["error_mid"] * 2 + ["invalid"] + ["cancel"] * 3
@@ -80,7 +81,7 @@ def test_thousand_mixed_requests_leave_no_leaks() -> None:
         async def plain_client(kind: str, rid: str) -> str:
             r = SynthesisRequest(text="hi", speaker="nobody" if kind == "invalid" else "fake_female",
                                  request_id=rid, extra={"kind": kind})
-            async with await pool.synthesize(r) as job:
+            async with await synthesize(pool, r) as job:
                 n = len([c async for c in job])
             return "ok" if n else "empty"
 
@@ -89,7 +90,7 @@ def test_thousand_mixed_requests_leave_no_leaks() -> None:
 
             async def consume() -> None:
                 r = SynthesisRequest(text="hi", speaker="fake_female", request_id=rid, extra={"kind": "cancel"})
-                async with await pool.synthesize(r) as job:
+                async with await synthesize(pool, r) as job:
                     async for _ in job:
                         got_first.set()
 
@@ -136,7 +137,7 @@ def test_thousand_mixed_requests_leave_no_leaks() -> None:
             assert [t for t in others if t.get_coro().__name__ != "wait_for"] == []  # no stray tasks
             # ... and the pool still serves.
             r = SynthesisRequest(text="hi", speaker="fake_female", request_id="final", extra={"kind": "ok"})
-            async with await pool.synthesize(r) as job:
+            async with await synthesize(pool, r) as job:
                 assert len([c async for c in job]) == 3
             assert job.outcome == "ok"
         finally:

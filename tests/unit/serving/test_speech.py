@@ -143,7 +143,7 @@ def test_backpressure_counts_bytes():
         service, _ = await started(b, stream_buffer_chunks=100, stream_buffer_bytes=60_000)
         try:
             result = await service.run(service.plan(SpeechFields(text="x")), service.output("pcm", stream=True))
-            stream = result.job._stream
+            stream = result.job.stream
             await await_until(lambda: stream.produced >= 3)
             for _ in range(20):  # let the producer run ahead as far as it may
                 await asyncio.sleep(0.005)

@@ -1,0 +1,213 @@
+"""Admission: owned tickets (moved once, released once) and the permit coming back on every path."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from app.engines.base import EngineFailure, SynthesisRequest
+from app.engines.fake import FakeBehaviour, FakeEngine
+from app.serving import (
+    DeadlineExceeded,
+    Draining,
+    EnginePool,
+    Overloaded,
+    PermitError,
+    PoolConfig,
+    QueueTimeout,
+)
+from app.serving.admission import Admission
+from app.serving.errors import ClientGone
+from app.serving.limits import SpeechLimits
+from app.serving.plan import SpeechFields
+from app.serving.speech import SpeechService
+from app.serving.stats import NullObserver
+from tests.unit.serving.pool_helpers import assert_released, synthesize
+from tests.waiting import await_until, run
+
+
+def req(rid: str = "r") -> SynthesisRequest:
+    return SynthesisRequest(text="hello", mode="sft", speaker="fake_female", request_id=rid)
+
+
+async def started(b: FakeBehaviour, **cfg) -> EnginePool:
+    pool = EnginePool(lambda i: FakeEngine(b), PoolConfig(**{"workers": 1, "max_queue": 2, **cfg}))
+    await pool.start()
+    return pool
+
+
+# -- the ticket itself -----------------------------------------------------------------------------
+def test_admit_counts_and_refuses_at_capacity() -> None:
+    async def main():
+        adm = Admission(workers=1, max_queue=1, observer=NullObserver())
+        a, b = adm.admit(), adm.admit()
+        assert (adm.in_flight, adm.queued, adm.admitted) == (2, 2, 2)
+        with pytest.raises(Overloaded):
+            adm.admit()
+        assert adm.rejected == {"queue_full": 1}
+        a.started()  # got a slot: no longer queued, still in flight
+        assert (adm.in_flight, adm.queued) == (2, 1)
+        a.release()
+        b.release()  # released while queued: leaves the queue too
+        assert (adm.in_flight, adm.queued, adm.misuses) == (0, 0, 0)
+        assert await adm.wait_idle(0) is True
+
+    run(main())
+
+
+def test_a_ticket_moves_once_and_is_released_once() -> None:
+    adm = Admission(workers=1, max_queue=0, observer=NullObserver())
+    edge = adm.admit()
+    service = edge.take()  # the permit moves on; the edge's handle is empty
+    assert not edge.held and service.held
+    edge.release()  # dropping an empty handle: nothing happens
+    assert adm.in_flight == 1 and adm.misuses == 0
+    with pytest.raises(PermitError):
+        edge.take()  # moving a moved handle is a bug
+    job = service.take()
+    job.release()
+    assert adm.in_flight == 0
+    with pytest.raises(PermitError):
+        job.release()  # a double release is a bug: refused and counted, never hidden
+    with pytest.raises(PermitError):
+        job.started()
+    assert adm.in_flight == 0 and adm.misuses == 3
+
+
+# -- every path gives the permit back exactly once ---------------------------------------------------
+def test_released_once_on_success_and_on_engine_error() -> None:
+    async def main():
+        b = FakeBehaviour()
+        pool = await started(b)
+        try:
+            async with await synthesize(pool, req("ok")) as job:
+                assert len([c async for c in job]) == 3
+            assert_released(pool)
+            b.fail_at_chunk = 1
+            with pytest.raises(EngineFailure):
+                async with await synthesize(pool, req("fails")) as job:
+                    async for _ in job:
+                        pass
+            assert_released(pool)
+            assert pool.stats()["admitted"] == 2
+        finally:
+            await pool.close()
+
+    run(main())
+
+
+def test_released_once_on_queue_timeout_and_on_cancel_while_queued() -> None:
+    async def main():
+        b = FakeBehaviour(gate=threading.Event())
+        pool = await started(b, queue_timeout_s=0.05)
+        try:
+            holder = await synthesize(pool, req("holder"))
+            with pytest.raises(QueueTimeout):
+                await synthesize(pool, req("times-out"))
+            waiter = asyncio.create_task(synthesize(pool, req("cancelled")))
+            await await_until(lambda: pool.stats()["queued"] == 1)
+            waiter.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+            assert pool.stats()["in_flight"] == 1  # only the holder's permit is out
+            b.gate.set()
+            await holder.aclose()
+            assert_released(pool)
+            assert b.started == ["holder"]
+        finally:
+            b.gate.set()
+            await pool.close()
+
+    run(main())
+
+
+def test_released_once_on_the_deadline() -> None:
+    async def main():
+        b = FakeBehaviour(gate=threading.Event())
+        pool = await started(b, request_timeout_s=0.05)
+        try:
+            async with await synthesize(pool, req("slow")) as job:
+                with pytest.raises(DeadlineExceeded):
+                    await job.first_chunk()
+            assert job.outcome == "timeout"
+            assert_released(pool)
+        finally:
+            b.gate.set()
+            await pool.close()
+
+    run(main())
+
+
+def test_released_once_when_the_pool_closes() -> None:
+    async def main():
+        b = FakeBehaviour(gate=threading.Event())
+        pool = await started(b)
+        running = await synthesize(pool, req("running"))
+        queued = asyncio.create_task(synthesize(pool, req("queued")))
+        await await_until(lambda: pool.stats()["queued"] == 1)
+        await pool.close()
+        with pytest.raises(Draining):
+            await queued
+        with pytest.raises(Draining):
+            await running.first_chunk()
+        await running.aclose()
+        assert_released(pool)
+
+    run(main())
+
+
+def test_released_once_when_the_service_is_cancelled_before_its_task_took_the_ticket() -> None:
+    async def main():
+        b = FakeBehaviour()
+        pool = await started(b)
+        service = SpeechService(pool, SpeechLimits())
+        try:
+            plan, out = service.plan(SpeechFields(text="hi")), service.output("wav", stream=False)
+            outer = asyncio.create_task(service.run(plan, out))
+            await asyncio.sleep(0)  # one step: admitted, its inner task scheduled but not yet run
+            assert pool.stats()["in_flight"] == 1
+            outer.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await outer
+            await await_until(lambda: pool.stats()["in_flight"] == 0)
+            assert_released(pool)
+            assert b.started == []  # never reached a slot
+        finally:
+            await pool.close()
+
+    run(main())
+
+
+def test_released_once_when_the_client_leaves_while_queued_or_running() -> None:
+    async def main():
+        b = FakeBehaviour(gate=threading.Event())
+        pool = await started(b)
+        service = SpeechService(pool, SpeechLimits())
+        try:
+            out = service.output("wav", stream=False)
+            held = asyncio.create_task(service.run(service.plan(SpeechFields(text="a"), "held"), out))
+            await await_until(lambda: b.started == ["held"])
+            gone = asyncio.Event()
+            leaver = asyncio.create_task(service.run(service.plan(SpeechFields(text="b"), "leaver"), out, gone=gone))
+            await await_until(lambda: pool.stats()["queued"] == 1)
+            gone.set()
+            with pytest.raises(ClientGone):
+                await leaver
+            assert pool.stats()["in_flight"] == 1
+            gone2 = asyncio.Event()
+            b.gate.set()
+            await held
+            b.chunks, b.chunk_delay_s = 50, 0.02
+            running = asyncio.create_task(service.run(service.plan(SpeechFields(text="c"), "runs"), out, gone=gone2))
+            await await_until(lambda: "runs" in b.started)
+            gone2.set()
+            with pytest.raises(ClientGone):
+                await running
+            assert_released(pool)
+        finally:
+            b.gate.set()
+            await pool.close()
+
+    run(main())
