@@ -13,7 +13,8 @@ The parts: ``admission.py`` (permits, an owned ``Ticket``), ``slots.py`` (idle
 slots, FIFO hand-off, a ``Lease`` that returns itself), ``job.py`` (one running
 request; it gives back its lease and then its ticket) and ``bridge.py`` (the
 slot thread -> event loop stream). This module loads and warms the engines in
-their slot threads, runs requests on them, drains and closes.
+their slot threads (and reads what the engine can do there, once: ``info``,
+``presets``), runs requests on them, drains and closes.
 
 Capacity is ``workers + max_queue`` permits. A slot is reused only after its
 thread has returned from the engine generator; the permit is released once the
@@ -80,6 +81,15 @@ class PoolConfig:
             raise ValueError("health_timeout_s must be positive and stuck_grace_s 0 or more")
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """What a slot thread hands back from loading: the engine and what it can do, read there once."""
+
+    engine: Engine
+    info: EngineInfo
+    presets: tuple[str, ...]
+
+
 def _name_thread(name: str) -> None:
     threading.current_thread().name = name
 
@@ -100,7 +110,7 @@ class EnginePool:
         self._slots = Slots()
         self._slot_list: list[Slot] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._loaded = False
+        self._loaded: Loaded | None = None  # slot 0's engine, info and presets, once every slot is loaded
         self._jobs: set[Job] = set()  # started jobs whose slot thread has not returned
         self._started = False
         self._failed = False
@@ -133,7 +143,7 @@ class EnginePool:
         for slot, fut in zip(loading, futs):
             exc = fut.exception()
             if exc is None:
-                slot.engine = fut.result()
+                slot.engine = fut.result().engine
             else:
                 slot.state = "failed"
                 errors.append(exc)
@@ -146,13 +156,18 @@ class EnginePool:
         for slot in self._slot_list:
             slot.engine = first.engine if self.config.share_engine else slot.engine
             self._slots.add_idle(slot)
-        self._loaded = True
+        self._loaded = futs[0].result()
 
-    def _load_engine(self, index: int) -> Engine:
+    def _load_engine(self, index: int) -> Loaded:
+        """In the slot's thread: build, load, warm up, then read what the engine can do (once).
+
+        Nothing engine-side runs on the event loop afterwards: ``info`` and ``presets``
+        are these values.
+        """
         engine = self._factory(index)
         engine.load()
         engine.warmup()
-        return engine
+        return Loaded(engine, engine.info(), tuple(engine.voices()))
 
     async def begin_drain(self) -> None:
         """Stop admitting (ready -> False at once); queued and running work continues."""
@@ -215,7 +230,7 @@ class EnginePool:
     # -- properties and info -----------------------------------------------------------------
     @property
     def ready(self) -> bool:
-        return self._loaded and not self._draining and not self._closed
+        return self._loaded is not None and not self._draining and not self._closed
 
     @property
     def draining(self) -> bool:
@@ -225,17 +240,20 @@ class EnginePool:
     def capacity(self) -> int:
         return self._admission.capacity
 
-    def _engine(self) -> Engine:
-        engine = self._slot_list[0].engine if self._slot_list and self._loaded else None
-        if engine is None:
+    @property
+    def info(self) -> EngineInfo:
+        """What the engine can do, read once in a slot thread at load; NotReady before."""
+        return self._require_loaded().info
+
+    @property
+    def presets(self) -> tuple[str, ...]:
+        """The engine's preset speakers, read once in a slot thread at load; NotReady before."""
+        return self._require_loaded().presets
+
+    def _require_loaded(self) -> Loaded:
+        if self._loaded is None:
             raise NotReady("the engine is not loaded")
-        return engine
-
-    def engine_info(self) -> EngineInfo:
-        return self._engine().info()
-
-    def voices(self) -> list[str]:
-        return list(self._engine().voices())
+        return self._loaded
 
     async def check_health(self) -> None:
         """Run engine.health_check() in an idle slot's thread; skipped when no slot is free.
@@ -245,7 +263,7 @@ class EnginePool:
         """
         if self._closed:
             raise Draining("the engine pool is closed")
-        self._engine()  # NotReady until loaded
+        self._require_loaded()
         lease = self._slots.try_acquire()
         if lease is None:
             return
@@ -300,7 +318,7 @@ class EnginePool:
         if self._draining or self._closed:
             self._admission.reject("draining")
             raise Draining("the server is draining and takes no new requests", self.retry_after_s())
-        if not self._loaded:
+        if self._loaded is None:
             self._admission.reject("not_ready")
             raise NotReady("the engine is not loaded yet" if not self._failed else "the engine failed to load")
         return self._admission.admit()

@@ -16,7 +16,8 @@ flag, so within one chunk); a stream is cancelled by its response when the
 client leaves. On every path the job is closed, which frees the slot once its
 thread has returned and then the permit (the job releases it).
 
-``EngineInfo`` and the preset speakers are read once, when the service is built.
+``EngineInfo`` and the preset speakers are the pool's: read once, in a slot
+thread, when the engines loaded; nothing here calls the engine on the loop.
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ class SpeechService:
         self.pool = pool
         self.limits = limits
         self.library = library  # VoiceLibrary (names(), features(name, family)) or None
-        self.info: EngineInfo = pool.engine_info()
-        self.presets: tuple[str, ...] = tuple(pool.voices())
+        self.info: EngineInfo = pool.info  # read once, in a slot thread, when the pool loaded
+        self.presets: tuple[str, ...] = pool.presets
         self._make_encoder: EncoderFactory = encoder_factory or make_encoder
 
     # -- planning (no I/O) ---------------------------------------------------------------------

@@ -164,7 +164,7 @@ class VoiceLibrary:
     # -- startup ---------------------------------------------------------------------------------
     async def start(self, pool: Any) -> None:
         """Load every stored voice for the pool's voice family; skip (and log) the ones that fail."""
-        family = pool.engine_info().voice_family
+        family = pool.info.voice_family
         stamp, listing = await asyncio.to_thread(self._scan)
         stored = await asyncio.to_thread(self._read_all, listing)
         if not family:
@@ -243,7 +243,7 @@ class VoiceLibrary:
 
         Returns the names ``added`` and ``removed``. Pending local changes are left alone.
         """
-        family = pool.engine_info().voice_family
+        family = pool.info.voice_family
         async with self._changes:
             stamp = await asyncio.to_thread(self.store.stamp)
             listing = await asyncio.to_thread(self.store.listing)
@@ -317,7 +317,7 @@ class VoiceLibrary:
     def _reserve(self, name: str, pool: Any) -> None:
         if not valid_name(name):
             raise InvalidInput(f"invalid voice name {name!r}")
-        presets = set(pool.voices())
+        presets = set(pool.presets)
         with self._lock:
             if name in self._voices or name in self._pending:
                 raise VoiceExists(f"a voice named {name!r} already exists; delete it first or pick another name")
@@ -340,7 +340,7 @@ class VoiceLibrary:
         """Compute the voice's features once on a pool slot, store it, and make it usable everywhere."""
         self._reserve(name, pool)
         try:
-            family = pool.engine_info().voice_family
+            family = pool.info.voice_family
             if not family:
                 raise InvalidInput("the loaded model does not support registered voices")
             # Off the loop: WAV encoding, decoding and hashing of up to max_upload_mb.

@@ -81,6 +81,8 @@ def test_start_loads_and_warms_every_slot_in_its_own_thread() -> None:
         assert not pool.ready
         with pytest.raises(NotReady):
             pool.admit()
+        with pytest.raises(NotReady):
+            pool.info  # noqa: B018 - known only once loaded
         t0 = time.monotonic()
         await pool.start()
         assert time.monotonic() - t0 < 0.55  # the three loads ran in parallel (serially: 0.6 s)
@@ -88,8 +90,8 @@ def test_start_loads_and_warms_every_slot_in_its_own_thread() -> None:
             assert pool.ready and not pool.draining
             assert sorted(e.threads.pop() for e in engines) == [f"cosyserve-slot-{i}" for i in range(3)]
             assert all(e.loaded and e.warmed for e in engines)
-            assert pool.engine_info().family == "fake"
-            assert pool.voices() == ["fake_female", "fake_male"]
+            assert pool.info.family == "fake"
+            assert pool.presets == ("fake_female", "fake_male")
             stats = pool.stats()
             assert [s["state"] for s in stats["slots"]] == ["idle"] * 3
             assert stats["workers"] == 3 and stats["running"] == 0 and stats["queued"] == 0

@@ -157,18 +157,37 @@ def test_backpressure_counts_bytes():
     run(main())
 
 
-def test_engine_info_is_read_once_at_load(monkeypatch):
+class InfoCountingEngine(FakeEngine):
+    """Records the thread of every info() / voices() call."""
+
+    calls: list[str] = []
+
+    def info(self):
+        self.calls.append("info:" + threading.current_thread().name)
+        return super().info()
+
+    def voices(self):
+        self.calls.append("voices:" + threading.current_thread().name)
+        return super().voices()
+
+
+def test_engine_info_is_read_once_at_load_in_the_slot_thread():
     async def main():
-        service, _ = await started()
+        calls: list[str] = []
+        InfoCountingEngine.calls = calls
+        pool = EnginePool(lambda i: InfoCountingEngine(), PoolConfig(workers=2))
+        await pool.start()
+        service = SpeechService(pool, SpeechLimits())
         try:
-            calls = []
-            monkeypatch.setattr(service.pool, "engine_info", lambda: calls.append(1))
+            assert sorted(calls) == sorted(f"{what}:cosyserve-slot-{i}" for what in ("info", "voices")
+                                           for i in range(2))  # once per loaded engine, in its own thread
+            assert service.info.family == "fake" and service.presets == ("fake_female", "fake_male")
             for _ in range(3):
                 r = await service.run(service.plan(SpeechFields(text="hi")), service.output("wav", stream=False))
                 assert r.data[:4] == b"RIFF"
-            assert calls == []
+            assert len(calls) == 4  # nothing engine-side on the event loop afterwards
         finally:
-            await service.pool.close()
+            await pool.close()
 
     run(main())
 

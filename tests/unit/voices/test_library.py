@@ -20,12 +20,8 @@ class ThreadPool:
 
     def __init__(self) -> None:
         self.engine = FakeEngine(FakeBehaviour())
-
-    def engine_info(self):
-        return self.engine.info()
-
-    def voices(self):
-        return self.engine.voices()
+        self.info = self.engine.info()  # read once at load, like EnginePool
+        self.presets = tuple(self.engine.voices())
 
     async def call(self, fn):
         return await asyncio.to_thread(fn, self.engine)
