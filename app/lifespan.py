@@ -1,13 +1,15 @@
 """Composition root: build engines, load and warm them, yield the runtime, drain, close.
 
-The only place (with ``engine_factory``) that knows concrete engine classes.
+The only place (with ``engine_factory``) that knows concrete engine classes. The
+runtime it yields is whole: the pool loaded, the speech service and the started
+voice library in place (``app/runtime.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -16,15 +18,14 @@ import anyio
 from fastapi import FastAPI
 
 from app.config import Settings
-from app.runtime import Runtime
+from app.runtime import Boot, EngineFactory, Runtime
 from app.serving.limits import SpeechLimits
 from app.serving.pool import EnginePool, PoolConfig
 from app.serving.session import SessionLimits
 from app.serving.speech import SpeechService
+from app.voices.library import VoiceLibrary
 
 log = logging.getLogger("cosyserve")
-
-EngineFactory = Callable[[int], Any]
 
 
 def resolve_model_dir(settings: Settings) -> str:
@@ -81,36 +82,36 @@ def speech_limits(settings: Settings) -> SpeechLimits:
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
-    runtime: Runtime = app.state.runtime
-    settings = runtime.settings
-    factory = app.state.engine_factory
+    boot: Boot = app.state.boot
+    settings, metrics = boot.settings, boot.metrics
+    factory = boot.engine_factory
     batching = factory is None and settings.engine.batching  # an injected factory (tests) is not shared
     if factory is None:
-        llm_observer = runtime.metrics.llm_observer() if runtime.metrics is not None else None
+        llm_observer = metrics.llm_observer() if metrics is not None else None
         factory = await anyio.to_thread.run_sync(engine_factory, settings, llm_observer)
-    observer = runtime.metrics.pool_observer() if runtime.metrics is not None else None
+    observer = metrics.pool_observer() if metrics is not None else None
     pool = EnginePool(factory, pool_config(settings, batching), observer=observer)
     log.info("loading %d engine slot(s)...", settings.pool.workers)
     await pool.start()
-    runtime.pool = pool
-    runtime.speech = SpeechService(pool, speech_limits(settings), library=runtime.voices)
-    runtime.session_limits = session_limits(settings)
-    runtime.model_created = int(time.time())
-    info = runtime.speech.info
-    if runtime.voices is not None:
-        try:
-            await runtime.voices.start(pool)
-        except BaseException:  # e.g. the voices dir cannot be created: do not leak the loaded slots
-            await pool.close()
-            raise
+    v = settings.voices
+    voices = VoiceLibrary(v.dir, max_voices=v.max_voices, sync_interval_s=v.sync_interval_s)
+    try:
+        await voices.start(pool)
+    except BaseException:  # e.g. the voices dir cannot be created: do not leak the loaded slots
+        await pool.close()
+        raise
+    runtime = Runtime(settings=settings, pool=pool, speech=SpeechService(pool, speech_limits(settings), library=voices),
+                      voices=voices, session_limits=session_limits(settings), model_created=int(time.time()),
+                      metrics=metrics)
+    app.state.runtime = runtime
+    info = pool.info
     log.info("ready: model %s (%s, %d Hz), %d worker(s), queue %d", info.name, info.family, info.sample_rate,
              settings.pool.workers, settings.pool.queue_limit)
     try:
         yield {"runtime": runtime}
     finally:
         runtime.draining = True
-        if runtime.voices is not None:
-            await runtime.voices.close()
+        await voices.close()
         await pool.begin_drain()
         if len(runtime.sessions):  # not drained by the server (e.g. a TestClient): close them now
             await runtime.sessions.drain(0)

@@ -8,7 +8,8 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from app.api import compat, health, metrics, openai, openapi, playground, tts, voices, ws_speech
+from app.api import compat, health, openai, openapi, playground, tts, voices, ws_speech
+from app.api import metrics as metrics_api
 from app.api.admission import AdmissionMiddleware
 from app.api.auth import APIKeyMiddleware, document_keys
 from app.api.errors import install_error_handlers
@@ -17,39 +18,39 @@ from app.config import Settings
 from app.lifespan import lifespan
 from app.metrics import Metrics
 from app.middleware import RequestContextMiddleware
-from app.runtime import Runtime
-from app.voices import VoiceLibrary
+from app.runtime import Boot, running
+from app.serving.pool import EnginePool
 
 
 def create_app(settings: Settings | None = None, engine_factory: Callable[[int], Any] | None = None) -> FastAPI:
     """Build the app. ``engine_factory`` overrides the engines built from settings (tests)."""
     settings = settings or Settings()
-    runtime = Runtime(settings=settings,
-                      voices=VoiceLibrary(settings.voices.dir, max_voices=settings.voices.max_voices,
-                                          sync_interval_s=settings.voices.sync_interval_s))
-    if settings.metrics.enabled:
-        runtime.metrics = Metrics(stats=lambda: runtime.pool.stats() if runtime.pool is not None else None,
-                                  routes=ENDPOINTS)
     app = FastAPI(title="cosyserve", version="0.1.0", lifespan=lifespan,
                   description="A production inference server for CosyVoice text-to-speech.")
-    app.state.runtime = runtime
-    app.state.engine_factory = engine_factory
+
+    def pool() -> EnginePool | None:  # for the edge and the scrape: None until the lifespan built it
+        runtime = running(app)
+        return runtime.pool if runtime is not None else None
+
+    metrics = Metrics(stats=lambda: p.stats() if (p := pool()) is not None else None,
+                      routes=ENDPOINTS) if settings.metrics.enabled else None
+    app.state.boot = Boot(settings=settings, metrics=metrics, engine_factory=engine_factory)
     for module in (health, tts, openai, compat, voices, ws_speech, playground):
         app.include_router(module.router)
     playground.mount(app)
-    if runtime.metrics is not None:
-        app.include_router(metrics.router)
+    if metrics is not None:
+        app.include_router(metrics_api.router)
     install_error_handlers(app)
     openapi.install(app)
     if settings.server.keys:
         document_keys(app, metrics_open=not settings.metrics.require_key)
     # Outermost last: CORS (so its headers reach 401s and 503s too) -> request id + access log
     # -> API keys (before admission: a request without a key takes no permit) -> admission.
-    app.add_middleware(AdmissionMiddleware, pool=lambda: runtime.pool)
+    app.add_middleware(AdmissionMiddleware, pool=pool)
     app.add_middleware(APIKeyMiddleware, keys=settings.server.keys, metrics_open=not settings.metrics.require_key,
-                       on_refused=runtime.metrics.on_unauthorized if runtime.metrics is not None else None)
+                       on_refused=metrics.on_unauthorized if metrics is not None else None)
     app.add_middleware(RequestContextMiddleware, access_log=settings.server.access_log,
-                       on_done=runtime.metrics.on_done if runtime.metrics is not None else None)
+                       on_done=metrics.on_done if metrics is not None else None)
     if settings.server.cors_origins:
         app.add_middleware(CORSMiddleware, **cors_options(settings.server.cors_origins))
     return app

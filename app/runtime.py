@@ -1,28 +1,56 @@
-"""The live services of one server instance, built by the lifespan and shared by the routers."""
+"""The live services of one server instance: built whole by the lifespan, read by the routers.
+
+``create_app`` builds what must exist before the lifespan runs, a :class:`Boot`
+(settings, metrics, an injected engine factory), in ``app.state.boot``. The
+lifespan loads the engines and builds a :class:`Runtime` with every service in
+place; it yields it as the lifespan state (routers: ``request.state.runtime``)
+and publishes it in ``app.state.runtime``. The few readers that exist before the
+lifespan and run around it (the edge admission middleware, the metrics scrape,
+the signal handler) use :func:`running`, which is None until then.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.config import Settings
 from app.serving.session import SessionLimits, SessionRegistry
 
 if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
     from app.metrics import Metrics
     from app.serving.pool import EnginePool
     from app.serving.speech import SpeechService
     from app.voices.library import VoiceLibrary
 
+EngineFactory = Callable[[int], Any]  # slot index -> an engine, not loaded yet
+
+
+@dataclass(frozen=True)
+class Boot:
+    """What ``create_app`` gives the lifespan."""
+
+    settings: Settings
+    metrics: Metrics | None = None  # None when metrics.enabled is false
+    engine_factory: EngineFactory | None = None  # injected engines (tests); None: built from settings
+
 
 @dataclass
 class Runtime:
     settings: Settings
-    voices: VoiceLibrary | None = None
-    metrics: Metrics | None = None
-    pool: EnginePool | None = None  # set by the lifespan once every slot is loaded
-    speech: SpeechService | None = None  # set by the lifespan with the pool
+    pool: EnginePool  # every slot loaded and warm
+    speech: SpeechService
+    voices: VoiceLibrary  # started: stored voices loaded
+    session_limits: SessionLimits
+    model_created: int  # unix time the model was loaded (OpenAI's "created")
+    metrics: Metrics | None = None  # None when metrics.enabled is false
     sessions: SessionRegistry = field(default_factory=SessionRegistry)  # live WebSocket sessions (drain)
-    session_limits: SessionLimits = field(default_factory=SessionLimits)  # set by the lifespan from settings
     draining: bool = False
-    model_created: int = 0  # unix time the model was loaded (OpenAI's "created")
+
+
+def running(app: Starlette) -> Runtime | None:
+    """The app's runtime once its lifespan has built it; None before (e.g. a signal while loading)."""
+    return getattr(app.state, "runtime", None)

@@ -18,19 +18,20 @@ import signal
 from types import FrameType
 
 import uvicorn
+from starlette.applications import Starlette
 
 from app.api.auth import exposure_warning
 from app.config import Settings
 from app.main import create_app
-from app.runtime import Runtime
+from app.runtime import running
 
 log = logging.getLogger("cosyserve")
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, runtime: Runtime) -> None:
+    def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
         super().__init__(config)
-        self.runtime = runtime
+        self.app = app
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drain_task: asyncio.Task | None = None
 
@@ -39,7 +40,7 @@ class DrainingServer(uvicorn.Server):
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        if self._drain_task is not None or self._loop is None or self.runtime.pool is None:
+        if self._drain_task is not None or self._loop is None or running(self.app) is None:
             if sig == signal.SIGINT and self.should_exit:
                 self.force_exit = True
             self.should_exit = True
@@ -51,15 +52,17 @@ class DrainingServer(uvicorn.Server):
             self._drain_task = asyncio.ensure_future(self._drain(sig))
 
     async def _drain(self, sig: int) -> None:
-        settings = self.runtime.settings.server
+        runtime = running(self.app)
+        assert runtime is not None  # handle_exit drains only once the lifespan built it
+        settings = runtime.settings.server
         log.info("received %s: draining (delay %.1fs, timeout %.1fs)", signal.Signals(sig).name,
                  settings.drain_delay_s, settings.drain_timeout_s)
-        self.runtime.draining = True
-        await self.runtime.pool.begin_drain()
+        runtime.draining = True
+        await runtime.pool.begin_drain()
         if settings.drain_delay_s > 0:
             await asyncio.sleep(settings.drain_delay_s)
         # uvicorn closes WebSockets at once (1012) when it stops: let sessions finish first
-        forced = await self.runtime.sessions.drain(settings.drain_timeout_s)
+        forced = await runtime.sessions.drain(settings.drain_timeout_s)
         if forced:
             log.warning("drain timeout (%.0fs): closed %d WebSocket session(s) with 1001", settings.drain_timeout_s,
                         forced)
@@ -81,4 +84,4 @@ def run(settings: Settings) -> None:
         access_log=False, timeout_graceful_shutdown=max(1, int(settings.server.drain_timeout_s)) or None,
         lifespan="on",
     )
-    DrainingServer(config, app.state.runtime).run()
+    DrainingServer(config, app).run()

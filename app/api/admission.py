@@ -16,7 +16,6 @@ parsing or planning) releases it here when its response ends. The body then has
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from starlette.requests import Request
 
@@ -24,12 +23,13 @@ from app.api.context import context_of
 from app.api.errors import classify, render
 from app.api.routes import match
 from app.serving.errors import ServingError
+from app.serving.pool import EnginePool
 
 
 class AdmissionMiddleware:
-    def __init__(self, app: Callable, pool: Callable[[], Any]) -> None:
+    def __init__(self, app: Callable, pool: Callable[[], EnginePool | None]) -> None:
         self.app = app
-        self.pool = pool  # () -> EnginePool | None (None until the lifespan started it)
+        self.pool = pool  # None until the lifespan built the runtime (app.runtime.running)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         route = match(scope) if scope["type"] == "http" else None

@@ -1,4 +1,8 @@
-"""Typed dependencies: routers get the runtime's services from lifespan state, never globals."""
+"""Typed dependencies: routers get the runtime's services from lifespan state, never globals.
+
+The lifespan yields a whole ``Runtime`` (``app/runtime.py``): every service in it
+exists, so nothing here checks for a missing one.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +10,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.api.context import RequestContext, context_of
 from app.runtime import Runtime
-from app.serving.errors import NotReady
 from app.serving.pool import EnginePool
 from app.serving.speech import SpeechService
 from app.voices.library import VoiceLibrary
@@ -19,32 +21,18 @@ def get_runtime(request: Request) -> Runtime:
 
 
 def get_pool(request: Request) -> EnginePool:
-    pool = get_runtime(request).pool
-    if pool is None:
-        raise NotReady("the engine pool is not started")
-    return pool
+    return get_runtime(request).pool
 
 
 def get_speech(request: Request) -> SpeechService:
-    speech = get_runtime(request).speech
-    if speech is None:
-        raise NotReady("the engine pool is not started")
-    return speech
+    return get_runtime(request).speech
 
 
 def get_library(request: Request) -> VoiceLibrary:
-    library = get_runtime(request).voices
-    if library is None:
-        raise NotReady("the voice library is not started")
-    return library
-
-
-def get_context(request: Request) -> RequestContext:
-    return context_of(request.scope)
+    return get_runtime(request).voices
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 PoolDep = Annotated[EnginePool, Depends(get_pool)]
 SpeechDep = Annotated[SpeechService, Depends(get_speech)]
 LibraryDep = Annotated[VoiceLibrary, Depends(get_library)]
-ContextDep = Annotated[RequestContext, Depends(get_context)]

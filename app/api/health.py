@@ -25,7 +25,7 @@ log = logging.getLogger("cosyserve.api")
 
 @router.get("/health/live", summary="Liveness: 503 while a slot is stuck in the engine", responses=PROBE_503)
 async def live(runtime: RuntimeDep) -> JSONResponse:
-    stuck = runtime.pool.stuck_slots() if runtime.pool is not None else []
+    stuck = runtime.pool.stuck_slots()
     if stuck:
         return JSONResponse({"status": "stuck", "stuck_slots": stuck}, status_code=503)
     return JSONResponse({"status": "alive"})
@@ -37,20 +37,17 @@ async def ready(runtime: RuntimeDep) -> JSONResponse:
     pool = runtime.pool
     detail: dict = {"draining": runtime.draining}
     reasons: list[str] = []
-    if pool is None:
-        reasons.append("engine pool not started")
+    stats = pool.stats()
+    detail.update({k: stats.get(k) for k in ("workers", "running", "queued", "ready", "draining", "stuck")})
+    detail["slots"] = [s.get("state") for s in stats.get("slots", [])]
+    if not pool.ready:
+        reasons.append("draining" if pool.draining else "slots not loaded and warm")
     else:
-        stats = pool.stats()
-        detail.update({k: stats.get(k) for k in ("workers", "running", "queued", "ready", "draining", "stuck")})
-        detail["slots"] = [s.get("state") for s in stats.get("slots", [])]
-        if not pool.ready:
-            reasons.append("draining" if pool.draining else "slots not loaded and warm")
-        else:
-            try:
-                await pool.check_health()  # bounded by pool.health_timeout_s
-            except Exception as exc:  # any failure of the engine's own check means not ready
-                log.warning("engine health check failed: %s", type(exc).__name__)
-                reasons.append("engine health check failed")
+        try:
+            await pool.check_health()  # bounded by pool.health_timeout_s
+        except Exception as exc:  # any failure of the engine's own check means not ready
+            log.warning("engine health check failed: %s", type(exc).__name__)
+            reasons.append("engine health check failed")
     if runtime.draining and "draining" not in reasons:
         reasons.append("draining")
     ok = not reasons

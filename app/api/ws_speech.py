@@ -41,7 +41,6 @@ from app.serving.errors import (
     BadRequest,
     ClientGone,
     Draining,
-    NotReady,
     RequestError,
     ServingError,
 )
@@ -107,7 +106,7 @@ def parse(raw: str) -> _Message:
 
 @router.websocket(PATH)
 async def speech_stream(websocket: WebSocket) -> None:
-    await Connection(websocket, websocket.app.state.runtime).serve()
+    await Connection(websocket, websocket.state.runtime).serve()
 
 
 class Connection:
@@ -132,8 +131,6 @@ class Connection:
         speech = self.runtime.speech
         started = time.monotonic()
         try:
-            if speech is None:
-                raise NotReady("the engine pool is not started")
             ticket = speech.pool.admit()
         except ServingError as exc:
             await self._error(exc)

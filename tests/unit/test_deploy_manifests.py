@@ -233,10 +233,10 @@ def test_gpu_resources_only_in_the_gpu_overlays(overlay):
 
 # -- autoscaling reads what /metrics really exposes ---------------------------------------------------
 @pytest.fixture(scope="module")
-def metric_names() -> set[str]:
-    settings = Settings(engine={"kind": "fake"}, pool={"workers": 2}, voices={"dir": "/nonexistent-never-used"})
+def metric_names(tmp_path_factory) -> set[str]:
+    voices = tmp_path_factory.mktemp("voices")  # an empty library for this scrape
+    settings = Settings(engine={"kind": "fake"}, pool={"workers": 2}, voices={"dir": str(voices)})
     app = create_app(settings)
-    app.state.runtime.voices = None  # no library for this scrape
     with TestClient(app) as client:
         text = client.get("/metrics").text
     return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
