@@ -36,6 +36,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from app.api.auth import UNAUTHORIZED_REASONS
 from app.api.context import RequestContext
+from app.api.errors import CLIENT_GONE_STATUS
 from app.engines.timings import STAGES
 from app.serving.stats import JOB_OUTCOMES, REJECT_REASONS
 
@@ -54,9 +55,6 @@ BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 STREAM_TIMEOUT_ERRORS = frozenset({"DeadlineExceeded"})
 ENGINE_ERROR_CODES = frozenset({"engine_failure"})
-
-
-CLIENT_GONE_STATUS = 499  # the client hung up before its answer (app/api/errors.py)
 
 
 def outcome_of(ctx: RequestContext) -> str:

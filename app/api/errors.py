@@ -89,7 +89,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], int, str], ...] = (
 )
 
 OPENAI_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-                408: "invalid_request_error", 409: "invalid_request_error", 499: "invalid_request_error",
+                408: "invalid_request_error", 409: "invalid_request_error", CLIENT_GONE_STATUS: "invalid_request_error",
                 413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error",
                 503: "server_overloaded", 504: "timeout", 500: "server_error"}
 
