@@ -10,21 +10,17 @@ counters in ``try/finally``.
 from __future__ import annotations
 
 import logging
-import re
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from app.api.context import RequestContext, context_of
+from app.api.context import RequestContext, context_of, request_id
 
 log = logging.getLogger("cosyserve.access")
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
-
-_VALID_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
 class RequestContextMiddleware:
@@ -43,7 +39,7 @@ class RequestContextMiddleware:
             if name == b"x-request-id":
                 incoming = value.decode("latin-1")
                 break
-        rid = incoming if _VALID_ID.match(incoming or "") else uuid.uuid4().hex
+        rid = request_id(incoming)
         ctx = context_of(scope)
         ctx.request_id = rid
         started = time.perf_counter()

@@ -9,6 +9,8 @@ the ASGI scope, typed fields: nothing else writes request state into the scope.
 
 from __future__ import annotations
 
+import re
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +18,16 @@ from app.engines.timings import StageTimings
 from app.serving.admission import Ticket
 
 SCOPE_KEY = "cosyserve.context"
+
+_VALID_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
+
+
+def request_id(incoming: str | None) -> str:
+    """The client's ``X-Request-ID`` when it is safe to echo and log (1-128 of ``A-Za-z0-9._:-``), else a new one.
+
+    The one rule for HTTP requests (``RequestContextMiddleware``) and WebSocket sessions.
+    """
+    return incoming if incoming and _VALID_ID.match(incoming) else uuid.uuid4().hex
 
 
 @dataclass

@@ -27,13 +27,13 @@ import asyncio
 import json
 import logging
 import time
-import uuid
 from typing import Any, Literal
 
 from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
+from app.api.context import request_id
 from app.api.errors import classify
 from app.api.openai import check_model
 from app.runtime import Runtime
@@ -115,8 +115,7 @@ class Connection:
     def __init__(self, ws: WebSocket, runtime: Runtime) -> None:
         self.ws = ws
         self.runtime = runtime
-        incoming = ws.headers.get("x-request-id", "")
-        self.request_id = incoming if 0 < len(incoming) <= 128 and incoming.isascii() else uuid.uuid4().hex
+        self.request_id = request_id(ws.headers.get("x-request-id"))
         self.session: SpeechSession | None = None
         self.draining = False
         self.close_code: int | None = None

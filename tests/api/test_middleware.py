@@ -10,7 +10,7 @@ from starlette.responses import PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from app.api.context import RequestContext, context_of
+from app.api.context import RequestContext, context_of, request_id
 from app.middleware import RequestContextMiddleware
 
 
@@ -42,6 +42,13 @@ def test_request_id_is_echoed_when_valid_and_generated_otherwise():
         rid = client.get("/ok", headers={"X-Request-ID": bad}).headers["x-request-id"]
         assert len(rid) == 32 and rid != bad
     assert [c.request_id for c in done][0] == "abc.1:2-3"
+
+
+def test_one_request_id_rule():
+    assert request_id("abc.1:2-3") == "abc.1:2-3" and request_id("x" * 128) == "x" * 128
+    for bad in (None, "", "has space", "x" * 129, "semi;colon", "ünï"):
+        rid = request_id(bad)
+        assert len(rid) == 32 and rid != bad and request_id(rid) == rid
 
 
 def test_on_done_gets_the_context_on_every_path():

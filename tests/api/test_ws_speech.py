@@ -238,3 +238,14 @@ def test_drain_timeout_force_closes_a_session_and_cancels_its_job(open_client, b
             if m["type"] == "websocket.close":
                 assert m["code"] == 1001
                 break
+
+
+def test_the_session_takes_the_request_id_by_the_same_rule_as_http(open_client):
+    client = open_client()
+    for sent, echoed in (("abc.1:2-3", True), ("has space", False), ("x" * 129, False)):
+        with client.websocket_connect(PATH, headers={"X-Request-ID": sent}) as ws:
+            send(ws, "nonsense")
+            rid = error(ws)["request_id"]
+            assert (rid == sent) is echoed and (echoed or len(rid) == 32)
+        http = client.get("/v1/speakers", headers={"X-Request-ID": sent}).headers["x-request-id"]
+        assert (http == sent) is echoed
