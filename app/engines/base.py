@@ -20,6 +20,8 @@ from app.text.stream import TextStream
 Mode = Literal["sft", "zero_shot", "cross_lingual", "instruct", "instruct2", "vc"]
 MODES: tuple[str, ...] = ("sft", "zero_shot", "cross_lingual", "instruct", "instruct2", "vc")
 PROMPT_RATE = 16000  # prompt and source audio go to the model at this rate (uploads are decoded to it)
+SPEED_MIN, SPEED_MAX = 0.25, 4.0  # the speed factors an engine accepts
+PROMPT_MIN_S, PROMPT_MAX_S = 1.0, 30.0  # prompt and source audio, seconds
 
 
 class EngineError(Exception):
@@ -148,8 +150,8 @@ def check_mode_inputs(req: SynthesisRequest, modes: Sequence[str], speakers: Seq
         raise InvalidInput("mode 'vc' converts audio and cannot take streamed text")
     if req.mode != "vc" and req.text_stream is None and not (req.text or "").strip():
         raise InvalidInput("text is empty; send the text to speak in 'text'")
-    if not (0.25 <= req.speed <= 4.0):
-        raise InvalidInput("speed must be between 0.25 and 4.0")
+    if not (SPEED_MIN <= req.speed <= SPEED_MAX):
+        raise InvalidInput(f"speed must be between {SPEED_MIN} and {SPEED_MAX}")
     if req.mode in ("sft", "instruct"):
         if not req.speaker:
             raise InvalidInput(f"mode {req.mode!r} needs a preset 'speaker'; known: {', '.join(speakers) or 'none'}")
@@ -168,7 +170,9 @@ def check_mode_inputs(req: SynthesisRequest, modes: Sequence[str], speakers: Seq
         raise InvalidInput("mode 'vc' needs 'source_audio': the speech to convert")
     for name, audio in (("prompt audio", req.prompt_audio), ("source audio", req.source_audio)):
         if audio is not None:
-            if audio.duration_s < 1.0:
-                raise InvalidInput(f"{name} is {audio.duration_s:.2f} s long; send 1 to 30 seconds of speech")
-            if audio.duration_s > 30.0:
-                raise InvalidInput(f"{name} is {audio.duration_s:.1f} s long; send 1 to 30 seconds of speech")
+            if audio.duration_s < PROMPT_MIN_S:
+                raise InvalidInput(f"{name} is {audio.duration_s:.2f} s long; send {PROMPT_MIN_S:g} to "
+                                   f"{PROMPT_MAX_S:g} seconds of speech")
+            if audio.duration_s > PROMPT_MAX_S:
+                raise InvalidInput(f"{name} is {audio.duration_s:.1f} s long; send {PROMPT_MIN_S:g} to "
+                                   f"{PROMPT_MAX_S:g} seconds of speech")

@@ -2,16 +2,19 @@
 
 ``SpeechLimits`` carries the configurable ones (built by the lifespan from
 settings); the module constants are fixed by the model or by the APIs we follow.
+The speed and prompt-length bounds are the engine contract's (``app/engines/base.py``,
+which ``check_mode_inputs`` enforces), re-exported here for the HTTP layer.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.engines.base import MODES
+from app.engines.base import MODES, PROMPT_MAX_S, PROMPT_MIN_S, SPEED_MAX, SPEED_MIN
 
-SPEED_MIN, SPEED_MAX = 0.25, 4.0
-PROMPT_MIN_S, PROMPT_MAX_S = 1.0, 30.0  # prompt and source audio, seconds
+__all__ = ["ALL_MODES", "OPENAI_MAX_INPUT_CHARS", "OUTPUT_RATE_MAX", "OUTPUT_RATE_MIN", "PROMPT_MAX_S", "PROMPT_MIN_S",
+           "SPEED_MAX", "SPEED_MIN", "SpeechLimits", "size_text"]
+
 OPENAI_MAX_INPUT_CHARS = 4096  # OpenAI's documented limit for /v1/audio/speech
 OUTPUT_RATE_MIN, OUTPUT_RATE_MAX = 8000, 48000  # sample_rate a client may ask for
 ALL_MODES: tuple[str, ...] = MODES

@@ -5,7 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.engines.base import MODES, EngineInfo, PromptAudio
+from app.engines.base import (
+    MODES,
+    PROMPT_MAX_S,
+    PROMPT_MIN_S,
+    SPEED_MAX,
+    SPEED_MIN,
+    EngineInfo,
+    InvalidInput,
+    PromptAudio,
+    SynthesisRequest,
+    check_mode_inputs,
+)
+from app.serving import limits
 from app.serving.errors import BadRequest
 from app.serving.limits import SpeechLimits
 from app.serving.plan import OPENAI_VOICES, SpeechFields, alias_speaker, plan
@@ -91,3 +103,19 @@ def test_limits(fields, code, param):
 def test_speed_stream_and_texts_pass_through():
     req = make(SpeechFields(text="hello", speed=1.5, stream=True, prompt_audio=AUDIO, prompt_text="p")).request
     assert (req.text, req.speed, req.stream, req.prompt_text, req.prompt_audio) == ("hello", 1.5, True, "p", AUDIO)
+
+
+@pytest.mark.parametrize("speed, ok", [(SPEED_MIN, True), (SPEED_MAX, True), (SPEED_MIN - 0.01, False),
+                                       (SPEED_MAX + 0.01, False)])
+def test_the_planner_and_the_engine_contract_share_one_speed_range(speed, ok):
+    fields = SpeechFields(text="hi", speed=speed)
+    if not ok:
+        with pytest.raises(BadRequest):
+            make(fields)
+        with pytest.raises(InvalidInput, match="speed"):
+            check_mode_inputs(SynthesisRequest(text="hi", speaker="anna", speed=speed), MODES, PRESETS)
+        return
+    req = make(fields).request
+    check_mode_inputs(req, MODES, PRESETS)  # accepted by both
+    assert (limits.SPEED_MIN, limits.SPEED_MAX, limits.PROMPT_MIN_S, limits.PROMPT_MAX_S) == (
+        SPEED_MIN, SPEED_MAX, PROMPT_MIN_S, PROMPT_MAX_S)
