@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import struct
 
-WAV_HEADER_BYTES = 44
 # Size fields of a WAV whose length is not known when the header is sent.
 UNKNOWN_SIZE = 0xFFFFFFFF
 

@@ -70,7 +70,6 @@ class SynthesisRequest:
     seed: int | None = None  # fixes the LLM's sampling (same seed, same text -> same speech tokens)
     text_stream: TextStream | None = None  # text arriving over time (WebSocket); then ``text`` is unused
     normalize: bool | None = None  # text normalization (numbers, dates -> words); None: the engine's default
-    extra: dict = field(default_factory=dict)
     timings: StageTimings = field(default_factory=StageTimings, repr=False, compare=False)  # filled while it runs
 
 

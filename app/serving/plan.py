@@ -22,7 +22,7 @@ The engine still checks what only the model knows (``check_mode_inputs``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from app.engines.base import EngineInfo, PromptAudio, SynthesisRequest
@@ -56,7 +56,6 @@ class SpeechFields:
     normalize: bool | None = None  # text normalization; None: the engine's default
     aliases: bool = False  # OpenAI built-in voice names map onto the presets
     text_param: str = "text"  # the surface's name for the text field, for error messages
-    extra: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -145,6 +144,5 @@ def plan(fields: SpeechFields, info: EngineInfo, presets: Sequence[str], limits:
         text=fields.text, mode=mode, speaker=speaker, voice=voice.library, prompt_text=fields.prompt_text,
         prompt_audio=fields.prompt_audio, instruct_text=used, source_audio=fields.source_audio,
         speed=fields.speed, stream=fields.stream, seed=fields.seed, normalize=fields.normalize,
-        extra=dict(fields.extra),
     )
     return Plan(request, instructions_ignored=fields.instructions is not None and used is None)

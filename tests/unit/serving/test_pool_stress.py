@@ -27,7 +27,7 @@ BATCH = ["ok"] * 6 + ["hang"] * 4 + ["stubborn"] * 2 + ["error"] * 2 + ["error_m
 
 
 class ScriptedEngine(FakeEngine):
-    """Behaves as ``req.extra["kind"]`` says; counts generators that are still open."""
+    """Behaves as the request's text says (``ok``, ``hang``, ...); counts generators that are still open."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -41,7 +41,7 @@ class ScriptedEngine(FakeEngine):
     def synthesize(self, req: SynthesisRequest, cancel: threading.Event) -> Iterator[AudioChunk]:
         if req.speaker not in self.b.speakers:
             raise InvalidInput("unknown speaker")  # eager, before any generator exists
-        return self._run(req.extra["kind"], cancel)
+        return self._run(req.text, cancel)
 
     def _run(self, kind: str, cancel: threading.Event) -> Iterator[AudioChunk]:
         with self.count_lock:
@@ -79,8 +79,8 @@ def test_thousand_mixed_requests_leave_no_leaks() -> None:
         outcomes: Counter = Counter()
 
         async def plain_client(kind: str, rid: str) -> str:
-            r = SynthesisRequest(text="hi", speaker="nobody" if kind == "invalid" else "fake_female",
-                                 request_id=rid, extra={"kind": kind})
+            r = SynthesisRequest(text=kind, speaker="nobody" if kind == "invalid" else "fake_female",
+                                 request_id=rid)
             async with await synthesize(pool, r) as job:
                 n = len([c async for c in job])
             return "ok" if n else "empty"
@@ -89,7 +89,7 @@ def test_thousand_mixed_requests_leave_no_leaks() -> None:
             got_first = asyncio.Event()
 
             async def consume() -> None:
-                r = SynthesisRequest(text="hi", speaker="fake_female", request_id=rid, extra={"kind": "cancel"})
+                r = SynthesisRequest(text="cancel", speaker="fake_female", request_id=rid)
                 async with await synthesize(pool, r) as job:
                     async for _ in job:
                         got_first.set()
@@ -128,6 +128,7 @@ def test_thousand_mixed_requests_leave_no_leaks() -> None:
             assert await pool.wait_idle(5.0)
             stats = pool.stats()
             assert stats["running"] == 0 and stats["queued"] == 0 and stats["in_flight"] == 0
+            assert stats["ticket_misuses"] == 0  # every permit came back exactly once
             assert all(s["state"] == "idle" for s in stats["slots"])
             assert engine.open_generators == 0  # every started engine generator was closed
             assert sum(s["jobs_done"] for s in stats["slots"]) == stats["admitted"] - stats["rejected"].get(
@@ -136,7 +137,7 @@ def test_thousand_mixed_requests_leave_no_leaks() -> None:
             others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             assert [t for t in others if t.get_coro().__name__ != "wait_for"] == []  # no stray tasks
             # ... and the pool still serves.
-            r = SynthesisRequest(text="hi", speaker="fake_female", request_id="final", extra={"kind": "ok"})
+            r = SynthesisRequest(text="ok", speaker="fake_female", request_id="final")
             async with await synthesize(pool, r) as job:
                 assert len([c async for c in job]) == 3
             assert job.outcome == "ok"
