@@ -148,7 +148,7 @@ class Connection:
             self.session.close()
             await self._close(CLOSE_NORMAL, "")
             log.info("%s WS %s utterances=%d chars=%d audio=%.2fs %.1fs close=%s", self.request_id, PATH,
-                     self.session._count, self.session.chars, self.session.audio_s, time.monotonic() - started,
+                     self.session.utterances, self.session.chars, self.session.audio_s, time.monotonic() - started,
                      self.close_code if self.close_code is not None else "client")
 
     async def _receive_loop(self) -> None:
@@ -199,7 +199,7 @@ class Connection:
                 await asyncio.wait({self._audio_task})
                 if self._closed.is_set():
                     return True
-                await self._send_json({"type": "session.done", "utterances": self.session._count,
+                await self._send_json({"type": "session.done", "utterances": self.session.utterances,
                                        "audio_seconds": round(self.session.audio_s, 3)})
                 await self._close(CLOSE_NORMAL, "session closed")
                 return True
@@ -273,7 +273,7 @@ class Connection:
         await self._after_utterance()
 
     async def _after_utterance(self) -> None:
-        if self.draining and self.session is not None and len(self.session._unfinished) <= 1:
+        if self.draining and self.session is not None and self.session.unfinished <= 1:
             asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._going_away()))
 
     # -- sending -------------------------------------------------------------------------------------------

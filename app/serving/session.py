@@ -100,7 +100,7 @@ class SpeechSession:
         self._queue: asyncio.Queue[Utterance | None] = asyncio.Queue()
         self._open: Utterance | None = None  # taking text now
         self._unfinished: list[Utterance] = []  # opened, not yet fully spoken
-        self._count = 0
+        self.utterances = 0  # opened so far
         self.chars = 0
         self.audio_s = 0.0
 
@@ -109,6 +109,11 @@ class SpeechSession:
     def busy(self) -> bool:
         """An utterance is open or not yet fully spoken."""
         return bool(self._unfinished)
+
+    @property
+    def unfinished(self) -> int:
+        """Utterances opened and not yet fully spoken."""
+        return len(self._unfinished)
 
     @property
     def rendering(self) -> bool:
@@ -143,8 +148,8 @@ class SpeechSession:
             raise BadRequest("session_text_limit", f"this session has sent {self.chars} characters; the limit is "
                              f"{self.limits.max_session_chars} per session", param="text")
         if utt is None:
-            self._count += 1
-            utt = self._open = Utterance(self._count, out=self._out)
+            self.utterances += 1
+            utt = self._open = Utterance(self.utterances, out=self._out)
             self._unfinished.append(utt)
             self._queue.put_nowait(utt)
         utt.text.put(text)
