@@ -1,4 +1,4 @@
-"""EnginePool jobs: chunks, errors, client cancel, deadline, aclose, backpressure."""
+"""Job (through EnginePool.run): chunks, first and rest, errors, client cancel, deadline, aclose, backpressure."""
 
 from __future__ import annotations
 
