@@ -1,7 +1,8 @@
 """The engine contract: what the serving layer may assume about a TTS engine.
 
 Engines are synchronous on purpose: the pool owns the threads. Every method is
-called from the engine's own slot thread (``load``/``warmup``/``close`` once,
+called from the engine's own slot thread (``load``/``warmup``/``close`` once;
+``info`` and ``voices`` once, right after ``warmup``, and kept by the pool;
 ``synthesize`` once per request). Engines raise only the domain errors defined
 here, never HTTP errors.
 """
