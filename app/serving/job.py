@@ -108,7 +108,7 @@ class Job(Generic[T]):
         returned, the slot and then the permit are released (here, or by the thread-done
         callback). ``wait_s`` bounds the wait: an engine that ignores its cancel flag must
         not hold the caller (and its client) hostage; its slot and permit go back whenever
-        its thread returns. A caller cancelled while waiting still finishes the wait, then
+        its thread returns. A caller cancelled during a bounded wait still finishes it, then
         re-raises, so a cancelled request has freed what it could before it unwinds.
         """
         self._stream.cancel()
@@ -117,7 +117,8 @@ class Job(Generic[T]):
         try:
             await self._wait_returned(until)
         except asyncio.CancelledError:
-            await self._wait_returned(until)
+            if until is not None:
+                await self._wait_returned(until)
             raise
         if not self._thread_done.done():
             log.warning("job %s: slot %d has not returned from the engine %g s after cancel; the slot stays "

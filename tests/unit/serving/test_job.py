@@ -203,6 +203,31 @@ def test_deadline_raises_deadline_exceeded_and_frees_the_slot_only_when_the_thre
     run(main())
 
 
+def test_a_caller_cancelled_during_a_bounded_close_finishes_it_before_unwinding() -> None:
+    async def main():
+        release = threading.Event()
+        engine = StubbornEngine(release)
+        pool = await started_pool(engine, workers=1, request_timeout_s=0)
+        try:
+            job = await synthesize(pool, req("stuck"))
+            await await_until(engine.entered.is_set)
+            closer = asyncio.create_task(job.aclose(wait_s=5))
+            await await_until(lambda: job.stream.cancel_event.is_set())  # aclose has begun its wait
+            closer.cancel()
+            await asyncio.sleep(0.05)
+            assert not closer.done()  # still waiting for the slot thread, within its bound
+            release.set()
+            with pytest.raises(asyncio.CancelledError):
+                await closer
+            assert job.done and job.outcome == "cancelled"
+            assert_idle(pool)  # slot and permit were back before the cancellation propagated
+        finally:
+            release.set()
+            await pool.close()
+
+    run(main())
+
+
 def test_deadline_with_a_cooperative_engine_and_a_late_reader() -> None:
     async def main():
         gate = threading.Event()
