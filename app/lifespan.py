@@ -19,8 +19,9 @@ from fastapi import FastAPI
 
 from app.config import Settings
 from app.runtime import Boot, EngineFactory, Runtime
+from app.serving.config import PoolConfig
 from app.serving.limits import SpeechLimits
-from app.serving.pool import EnginePool, PoolConfig
+from app.serving.pool import EnginePool
 from app.serving.session import SessionLimits
 from app.serving.speech import SpeechService
 from app.voices.library import VoiceLibrary

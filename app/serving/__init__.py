@@ -1,6 +1,7 @@
 """Concurrency core: admission, engine slots, jobs, streaming, the speech service. No web or model imports."""
 
 from app.serving.admission import PermitError, Ticket
+from app.serving.config import PoolConfig
 from app.serving.errors import (
     DeadlineExceeded,
     Draining,
@@ -10,7 +11,7 @@ from app.serving.errors import (
     ServingError,
 )
 from app.serving.job import Job
-from app.serving.pool import EnginePool, PoolConfig
+from app.serving.pool import EnginePool
 from app.serving.stats import NullObserver, PoolObserver
 
 __all__ = [

@@ -36,6 +36,7 @@ from typing import Any
 
 from app.engines.base import Engine, EngineInfo, SynthesisRequest
 from app.serving.admission import Admission, PermitError, Ticket
+from app.serving.config import PoolConfig
 from app.serving.errors import Draining, HealthCheckTimeout, NotReady, QueueTimeout
 from app.serving.job import Job
 from app.serving.slots import Slot, Slots
@@ -49,36 +50,6 @@ THREAD_PREFIX = "cosyserve-slot-"
 
 # Wraps an engine generator inside the slot thread: (chunks, cancel flag) -> items.
 Transform = Callable[[Iterator[Any], threading.Event], Iterator[Any]]
-
-
-@dataclass
-class PoolConfig:
-    workers: int = 2
-    max_queue: int = 8  # waiting requests beyond the running ones
-    queue_timeout_s: float = 30.0
-    request_timeout_s: float = 300.0  # 0 = no deadline
-    share_engine: bool = False  # one engine instance shared by all slots
-    stream_buffer_chunks: int = 4  # bounded queue between slot thread and consumer
-    stream_buffer_bytes: int = 1 << 20  # ... and the encoded bytes it may hold
-    health_timeout_s: float = 5.0  # check_health() gives up (and fails) after this long
-    stuck_grace_s: float = 30.0  # a job past request_timeout_s + this, still in the engine, is stuck
-    close_timeout_s: float = 30.0  # close(): how long to wait for slot threads to return
-
-    def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise ValueError("workers must be at least 1")
-        if self.max_queue < 0:
-            raise ValueError("max_queue must be 0 or more")
-        if self.queue_timeout_s <= 0:
-            raise ValueError("queue_timeout_s must be positive")
-        if self.request_timeout_s < 0:
-            raise ValueError("request_timeout_s must be 0 (no deadline) or positive")
-        if self.stream_buffer_chunks < 1:
-            raise ValueError("stream_buffer_chunks must be at least 1")
-        if self.stream_buffer_bytes < 1:
-            raise ValueError("stream_buffer_bytes must be at least 1")
-        if self.health_timeout_s <= 0 or self.stuck_grace_s < 0:
-            raise ValueError("health_timeout_s must be positive and stuck_grace_s 0 or more")
 
 
 @dataclass(frozen=True)
