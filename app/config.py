@@ -30,6 +30,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from app.engines.cosyvoice.layout import find_version
+
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cosyserve"
 
 
@@ -149,7 +151,7 @@ def batches_llm(engine: EngineSettings) -> bool:
     if not engine.model_dir:
         return engine.tiny_version >= 2
     root = Path(engine.model_dir).expanduser()
-    return (root / "cosyvoice2.yaml").is_file() or (root / "cosyvoice3.yaml").is_file()
+    return (find_version(root) or 0) >= 2
 
 
 def _default_workers() -> int:

@@ -104,8 +104,10 @@ def model_dir(model: str, args: argparse.Namespace) -> str:
         from bench.model import ensure_model
 
         return ensure_model(2)
+    from app.engines.cosyvoice.layout import TINY_MARKER
+
     path = Path(args.full_dir)
-    if not (path / "cosyserve_tiny.json").is_file():
+    if not (path / TINY_MARKER).is_file():
         log(f"building the full-size model into {path} (~1-3 min, 3.4 GB)")
         subprocess.run(python_module("app.cli", "make-tiny-model", "--version", "2", "--full-size", str(path)),
                        cwd=ROOT, check=True, env={**os.environ, **THREAD_ENV})

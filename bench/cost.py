@@ -213,7 +213,9 @@ def _shown(path: str) -> str:
 
 def _model_dir(model: str) -> str:
     if model == "full":
-        if not (FULL_DIR / "cosyvoice2.yaml").is_file():
+        from app.engines.cosyvoice.layout import CONFIG_FILES
+
+        if not (FULL_DIR / CONFIG_FILES[2]).is_file():
             log(f"building the full-size random-weight CosyVoice2 dir {_shown(str(FULL_DIR))} (~70 s)")
             subprocess.run([sys.executable, "-m", "app.cli", "make-tiny-model", "--version", "2", "--full-size",
                             str(FULL_DIR)], cwd=ROOT, check=True)

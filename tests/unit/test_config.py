@@ -1,6 +1,7 @@
 import pytest
 
 from app.config import ConfigError, load_settings
+from app.engines.cosyvoice.layout import CONFIG_FILES
 
 
 def test_defaults_and_file(tmp_path):
@@ -89,8 +90,8 @@ def test_default_workers_follow_llm_batching(tmp_path, monkeypatch):
     v1, v2 = tmp_path / "v1", tmp_path / "v2"
     v1.mkdir()
     v2.mkdir()
-    (v1 / "cosyvoice.yaml").write_text("")
-    (v2 / "cosyvoice2.yaml").write_text("")
+    (v1 / CONFIG_FILES[1]).write_text("")
+    (v2 / CONFIG_FILES[2]).write_text("")
     batched = load_settings(None, engine={"model_dir": str(v2), "max_batch_size": 12})
     assert (batched.pool.workers, batched.pool.queue_limit) == (12, 12)  # workers = concurrent requests
     import os

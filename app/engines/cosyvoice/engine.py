@@ -79,7 +79,8 @@ class CosyVoiceEngine:
         import torch
 
         from app.engines.cosyvoice.cancel import CancelRegistry
-        from app.engines.cosyvoice.load import TOKENIZER_FILES, load_model_dir
+        from app.engines.cosyvoice.layout import CAMPPLUS, SPEECH_TOKENIZER_FILES
+        from app.engines.cosyvoice.load import load_model_dir
 
         torch.set_num_threads(max(1, int(self.config.torch_threads)))
         t0 = time.perf_counter()
@@ -93,8 +94,8 @@ class CosyVoiceEngine:
         self.sample_rate = lm.sample_rate
         self._initial_hop = getattr(lm.model, "token_hop_len", None)
         family = f"cosyvoice{lm.version}"
-        self.prompts = PromptFrontend(lm.frontend, voice_family(family, [lm.model_dir / "campplus.onnx",
-                                                                         lm.model_dir / TOKENIZER_FILES[lm.version]]),
+        self.prompts = PromptFrontend(lm.frontend, voice_family(family, [lm.model_dir / CAMPPLUS,
+                                                                         lm.model_dir / SPEECH_TOKENIZER_FILES[lm.version]]),
                                       self.sample_rate, self.config.prompt_cache_size)
         self.inputs = ModelInputs(lm.frontend, lm.version, self.prompts, self.normalizer,
                                   self.config.max_segment_chars, self.config.max_segment_tokens)

@@ -8,7 +8,6 @@ and in eval mode), nothing is downloaded, and ``modelscope`` is not needed.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -18,6 +17,17 @@ from typing import Any
 
 from app.engines.base import EngineFailure
 from app.engines.cosyvoice.compat import SafeMelExtractor, attach_llm, prepare_imports
+from app.engines.cosyvoice.layout import (
+    CAMPPLUS,
+    CONFIG_FILES,
+    MODEL_CLASSES,
+    QWEN_DIR,
+    SPEECH_TOKENIZER_FILES,
+    SPK2INFO,
+    WEIGHT_FILES,
+    detect_version,
+    read_tiny_marker,
+)
 from app.engines.cosyvoice.precision import (
     DEFAULT_STAGES,
     Precision,
@@ -32,10 +42,6 @@ log = logging.getLogger("cosyserve.engine")
 # ("Cannot copy out of meta tensor"). Slots load one at a time; synthesis stays parallel.
 _BUILD_LOCK = threading.Lock()
 
-CONFIG_FILES = {1: "cosyvoice.yaml", 2: "cosyvoice2.yaml", 3: "cosyvoice3.yaml"}
-TOKENIZER_FILES = {1: "speech_tokenizer_v1.onnx", 2: "speech_tokenizer_v2.onnx", 3: "speech_tokenizer_v3.onnx"}
-MODEL_CLASSES = {1: "CosyVoiceModel", 2: "CosyVoice2Model", 3: "CosyVoice3Model"}
-
 
 @dataclass
 class LoadedModel:
@@ -48,25 +54,6 @@ class LoadedModel:
     model_dir: Path
     precision: Precision = field(default_factory=lambda: Precision("fp32"))
     code_dir: str = ""  # where the imported ``cosyvoice`` package lives (installed copy or a checkout)
-
-
-def detect_version(model_dir: Path) -> int:
-    found = [v for v, name in CONFIG_FILES.items() if (model_dir / name).is_file()]
-    if not found:
-        raise EngineFailure(
-            f"{model_dir} is not a CosyVoice model dir: none of {', '.join(CONFIG_FILES.values())} found"
-        )
-    return max(found)
-
-
-def read_tiny_marker(model_dir: Path) -> dict:
-    marker = model_dir / "cosyserve_tiny.json"
-    if not marker.is_file():
-        return {}
-    try:
-        return json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _torch_load(path: Path, device: Any) -> dict:
@@ -109,7 +96,7 @@ def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: t
         )
     overrides = {}
     if version >= 2:
-        overrides["qwen_pretrain_path"] = str(model_dir / "CosyVoice-BlankEN")
+        overrides["qwen_pretrain_path"] = str(model_dir / QWEN_DIR)
     with open(model_dir / CONFIG_FILES[version], encoding="utf-8") as f:
         configs = load_hyperpyyaml(f, overrides=overrides or None)
 
@@ -118,10 +105,10 @@ def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: t
     llm, flow, hift = configs["llm"], configs["flow"], configs["hift"]
     # transformers 5 loads Qwen2 with dtype="auto" (bf16 for the real BlankEN config); pin fp32.
     llm.float()
-    llm.load_state_dict(_torch_load(model_dir / "llm.pt", device), strict=True)
-    flow.load_state_dict(_torch_load(model_dir / "flow.pt", device), strict=True)
-    hift_state = {k.replace("generator.", ""): v for k, v in _torch_load(model_dir / "hift.pt", device).items()}
-    hift.load_state_dict(hift_state, strict=True)
+    llm.load_state_dict(_torch_load(model_dir / WEIGHT_FILES["llm"], device), strict=True)
+    flow.load_state_dict(_torch_load(model_dir / WEIGHT_FILES["flow"], device), strict=True)
+    hift_state = _torch_load(model_dir / WEIGHT_FILES["hift"], device)
+    hift.load_state_dict({k.replace("generator.", ""): v for k, v in hift_state.items()}, strict=True)
     for module in (llm, flow, hift):
         module.to(device).eval()
     apply_precision(precision, llm, flow, hift)
@@ -129,9 +116,9 @@ def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: t
     frontend = CosyVoiceFrontEnd(
         configs["get_tokenizer"],
         SafeMelExtractor(configs["feat_extractor"]),
-        str(model_dir / "campplus.onnx"),
-        str(model_dir / TOKENIZER_FILES[version]),
-        str(model_dir / "spk2info.pt"),
+        str(model_dir / CAMPPLUS),
+        str(model_dir / SPEECH_TOKENIZER_FILES[version]),
+        str(model_dir / SPK2INFO),
         configs["allowed_special"],
     )
     model = model_cls(llm, flow, hift, precision.cuda_fp16)

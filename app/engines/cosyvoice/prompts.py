@@ -16,7 +16,8 @@ CosyVoice-300M-Instruct (v1) wants ``<instruction><endofprompt>``.
 
 from __future__ import annotations
 
-ENDOFPROMPT = "<|endofprompt|>"
+from app.engines.cosyvoice.layout import ENDOFPROMPT
+
 V1_ENDOFPROMPT = "<endofprompt>"
 V3_SYSTEM = "You are a helpful assistant."
 V3_SYSTEM_PROMPT = V3_SYSTEM + ENDOFPROMPT

@@ -17,7 +17,8 @@ import pytest
 
 from app.config import EngineSettings, batches_llm
 from app.engines.base import EngineFailure
-from app.engines.cosyvoice.load import detect_version, load_model_dir
+from app.engines.cosyvoice.layout import detect_version
+from app.engines.cosyvoice.load import load_model_dir
 
 pytestmark = pytest.mark.integration
 

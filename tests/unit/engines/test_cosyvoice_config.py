@@ -6,6 +6,7 @@ from dataclasses import fields
 
 from app.config import EngineSettings, Settings
 from app.engines.cosyvoice.config import CosyVoiceConfig
+from app.engines.cosyvoice.layout import CONFIG_FILES
 
 # Settings the adapter does not take: the composition root uses them (which engine, the tiny default,
 # the model's display name) or they are aliases resolved by the settings. model_dir is passed resolved.
@@ -33,12 +34,12 @@ def test_from_settings_carries_each_value():
 def test_batching_is_decided_once_by_the_settings(tmp_path):
     v1 = tmp_path / "v1"
     v1.mkdir()
-    (v1 / "cosyvoice.yaml").write_text("")
+    (v1 / CONFIG_FILES[1]).write_text("")
     assert Settings(engine={"model_dir": str(v1)}).engine.batching is False  # CosyVoice1 has no batched LLM
     assert CosyVoiceConfig.from_settings(Settings(engine={"model_dir": str(v1)}).engine, str(v1)).batching is False
     v2 = tmp_path / "v2"
     v2.mkdir()
-    (v2 / "cosyvoice2.yaml").write_text("")
+    (v2 / CONFIG_FILES[2]).write_text("")
     assert Settings(engine={"model_dir": str(v2)}).engine.batching is True
     assert Settings(engine={"model_dir": str(v2), "batching": False}).engine.batching is False
     assert Settings(engine={"tiny_version": 1}).engine.batching is False

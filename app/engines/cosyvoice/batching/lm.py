@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engines.cosyvoice.batching.kv import BatchedKV, SavedRow
+from app.engines.cosyvoice.layout import ENDOFPROMPT_ID
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,6 @@ class LMSpec:
     needs_endofprompt: bool  # v3 asserts <|endofprompt|> (id 151646) is in the text
     fill_token: int = -1  # bistream: "next text block, please" (v2: size + 2, v3: size + 3)
     mix_ratio: tuple[int, int] = (5, 15)  # bistream: text tokens, then speech tokens, per block
-
-
-ENDOFPROMPT_ID = 151646
 
 
 def supports_batching(llm: Any) -> bool:

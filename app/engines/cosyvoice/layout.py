@@ -1,0 +1,80 @@
+"""The files of a CosyVoice model dir and the ids they fix: the one contract of the loader and the builders.
+
+The loader (``load.py``) opens these files; the random-weight builders (``app/devmodels/``)
+write them; the batched LLM checks the end-of-prompt id. Each name is defined here once.
+A released dir (e.g. ``FunAudioLLM/CosyVoice2-0.5B``) holds::
+
+    cosyvoice2.yaml                    the HyperPyYAML config (v1: cosyvoice.yaml, v3: cosyvoice3.yaml)
+    llm.pt  flow.pt  hift.pt           state dicts of the config's llm / flow / hift
+    campplus.onnx                      speaker embedding: fbank [1, T, 80] -> [1, 192]
+    speech_tokenizer_v2.onnx           speech tokenizer (v1: _v1, v3: _v3)
+    spk2info.pt                        {speaker id: {"embedding": [1, 192], ...}}
+    CosyVoice-BlankEN/                 v2/v3: the Qwen2 config, weights and text tokenizer
+
+plus files cosyserve does not read. A dir built by ``cosyserve make-tiny-model`` also holds
+``cosyserve_tiny.json`` (:data:`TINY_MARKER`), written last, which says how it was built.
+
+Pure Python (no torch, no CosyVoice): the config and the CLI may import it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from app.engines.base import EngineFailure
+
+# -- per version -------------------------------------------------------------------------------
+CONFIG_FILES = {1: "cosyvoice.yaml", 2: "cosyvoice2.yaml", 3: "cosyvoice3.yaml"}
+SPEECH_TOKENIZER_FILES = {
+    1: "speech_tokenizer_v1.onnx",
+    2: "speech_tokenizer_v2.onnx",
+    3: "speech_tokenizer_v3.onnx",
+}
+MODEL_CLASSES = {1: "CosyVoiceModel", 2: "CosyVoice2Model", 3: "CosyVoice3Model"}  # in cosyvoice.cli.model
+
+# -- every version -----------------------------------------------------------------------------
+WEIGHT_FILES = {"llm": "llm.pt", "flow": "flow.pt", "hift": "hift.pt"}  # keyed by the config's module
+CAMPPLUS = "campplus.onnx"
+SPK2INFO = "spk2info.pt"
+QWEN_DIR = "CosyVoice-BlankEN"  # v2/v3: the config's qwen_pretrain_path points here
+TINY_MARKER = "cosyserve_tiny.json"
+
+# -- text ids ----------------------------------------------------------------------------------
+ENDOFPROMPT = "<|endofprompt|>"
+ENDOFPROMPT_ID = 151646  # CosyVoice3's LLM asserts this text id is in the text or the prompt text
+# CosyVoice3's text tokenizer numbers these right after Qwen2's 151643 ordinary entries.
+QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", ENDOFPROMPT)
+QWEN_SPECIALS_START = ENDOFPROMPT_ID - QWEN_SPECIALS.index(ENDOFPROMPT)
+
+
+def find_version(model_dir: Path) -> int | None:
+    """The CosyVoice version whose config ``model_dir`` holds (the newest, if several), or None."""
+    found = [v for v, name in CONFIG_FILES.items() if (model_dir / name).is_file()]
+    return max(found) if found else None
+
+
+def detect_version(model_dir: Path) -> int:
+    """Like :func:`find_version`, but a dir without any config is an :class:`EngineFailure`."""
+    version = find_version(model_dir)
+    if version is None:
+        raise EngineFailure(
+            f"{model_dir} is not a CosyVoice model dir: none of {', '.join(CONFIG_FILES.values())} found"
+        )
+    return version
+
+
+def read_tiny_marker(model_dir: Path) -> dict[str, Any]:
+    """What the builder wrote into :data:`TINY_MARKER`; ``{}`` if it is missing, unreadable or not an object."""
+    try:
+        meta = json.loads((model_dir / TINY_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def write_tiny_marker(model_dir: Path, meta: Mapping[str, Any]) -> None:
+    """Write :data:`TINY_MARKER` (the builders write it last: its presence marks a complete dir)."""
+    (model_dir / TINY_MARKER).write_text(json.dumps(dict(meta), indent=2) + "\n", encoding="utf-8")
