@@ -24,7 +24,6 @@ import contextlib
 import fcntl
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import random
@@ -38,19 +37,12 @@ from typing import Any
 from app.devmodels import fullsize, tiny_v3
 from app.devmodels import tiny_yaml as ty
 from app.devmodels.stop import StopPlan
+from app.engines.cosyvoice import layout
 
 log = logging.getLogger("cosyserve.engine.tiny")
 
 SPEAKERS: tuple[str, ...] = ("tiny_female", "tiny_male")
 BUILDER = 2  # bump whenever the files written here change
-META_NAME = "cosyserve_tiny.json"
-QWEN_DIR = "CosyVoice-BlankEN"
-YAML_NAMES = {1: "cosyvoice.yaml", 2: "cosyvoice2.yaml", 3: "cosyvoice3.yaml"}
-SPEECH_TOKENIZER_NAMES = {
-    1: "speech_tokenizer_v1.onnx",
-    2: "speech_tokenizer_v2.onnx",
-    3: "speech_tokenizer_v3.onnx",
-}
 _TOKEN_STRIDE = {1: 2, 2: 4, 3: 4}  # mel frames (100 Hz) per speech token
 _SPEECH_VOCAB = {1: ty.V1_SPEECH_VOCAB, 2: ty.V2_SPEECH_VOCAB, 3: tiny_v3.V3_SPEECH_VOCAB}
 # long=True: the LLM stops once context length / prefix length passes this. A 20-word
@@ -60,10 +52,7 @@ _LONG_STOP_RATIO = {1: 15.0, 2: 9.5, 3: 9.5}
 
 # Special tokens CosyVoice2's QwenTokenizer adds; we put them in the trained vocab.
 _QWEN_SPECIALS = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|endofprompt|>",
+    *layout.QWEN_SPECIALS,
     "[breath]",
     "<strong>",
     "</strong>",
@@ -154,7 +143,7 @@ def build_tiny_model(
         ok, why = tiny_version_available(3, cosyvoice_path)
         if not ok:
             raise RuntimeError(why)
-    if version not in (1, 2, 3):
+    if version not in layout.CONFIG_FILES:
         raise ValueError(f"unknown CosyVoice version {version!r} (expected 1, 2 or 3)")
     if not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
@@ -173,10 +162,10 @@ def build_tiny_model(
         torch.manual_seed(seed)
         overrides = {}
         if version >= 2:
-            overrides["qwen_pretrain_path"] = str(out / QWEN_DIR)
-            _write_qwen_dir(out / QWEN_DIR, seed, full_size=full_size, version=version)
+            overrides["qwen_pretrain_path"] = str(out / layout.QWEN_DIR)
+            _write_qwen_dir(out / layout.QWEN_DIR, seed, full_size=full_size, version=version)
         yaml_text = tiny_v3.render_yaml() if version == 3 else ty.render_yaml(version, full_size=full_size)
-        (out / YAML_NAMES[version]).write_text(yaml_text, encoding="utf-8")
+        (out / layout.CONFIG_FILES[version]).write_text(yaml_text, encoding="utf-8")
         from hyperpyyaml import load_hyperpyyaml
 
         configs = load_hyperpyyaml(yaml_text, overrides=overrides or None)
@@ -198,16 +187,16 @@ def build_tiny_model(
             fullsize.calibrate_decoder(llm, torch.Generator().manual_seed(seed * 7919 + 29))
         else:
             plan.install_v3(llm) if version == 3 else plan.install_v2(llm)
-            llm.llm.model.save_pretrained(str(out / QWEN_DIR))  # keep the safetensors == llm.pt
-        torch.save(llm.state_dict(), out / "llm.pt")
+            llm.llm.model.save_pretrained(str(out / layout.QWEN_DIR))  # keep the safetensors == llm.pt
+        torch.save(llm.state_dict(), out / layout.WEIGHT_FILES["llm"])
         if full_size:  # the safetensors == llm.pt up to bf16 rounding; llm.pt (loaded strictly) wins
-            llm.llm.model.to(torch.bfloat16).save_pretrained(str(out / QWEN_DIR))
-        torch.save(flow.state_dict(), out / "flow.pt")
-        torch.save(hift.state_dict(), out / "hift.pt")
+            llm.llm.model.to(torch.bfloat16).save_pretrained(str(out / layout.QWEN_DIR))
+        torch.save(flow.state_dict(), out / layout.WEIGHT_FILES["flow"])
+        torch.save(hift.state_dict(), out / layout.WEIGHT_FILES["hift"])
         gen = torch.Generator().manual_seed(seed * 7919 + 3)
-        ty.write_campplus(out / "campplus.onnx", gen)
+        ty.write_campplus(out / layout.CAMPPLUS, gen)
         ty.write_speech_tokenizer(
-            out / SPEECH_TOKENIZER_NAMES[version],
+            out / layout.SPEECH_TOKENIZER_FILES[version],
             _TOKEN_STRIDE[version],
             _SPEECH_VOCAB[version],
             gen,
@@ -216,7 +205,7 @@ def build_tiny_model(
         for name in SPEAKERS:
             emb = torch.randn(1, 192, generator=gen)
             spk[name] = {"embedding": emb * (10.0 / emb.norm())}
-        torch.save(spk, out / "spk2info.pt")
+        torch.save(spk, out / layout.SPK2INFO)
     meta = {
         "version": version,
         "seed": seed,
@@ -227,7 +216,7 @@ def build_tiny_model(
     }
     if full_size:
         meta["full_size"] = True
-    (out / META_NAME).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")  # written last: marks complete
+    layout.write_tiny_marker(out, meta)  # written last: marks the dir complete
     return out
 
 
@@ -279,11 +268,8 @@ def ensure_tiny_model(
 
 
 def _is_complete(path: Path, want: dict[str, Any]) -> bool:
-    try:
-        meta = json.loads((path / META_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and all(meta.get(k) == v for k, v in want.items())
+    meta = layout.read_tiny_marker(path)
+    return all(meta.get(k) == v for k, v in want.items())
 
 
 # --------------------------------------------------------------------------- helpers
@@ -400,7 +386,7 @@ def _write_qwen_dir(path: Path, seed: int, full_size: bool = False, version: int
     if version == 3:
         tiny_v3.write_tokenizer(path, tok)
         vocab = -(-tiny_v3.cosyvoice3_vocab_size(path) // 64) * 64
-        eos = tiny_v3.ENDOFPROMPT_ID - 3
+        eos = layout.QWEN_SPECIALS_START + layout.QWEN_SPECIALS.index("<|endoftext|>")
     else:
         fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
         fast.save_pretrained(str(path))

@@ -19,11 +19,14 @@ from string import Template
 from typing import Any
 
 from app.devmodels import tiny_yaml as ty
+from app.engines.cosyvoice.layout import (
+    ENDOFPROMPT,
+    ENDOFPROMPT_ID,
+    QWEN_SPECIALS,
+    QWEN_SPECIALS_START,
+)
 
 V3_SPEECH_VOCAB = 6561
-ENDOFPROMPT_ID = 151646
-_QWEN_BASE_VOCAB = 151643  # ids below this are ordinary BPE entries in Qwen2's vocabulary
-_V3_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|endofprompt|>")
 
 V3_TEMPLATE = Template(
     """\
@@ -147,20 +150,20 @@ def write_tokenizer(path: Path, trained: Any) -> int:
 
     state = json.loads(trained.to_str())
     vocab: dict[str, int] = state["model"]["vocab"]
-    if len(vocab) > _QWEN_BASE_VOCAB:
+    if len(vocab) > QWEN_SPECIALS_START:
         raise ValueError("trained vocabulary is larger than Qwen2's")
     used = set(vocab.values())
-    free = (i for i in range(_QWEN_BASE_VOCAB) if i not in used)
+    free = (i for i in range(QWEN_SPECIALS_START) if i not in used)
     for n, i in enumerate(free):
         vocab[f"<|cosyserve_filler_{n}|>"] = i
     state["added_tokens"] = [
-        {"id": _QWEN_BASE_VOCAB + k, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
+        {"id": QWEN_SPECIALS_START + k, "content": tok, "single_word": False, "lstrip": False, "rstrip": False,
          "normalized": False, "special": True}
-        for k, tok in enumerate(_V3_SPECIALS)
+        for k, tok in enumerate(QWEN_SPECIALS)
     ]
     tok = Tokenizer.from_str(json.dumps(state))
-    if tok.token_to_id("<|endofprompt|>") != ENDOFPROMPT_ID:
-        raise RuntimeError("tiny CosyVoice3 tokenizer: <|endofprompt|> did not land on id 151646")
+    if tok.token_to_id(ENDOFPROMPT) != ENDOFPROMPT_ID:
+        raise RuntimeError(f"tiny CosyVoice3 tokenizer: {ENDOFPROMPT} did not land on id {ENDOFPROMPT_ID}")
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     fast.save_pretrained(str(path))
     return tok.get_vocab_size()

@@ -8,7 +8,6 @@ sampler. The build-and-load test writes ~4.5 GB and takes minutes: it is marked
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 
 from app.devmodels import fullsize, tiny
 from app.devmodels import tiny_yaml as ty
+from app.engines.cosyvoice import layout
 
 TEXTS = ("Hello there, how are you?", "The quick brown fox jumps over the lazy dog near the quiet river bank today.")
 
@@ -141,7 +141,7 @@ def test_build_and_load_full_size(tmp_path_factory):
     else:
         out = tmp_path_factory.mktemp("full2") / "m"
         tiny.build_tiny_model(out, 2, full_size=True)
-    meta = json.loads((out / "cosyserve_tiny.json").read_text())
+    meta = layout.read_tiny_marker(out)
     assert meta["random_weights"] is True and meta["full_size"] is True
     loaded = load_model_dir(out)
     assert loaded.tiny

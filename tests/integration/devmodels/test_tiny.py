@@ -22,6 +22,7 @@ pytestmark = pytest.mark.integration
 import torch
 
 from app.devmodels import tiny
+from app.engines.cosyvoice import layout
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,20 +60,20 @@ class Loaded:
         from hyperpyyaml import load_hyperpyyaml
 
         self.dir, self.version = model_dir, version
-        overrides = {"qwen_pretrain_path": str(model_dir / tiny.QWEN_DIR)} if version == 2 else None
-        with open(model_dir / tiny.YAML_NAMES[version], encoding="utf-8") as f:
+        overrides = {"qwen_pretrain_path": str(model_dir / layout.QWEN_DIR)} if version == 2 else None
+        with open(model_dir / layout.CONFIG_FILES[version], encoding="utf-8") as f:
             self.configs = load_hyperpyyaml(f, overrides=overrides)
         self.frontend = CosyVoiceFrontEnd(
             self.configs["get_tokenizer"],
             self.configs["feat_extractor"],
-            str(model_dir / "campplus.onnx"),
-            str(model_dir / tiny.SPEECH_TOKENIZER_NAMES[version]),
-            str(model_dir / "spk2info.pt"),
+            str(model_dir / layout.CAMPPLUS),
+            str(model_dir / layout.SPEECH_TOKENIZER_FILES[version]),
+            str(model_dir / layout.SPK2INFO),
             self.configs["allowed_special"],
         )
-        for name in ("llm", "flow", "hift"):
+        for name, file in layout.WEIGHT_FILES.items():
             module = self.configs[name]
-            module.load_state_dict(torch.load(model_dir / f"{name}.pt", map_location="cpu"), strict=True)
+            module.load_state_dict(torch.load(model_dir / file, map_location="cpu"), strict=True)
             module.eval()
         self.llm, self.flow, self.hift = (
             self.configs["llm"],
@@ -153,15 +154,13 @@ def test_model_dir_loads_with_the_real_classes(tiny_model, version):
     m = tiny_model(version)
     names = {p.name for p in m.dir.iterdir()}
     assert {
-        tiny.YAML_NAMES[version],
-        "llm.pt",
-        "flow.pt",
-        "hift.pt",
-        "campplus.onnx",
-        "spk2info.pt",
+        layout.CONFIG_FILES[version],
+        layout.SPEECH_TOKENIZER_FILES[version],
+        *layout.WEIGHT_FILES.values(),
+        layout.CAMPPLUS,
+        layout.SPK2INFO,
     } <= names
-    assert tiny.SPEECH_TOKENIZER_NAMES[version] in names
-    meta = json.loads((m.dir / tiny.META_NAME).read_text())
+    meta = json.loads((m.dir / layout.TINY_MARKER).read_text())
     assert meta == {
         "version": version,
         "seed": 0,
@@ -186,7 +185,7 @@ def test_model_dir_loads_with_the_real_classes(tiny_model, version):
     for info in m.frontend.spk2info.values():
         assert tuple(info["embedding"].shape) == (1, 192)
     if version == 2:
-        blank = m.dir / tiny.QWEN_DIR
+        blank = m.dir / layout.QWEN_DIR
         assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in blank.iterdir()}
         assert 3000 <= len(m.frontend.tokenizer.tokenizer) <= 5000
         # the special tokens QwenTokenizer adds are single in-vocabulary tokens
@@ -200,7 +199,7 @@ def test_v1_yaml_needs_no_qwen_override(tiny_model):
     from hyperpyyaml import load_hyperpyyaml
 
     m = tiny_model(1)
-    with open(m.dir / "cosyvoice.yaml", encoding="utf-8") as f:
+    with open(m.dir / layout.CONFIG_FILES[1], encoding="utf-8") as f:
         assert "llm" in load_hyperpyyaml(f)
 
 
@@ -227,7 +226,7 @@ def test_weights_are_a_function_of_the_seed(tiny_model, cache_root, tmp_path, ve
     base = tiny_model(version).dir
     again = tiny.build_tiny_model(tmp_path / "again", version)
     other = tiny.ensure_tiny_model(cache_root, version, seed=1)
-    for name in ("llm.pt", "flow.pt", "hift.pt"):
+    for name in layout.WEIGHT_FILES.values():
         a, b, c = (torch.load(d / name, map_location="cpu") for d in (base, again, other))
         assert a.keys() == b.keys() == c.keys()
         assert all(torch.equal(a[k], b[k]) for k in a), f"{name} differs between two builds with seed 0"
@@ -287,7 +286,7 @@ def test_long_model_streams_several_chunks(tiny_model, version):
 
 def test_instruct_model(cache_root):
     d = tiny.ensure_tiny_model(cache_root, 1, instruct=True)
-    assert json.loads((d / tiny.META_NAME).read_text())["instruct"] is True
+    assert layout.read_tiny_marker(d)["instruct"] is True
     m = Loaded(d, 1)
     mi = m.frontend.frontend_instruct(SENTENCE, tiny.SPEAKERS[1], "A calm, slow voice.")
     wav = torch.cat([o["tts_speech"] for o in m.model.tts(**mi, stream=False)], dim=1)
@@ -317,19 +316,19 @@ def test_ensure_builds_once_under_concurrency_and_reuses(tmp_path):
     assert built.parent == tmp_path and built.name.startswith("v1-short-seed3-")
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == [built.name]
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
-    stamp = (built / "llm.pt").stat().st_mtime_ns
+    stamp = (built / layout.WEIGHT_FILES["llm"]).stat().st_mtime_ns
     t0 = time.monotonic()
     assert tiny.ensure_tiny_model(tmp_path, 1, seed=3) == built
     assert time.monotonic() - t0 < 2.0
-    assert (built / "llm.pt").stat().st_mtime_ns == stamp
+    assert (built / layout.WEIGHT_FILES["llm"]).stat().st_mtime_ns == stamp
 
 
 def test_ensure_rebuilds_an_incomplete_dir(tmp_path):
     key_dir = tiny.ensure_tiny_model(tmp_path, 1, seed=4)
-    (key_dir / tiny.META_NAME).unlink()
+    (key_dir / layout.TINY_MARKER).unlink()
     (key_dir / "junk").write_text("x")
     again = tiny.ensure_tiny_model(tmp_path, 1, seed=4)
-    assert again == key_dir and (again / tiny.META_NAME).exists() and not (again / "junk").exists()
+    assert again == key_dir and (again / layout.TINY_MARKER).exists() and not (again / "junk").exists()
 
 
 def test_build_refuses_a_non_empty_dir_and_bad_arguments(tmp_path):
