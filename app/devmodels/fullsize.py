@@ -3,7 +3,7 @@
 ``cosyserve make-tiny-model --version 2 --full-size OUT`` (``tiny.build_tiny_model(...,
 full_size=True)``) writes a model dir with CosyVoice2-0.5B's shapes: a Qwen2 backbone of
 Qwen2.5-0.5B's size (``QWEN2_05B``) and the real flow / HiFT sizes
-(``tiny_yaml.V2_SIZES["full"]``). It exists to measure serving designs (batching, memory,
+(``configs.V2_SIZES["full"]``). It exists to measure serving designs (batching, memory,
 threads) at the cost a real model has, without the real weights. The audio is noise.
 
 Random weights never end a sequence. ``calibrate_decoder`` makes the stop predictable:
@@ -41,7 +41,6 @@ QWEN2_05B: dict[str, Any] = {
     "rms_norm_eps": 1e-6,
     "tie_word_embeddings": True,
 }
-SPEECH_TOKEN_SIZE = 6561
 EOS_SHARE = 0.85  # end-of-speech's share of the sampler's nucleus at every step
 DECODER_SCALE = 0.02  # speech logits: random head x this (std ~0.02 after the final RMSNorm: nearly flat)
 TOP_K = 25  # CosyVoice2's ras_sampling top_k (the yaml's sampling block)

@@ -23,12 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.devmodels import tiny_yaml as ty
+from app.devmodels.configs import LLM_DIM, LLM_HEADS
 
 # Residual-stream dimensions reserved by the stop controller (LLM width 64, 2 heads of 32).
 _S_MARK, _S_TASK, _R_COUNT, _R_TASK, _R_GATE, _T_ONE = 0, 1, 2, 3, 4, 5
 _RESERVED = (_S_MARK, _S_TASK, _R_COUNT, _R_TASK, _R_GATE, _T_ONE)
-_HEAD = slice(ty.LLM_DIM // ty.LLM_HEADS, ty.LLM_DIM)  # the counting head (query == 0)
+_HEAD = slice(LLM_DIM // LLM_HEADS, LLM_DIM)  # the counting head (query == 0)
 _V_COUNT, _V_TASK, _V_ONE = _HEAD.start, _HEAD.start + 1, _HEAD.start + 2
 _Q1, _Q2 = 0, 1  # feed-forward units forming the ramp
 
@@ -50,11 +50,11 @@ class StopPlan:
     def _const_vector(self, extra_one: bool) -> Any:
         import torch
 
-        b = torch.randn(ty.LLM_DIM, generator=self.gen)
+        b = torch.randn(LLM_DIM, generator=self.gen)
         b[list(_RESERVED)] = 0.0
-        free = [i for i in range(ty.LLM_DIM) if i not in _RESERVED]
+        free = [i for i in range(LLM_DIM) if i not in _RESERVED]
         b[free] -= b[free].mean()
-        b *= self.b_rms * (ty.LLM_DIM - 1) ** 0.5 / b.norm()
+        b *= self.b_rms * (LLM_DIM - 1) ** 0.5 / b.norm()
         if extra_one:
             b[_T_ONE] = self.b_rms
         return b
@@ -113,7 +113,7 @@ class StopPlan:
             w[:, j_in] = 0.0
             w[list(_RESERVED)] = 0.0
             bias[list(_RESERVED)] = 0.0
-            free = [i for i in range(ty.LLM_DIM) if i not in _RESERVED]
+            free = [i for i in range(LLM_DIM) if i not in _RESERVED]
             w[free] -= w[free].mean(dim=0, keepdim=True)
             bias[free] -= bias[free].mean()
             w[_S_MARK, j_in] = 10.0

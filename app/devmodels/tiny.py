@@ -34,8 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.devmodels import fullsize, tiny_v3
-from app.devmodels import tiny_yaml as ty
+from app.devmodels import configs, fullsize, onnx_stubs, tiny_v3
 from app.devmodels.stop import StopPlan
 from app.engines.cosyvoice import layout
 
@@ -44,7 +43,6 @@ log = logging.getLogger("cosyserve.engine.tiny")
 SPEAKERS: tuple[str, ...] = ("tiny_female", "tiny_male")
 BUILDER = 2  # bump whenever the files written here change
 _TOKEN_STRIDE = {1: 2, 2: 4, 3: 4}  # mel frames (100 Hz) per speech token
-_SPEECH_VOCAB = {1: ty.V1_SPEECH_VOCAB, 2: ty.V2_SPEECH_VOCAB, 3: tiny_v3.V3_SPEECH_VOCAB}
 # long=True: the LLM stops once context length / prefix length passes this. A 20-word
 # English sentence is 21 whisper tokens (v1) / ~37 tiny-BPE tokens (v2): ~336 / ~320
 # speech tokens. v2 streaming re-runs the flow over all tokens per chunk, so it gets less.
@@ -164,12 +162,12 @@ def build_tiny_model(
         if version >= 2:
             overrides["qwen_pretrain_path"] = str(out / layout.QWEN_DIR)
             _write_qwen_dir(out / layout.QWEN_DIR, seed, full_size=full_size, version=version)
-        yaml_text = tiny_v3.render_yaml() if version == 3 else ty.render_yaml(version, full_size=full_size)
+        yaml_text = configs.render_yaml(version, full_size=full_size)
         (out / layout.CONFIG_FILES[version]).write_text(yaml_text, encoding="utf-8")
         from hyperpyyaml import load_hyperpyyaml
 
-        configs = load_hyperpyyaml(yaml_text, overrides=overrides or None)
-        llm, flow, hift = configs["llm"], configs["flow"], configs["hift"]
+        modules = load_hyperpyyaml(yaml_text, overrides=overrides or None)
+        llm, flow, hift = modules["llm"], modules["flow"], modules["hift"]
         llm.float()  # a full-size BlankEN is stored in bf16 (like the real one); llm.pt is fp32
         for i, module in enumerate((llm, flow, hift)):
             _reseed(
@@ -194,11 +192,11 @@ def build_tiny_model(
         torch.save(flow.state_dict(), out / layout.WEIGHT_FILES["flow"])
         torch.save(hift.state_dict(), out / layout.WEIGHT_FILES["hift"])
         gen = torch.Generator().manual_seed(seed * 7919 + 3)
-        ty.write_campplus(out / layout.CAMPPLUS, gen)
-        ty.write_speech_tokenizer(
+        onnx_stubs.write_campplus(out / layout.CAMPPLUS, gen)
+        onnx_stubs.write_speech_tokenizer(
             out / layout.SPEECH_TOKENIZER_FILES[version],
             _TOKEN_STRIDE[version],
-            _SPEECH_VOCAB[version],
+            configs.SPEECH_VOCAB[version],
             gen,
         )
         spk = {}
@@ -399,11 +397,11 @@ def _write_qwen_dir(path: Path, seed: int, full_size: bool = False, version: int
         return
     config = Qwen2Config(
         vocab_size=vocab,
-        hidden_size=ty.LLM_DIM,
-        intermediate_size=ty.LLM_UNITS,
+        hidden_size=configs.LLM_DIM,
+        intermediate_size=configs.LLM_UNITS,
         num_hidden_layers=2,
-        num_attention_heads=ty.LLM_HEADS,
-        num_key_value_heads=ty.LLM_HEADS,
+        num_attention_heads=configs.LLM_HEADS,
+        num_key_value_heads=configs.LLM_HEADS,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
         eos_token_id=eos,

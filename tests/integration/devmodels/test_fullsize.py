@@ -18,8 +18,7 @@ pytestmark = pytest.mark.integration
 
 import torch
 
-from app.devmodels import fullsize, tiny
-from app.devmodels import tiny_yaml as ty
+from app.devmodels import configs, fullsize, tiny
 from app.engines.cosyvoice import layout
 
 TEXTS = ("Hello there, how are you?", "The quick brown fox jumps over the lazy dog near the quiet river bank today.")
@@ -35,7 +34,7 @@ def full_configs():
     tiny._prepare()
     from hyperpyyaml import load_hyperpyyaml
 
-    text = ty.render_yaml(2, full_size=True)
+    text = configs.render_yaml(2, full_size=True)
     # keep the llm out: Qwen2Encoder loads a pretrained dir at construction
     head, rest = text.split("\nllm: ", 1)
     _, tail = rest.split("\nflow: ", 1)
@@ -73,11 +72,11 @@ def test_full_size_flow_and_hift_have_cosyvoice2_05b_sizes(full_configs):
 
 
 def test_tiny_yaml_unchanged_by_the_size_parameters():
-    tiny_text = ty.render_yaml(2)
+    tiny_text = configs.render_yaml(2)
     assert "llm_input_size: 64" in tiny_text and "num_blocks: 1" in tiny_text
     assert "resblock_kernel_sizes: [3]\n" in tiny_text
     with pytest.raises(ValueError):
-        ty.render_yaml(1, full_size=True)
+        configs.render_yaml(1, full_size=True)
 
 
 def test_qwen_config_is_qwen25_05b_shape():
