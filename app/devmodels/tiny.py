@@ -1,17 +1,19 @@
 """Tiny random-weight CosyVoice model dirs, built from the real CosyVoice classes.
 
-Tests and local development need a model dir that the real loading code accepts
-(hyperpyyaml config, ``llm.pt``/``flow.pt``/``hift.pt`` state dicts, the two ONNX
-front-end models, ``spk2info.pt``, and for v2 a Qwen2 ``CosyVoice-BlankEN`` dir) but
-is small enough to build in seconds and run faster than real time on a CPU. The
-weights are random, so the audio is noise; the shapes, code paths and timing
-behaviour (streaming chunks, stop conditions) are the real ones.
+Tests and local development need a model dir that the real loading code accepts (the files
+``app/engines/cosyvoice/layout.py`` names: the HyperPyYAML config, ``llm.pt``/``flow.pt``/
+``hift.pt`` state dicts, the two ONNX front-end models, ``spk2info.pt``, and for v2/v3 a Qwen2
+``CosyVoice-BlankEN`` dir) but is small enough to build in seconds and run faster than real
+time on a CPU. The weights are random, so the audio is noise; the shapes, code paths and
+timing behaviour (streaming chunks, stop conditions) are the real ones.
 
-Random weights never emit end-of-speech, so the builder wires an exact stop
-controller into the random LLM (``tiny_stop.py``): short models stop right after the
+This module drives the build; the parts are ``configs.py`` (the config, from ``templates/``),
+``blanken.py`` (the Qwen2 dir and its tokenizer), ``onnx_stubs.py`` (the ONNX stand-ins) and
+``stop.py``. Random weights never emit end-of-speech, so the builder wires an exact stop
+controller into the random LLM (``stop.py``): short models stop right after the
 2x-text-tokens minimum, long ones at ~15x (v1) / ~9.5x (v2, v3) the prefix length.
-CosyVoice3 (``tiny_v3.py``) needs a CosyVoice with the v3 classes, e.g. an upstream
-checkout passed as ``cosyvoice_path``.
+CosyVoice3 needs a CosyVoice with the v3 classes, e.g. an upstream checkout passed as
+``cosyvoice_path``.
 
 ``full_size=True`` (v2 only) writes CosyVoice2-0.5B's real dimensions instead, with a
 calibrated output head in place of the stop controller (``fullsize.py``): ~4.5 GB.
@@ -19,7 +21,6 @@ calibrated output head in place of the stop controller (``fullsize.py``): ~4.5 G
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
 import importlib
@@ -34,7 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.devmodels import configs, fullsize, onnx_stubs, tiny_v3
+from app.devmodels import blanken, configs, fullsize, onnx_stubs
 from app.devmodels.stop import StopPlan
 from app.engines.cosyvoice import layout
 
@@ -47,30 +48,6 @@ _TOKEN_STRIDE = {1: 2, 2: 4, 3: 4}  # mel frames (100 Hz) per speech token
 # English sentence is 21 whisper tokens (v1) / ~37 tiny-BPE tokens (v2): ~336 / ~320
 # speech tokens. v2 streaming re-runs the flow over all tokens per chunk, so it gets less.
 _LONG_STOP_RATIO = {1: 15.0, 2: 9.5, 3: 9.5}
-
-# Special tokens CosyVoice2's QwenTokenizer adds; we put them in the trained vocab.
-_QWEN_SPECIALS = (
-    *layout.QWEN_SPECIALS,
-    "[breath]",
-    "<strong>",
-    "</strong>",
-    "[noise]",
-    "[laughter]",
-    "[cough]",
-    "[clucking]",
-    "[accent]",
-    "[quick_breath]",
-    "<laughter>",
-    "</laughter>",
-    "[hissing]",
-    "[sigh]",
-    "[vocalized-noise]",
-    "[lipsmack]",
-    "[mn]",
-)
-_BPE_VOCAB = 4096
-_BPE_CORPUS_WORDS = 8000
-
 
 # --------------------------------------------------------------------------- availability
 
@@ -161,7 +138,7 @@ def build_tiny_model(
         overrides = {}
         if version >= 2:
             overrides["qwen_pretrain_path"] = str(out / layout.QWEN_DIR)
-            _write_qwen_dir(out / layout.QWEN_DIR, seed, full_size=full_size, version=version)
+            blanken.write_blanken(out / layout.QWEN_DIR, seed, version=version, full_size=full_size)
         yaml_text = configs.render_yaml(version, full_size=full_size)
         (out / layout.CONFIG_FILES[version]).write_text(yaml_text, encoding="utf-8")
         from hyperpyyaml import load_hyperpyyaml
@@ -336,76 +313,3 @@ def _reseed(module: Any, gen: Any) -> None:
             if not torch.isfinite(std) or float(std) == 0.0:
                 continue
             p.copy_(torch.randn(p.shape, generator=gen) * std + p.float().mean())
-
-
-def _corpus_lines() -> list[str]:
-    """Deterministic training text: the first GPT-2 BPE pieces shipped with openai-whisper."""
-    spec = importlib.util.find_spec("whisper")
-    if spec is None or not spec.origin:
-        raise RuntimeError("openai-whisper is not installed; it is needed to train the tiny tokenizer")
-    words: list[str] = []
-    with open(Path(spec.origin).parent / "assets" / "gpt2.tiktoken", encoding="utf-8") as f:
-        for line in f:
-            b64, rank = line.split()
-            if int(rank) < 256:
-                continue
-            try:
-                words.append(base64.b64decode(b64).decode("utf-8"))
-            except UnicodeDecodeError:
-                continue
-            if len(words) >= _BPE_CORPUS_WORDS:
-                break
-    return ["".join(words[i : i + 64]) for i in range(0, len(words), 64)]
-
-
-def _write_qwen_dir(path: Path, seed: int, full_size: bool = False, version: int = 2) -> None:
-    """CosyVoice-BlankEN: a byte-level BPE tokenizer trained here and a 2-layer Qwen2.
-
-    ``full_size``: a Qwen2 of Qwen2.5-0.5B's shape instead (the tokenizer stays the small
-    one; its ids are a subset of the real vocabulary), written in bf16.
-    ``version=3``: the tokenizer is numbered like Qwen2's (see ``tiny_v3.write_tokenizer``),
-    so the embedding covers ~152k ids.
-    """
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-    path.mkdir(parents=True)
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=_BPE_VOCAB,
-        special_tokens=[] if version == 3 else list(_QWEN_SPECIALS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(_corpus_lines(), trainer)
-    if version == 3:
-        tiny_v3.write_tokenizer(path, tok)
-        vocab = -(-tiny_v3.cosyvoice3_vocab_size(path) // 64) * 64
-        eos = layout.QWEN_SPECIALS_START + layout.QWEN_SPECIALS.index("<|endoftext|>")
-    else:
-        fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-        fast.save_pretrained(str(path))
-        vocab = -(-tok.get_vocab_size() // 64) * 64
-        eos = tok.token_to_id("<|endoftext|>")
-    if full_size:
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(fullsize.qwen_config(vocab, eos))
-        model.to(torch.bfloat16).save_pretrained(str(path))
-        return
-    config = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=configs.LLM_DIM,
-        intermediate_size=configs.LLM_UNITS,
-        num_hidden_layers=2,
-        num_attention_heads=configs.LLM_HEADS,
-        num_key_value_heads=configs.LLM_HEADS,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        eos_token_id=eos,
-        dtype="float32",
-    )
-    torch.manual_seed(seed)
-    Qwen2ForCausalLM(config).save_pretrained(str(path))
