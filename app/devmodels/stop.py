@@ -147,26 +147,8 @@ class StopPlan:
             self._decoder(llm.llm_decoder, llm.speech_token_size, b, fill=None)
 
     def install_v2(self, llm: Any) -> None:
-        import torch
-
-        qwen = llm.llm.model.model
-        m_in = 40.0
-        with torch.no_grad():
-            emb = qwen.embed_tokens.weight
-            emb[:, list(_RESERVED)] = 0.0
-            emb[:, _S_MARK] = m_in
-            llm.llm_embedding.weight[:, list(_RESERVED)] = 0.0
-            llm.llm_embedding.weight[llm.sos_eos, _S_MARK] = m_in
-            llm.llm_embedding.weight[llm.task_id, _S_TASK] = m_in
-            llm.speech_embedding.weight[:, list(_RESERVED)] = 0.0
-            b = self._const_vector(extra_one=True)
-            self._qwen_layers(qwen, b)
-            self._decoder(
-                llm.llm_decoder,
-                llm.speech_token_size,
-                b,
-                fill=llm.speech_token_size + 2,
-            )
+        """Qwen2LM: start and task markers are rows of ``llm_embedding``; bistream's fill token is suppressed."""
+        self._install_qwen(llm, llm.llm_embedding.weight, llm.sos_eos, llm.task_id, fill=llm.speech_token_size + 2)
 
     def install_v3(self, llm: Any) -> None:
         """CosyVoice3LM: start and task markers are speech-embedding rows; the decoder has no bias.
@@ -175,21 +157,28 @@ class StopPlan:
         2x minimum, so every other one gets a large negative logit. No fill token is needed
         outside bistream input (v3's fill id is one of the stop ids).
         """
+        self._install_qwen(llm, llm.speech_embedding.weight, llm.sos, llm.task_id, fill=None)
+
+    def _install_qwen(self, llm: Any, markers: Any, sos: int, task: int, fill: int | None) -> None:
+        """The controller in a Qwen2-backed LLM (v2 and v3).
+
+        Text tokens and the start row ``sos`` of ``markers`` (the embedding table holding the
+        start and task rows) mark the prefix; the task row carries its own marker; the
+        reserved dims of every other embedding row stay silent.
+        """
         import torch
 
         qwen = llm.llm.model.model
         m_in = 40.0
         with torch.no_grad():
-            emb = qwen.embed_tokens.weight
-            emb[:, list(_RESERVED)] = 0.0
-            emb[:, _S_MARK] = m_in
-            speech = llm.speech_embedding.weight
-            speech[:, list(_RESERVED)] = 0.0
-            speech[llm.sos, _S_MARK] = m_in
-            speech[llm.task_id, _S_TASK] = m_in
+            for table in (qwen.embed_tokens.weight, markers, llm.speech_embedding.weight):
+                table[:, list(_RESERVED)] = 0.0
+            qwen.embed_tokens.weight[:, _S_MARK] = m_in
+            markers[sos, _S_MARK] = m_in
+            markers[task, _S_TASK] = m_in
             b = self._const_vector(extra_one=True)
             self._qwen_layers(qwen, b)
-            self._decoder(llm.llm_decoder, llm.speech_token_size, b, fill=None)
+            self._decoder(llm.llm_decoder, llm.speech_token_size, b, fill=fill)
 
     def _qwen_layers(self, qwen: Any, b: Any) -> None:
         """The counting head and the ramp in the first Qwen2 layer; reserved dims silent elsewhere."""
