@@ -38,6 +38,7 @@ from typing import Any
 from app.devmodels import blanken, configs, fullsize, onnx_stubs
 from app.devmodels.stop import StopPlan
 from app.engines.cosyvoice import layout
+from app.engines.cosyvoice.compat import prepare_imports
 
 log = logging.getLogger("cosyserve.engine.tiny")
 
@@ -65,7 +66,7 @@ def tiny_version_available(version: int, cosyvoice_path: str | None = None) -> t
     ``cosyvoice_path``: an upstream checkout to import CosyVoice from (``engine.cosyvoice_path``).
     """
     try:
-        _prepare(cosyvoice_path)
+        prepare_imports(cosyvoice_path)  # cosyvoice/matcha importable, with our shims
     except (FileNotFoundError, ImportError) as exc:
         return False, str(exc)
     where = _cosyvoice_location()
@@ -87,13 +88,6 @@ def tiny_version_available(version: int, cosyvoice_path: str | None = None) -> t
             )
         return True, ""
     return False, f"unknown CosyVoice version {version!r} (expected 1, 2 or 3)"
-
-
-def _prepare(cosyvoice_path: str | None = None) -> None:
-    """Make cosyvoice/matcha importable (all shims live in ``cosyvoice_compat``)."""
-    from app.engines.cosyvoice.compat import prepare_imports
-
-    prepare_imports(cosyvoice_path)
 
 
 # --------------------------------------------------------------------------- public API
@@ -130,10 +124,10 @@ def build_tiny_model(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"refusing to build a tiny model into non-empty {out}")
     out.mkdir(parents=True, exist_ok=True)
-    _prepare(cosyvoice_path)
+    prepare_imports(cosyvoice_path)
     import torch
 
-    with _preserved_rng(), _torch_threads(2), _quiet_transformers():
+    with preserved_rng(), _torch_threads(2), _quiet_transformers():
         torch.manual_seed(seed)
         overrides = {}
         if version >= 2:
@@ -251,7 +245,7 @@ def _is_complete(path: Path, want: dict[str, Any]) -> bool:
 
 
 @contextlib.contextmanager
-def _preserved_rng() -> Iterator[None]:
+def preserved_rng() -> Iterator[None]:
     """CosyVoice's constructors reseed the global RNGs (CausalConditionalCFM): undo that."""
     import numpy as np
     import torch

@@ -20,6 +20,7 @@ import torch
 
 from app.devmodels import configs, fullsize, tiny
 from app.engines.cosyvoice import layout
+from app.engines.cosyvoice.compat import prepare_imports
 
 TEXTS = ("Hello there, how are you?", "The quick brown fox jumps over the lazy dog near the quiet river bank today.")
 
@@ -31,7 +32,7 @@ def _n_params(module: torch.nn.Module) -> int:
 @pytest.fixture(scope="module")
 def full_configs():
     """flow and hift of the full-size yaml (the LLM is checked separately: it needs a Qwen dir)."""
-    tiny._prepare()
+    prepare_imports()
     from hyperpyyaml import load_hyperpyyaml
 
     text = configs.render_yaml(2, full_size=True)
@@ -39,7 +40,7 @@ def full_configs():
     head, rest = text.split("\nllm: ", 1)
     _, tail = rest.split("\nflow: ", 1)
     _import_named_modules(text)
-    with tiny._preserved_rng(), torch.device("meta"):  # shapes only: nothing allocated
+    with tiny.preserved_rng(), torch.device("meta"):  # shapes only: nothing allocated
         return load_hyperpyyaml(head + "\nflow: " + tail), text
 
 
@@ -105,7 +106,7 @@ def test_eos_bias_gives_the_wanted_nucleus_share():
 
 def test_calibrated_head_stops_inside_cosyvoice_sampler():
     """The real Qwen2LM head + ras_sampling: EOS has ~0.85 of the draws, never all 101 in a row."""
-    tiny._prepare()
+    prepare_imports()
     from cosyvoice.llm.llm import Qwen2LM
     from cosyvoice.utils.common import ras_sampling
 

@@ -23,6 +23,7 @@ import torch
 
 from app.devmodels import tiny
 from app.engines.cosyvoice import layout
+from app.engines.cosyvoice.compat import prepare_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +56,7 @@ class Loaded:
     """One tiny model dir loaded the way the real CosyVoice front end and model classes load it."""
 
     def __init__(self, model_dir: Path, version: int) -> None:
-        tiny._prepare()
+        prepare_imports()
         from cosyvoice.cli.frontend import CosyVoiceFrontEnd
         from hyperpyyaml import load_hyperpyyaml
 
