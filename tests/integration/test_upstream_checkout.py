@@ -120,7 +120,7 @@ def test_published_v3_layout_loads_and_speaks(model_dirs, upstream, tmp_path):
     """The tiny v3 files in a dir with the extras the real release ships (see test_v3_layout.py)."""
     import shutil
 
-    from tests.integration.test_v3_layout import PUBLISHED
+    from tests.integration.devmodels.test_v3_layout import PUBLISHED
 
     model_dir = tmp_path / "Fun-CosyVoice3-0.5B"
     shutil.copytree(model_dirs(3), model_dir)
