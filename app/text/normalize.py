@@ -70,10 +70,6 @@ def detect_language(text: str) -> str | None:
     return None
 
 
-def _sentences(text: str) -> list[str]:
-    return [s for s in _SENTENCES.split(text) if s and s.strip()]
-
-
 def language_pieces(text: str) -> list[tuple[str | None, str]]:
     """``text`` as ``(language, sentence)`` pieces, in order; joining them with spaces gives it back.
 

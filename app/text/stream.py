@@ -38,7 +38,6 @@ class TextStream:
         self._cond = threading.Condition()
         self._ended = False
         self.chars = 0  # characters put so far
-        self.text = ""  # everything put so far (for logs and checks)
 
     def put(self, text: str) -> None:
         with self._cond:
@@ -46,7 +45,6 @@ class TextStream:
                 raise RuntimeError("text stream already ended")
             self._pieces.append(text)
             self.chars += len(text)
-            self.text += text
             self._cond.notify_all()
 
     def end(self) -> None:
