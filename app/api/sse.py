@@ -24,8 +24,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-_CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff"
-_TOKEN = re.compile(rf"[{_CJK}]|[^\W{_CJK}]+|[^\w\s]")
+from app.text.scripts import CJK
+
+_TOKEN = re.compile(rf"[{CJK}]|[^\W{CJK}]+|[^\w\s]")  # one CJK character, a word, a punctuation mark
 
 SSE_MEDIA_TYPE = "text/event-stream"
 SSE_HEADERS = {"X-Accel-Buffering": "no"}

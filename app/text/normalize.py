@@ -25,17 +25,22 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from app.text.scripts import (
+    CLAUSE_MARKS,
+    FULLWIDTH_CLAUSE_MARKS,
+    FULLWIDTH_ENDS,
+    HAN_CHAR,
+    KANA_CHAR,
+    LATIN_CHAR,
+    SPACED_ENDS,
+    cut_sentences,
+)
+
 log = logging.getLogger("cosyserve.engine.normalize")
 
 MODES = ("auto", "off")
 LANGUAGES = ("zh", "en", "ja")
 
-_KANA = re.compile(r"[\u3040-\u30ff\u31f0-\u31ff\uff66-\uff9f]")
-_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
-_LATIN = re.compile(r"[A-Za-z\u00c0-\u024f]")
-_HANGUL = re.compile(r"[\uac00-\ud7af\u1100-\u11ff]")
-# ASCII sentence ends need a space after them ("3.50" is one number); CJK ends do not.
-_SENTENCES = re.compile(r"(?<=[.!?;])\s+|(?<=[。！？；…])")
 # CosyVoice markup that must reach the tokenizer as written.
 _MARKUP = re.compile(r"<\|[^|<>\s]+\|>|</?[a-z_]+>|\[[A-Za-z_\-]+\d?\]|\[[^\]\s\d]{1,6}\]")
 
@@ -55,18 +60,16 @@ def detect_language(text: str) -> str | None:
     Japanese is recognised by kana (kanji alone read as Chinese); Korean and other
     scripts are not normalized.
     """
-    if _KANA.search(text):
+    if KANA_CHAR.search(text):
         return "ja"
-    han = len(_HAN.findall(text))
-    latin = len(_LATIN.findall(text))
+    han = len(HAN_CHAR.findall(text))
+    latin = len(LATIN_CHAR.findall(text))
     if han and han * 3 >= latin:  # a Chinese sentence with an English word or two is still Chinese
         return "zh"
     if latin:
         return "en"
     if han:
         return "zh"
-    if _HANGUL.search(text):
-        return None
     return None
 
 
@@ -76,7 +79,7 @@ def language_pieces(text: str) -> list[tuple[str | None, str]]:
     A sentence cut after an abbreviation ("Dr.", "Jan.") is joined to what follows. Pieces
     are normalized one by one: wetext's cost grows faster than linearly with its input.
     """
-    sentences = [s.strip() for s in _SENTENCES.split(text) if s and s.strip()]
+    sentences = cut_sentences(text)
     merged: list[str] = []
     for sentence in sentences:
         if merged and _ABBREVIATION_END.search(merged[-1]):
@@ -166,9 +169,9 @@ def _join(pieces: list[str]) -> str:
     for p in pieces:
         if not out:
             out = p
-        elif out.endswith((".", "!", "?", ";", ",")):
+        elif out[-1] in SPACED_ENDS + ",":
             out += " " + p
-        elif _HAN.search(out[-1:]) or _HAN.search(p[:1]) or _KANA.search(p[:1]) or out.endswith(("。", "！", "？")):
+        elif out[-1] in FULLWIDTH_ENDS or HAN_CHAR.match(out[-1]) or HAN_CHAR.match(p) or KANA_CHAR.match(p):
             out += p
         else:
             out += " " + p
@@ -176,7 +179,7 @@ def _join(pieces: list[str]) -> str:
 
 
 # A clause ends at punctuation (then maybe spaces): enough context for wetext to read a number.
-_CLAUSE_END = re.compile(r"[,.;:!?，。！？；：、]\s*$")
+_CLAUSE_END = re.compile(rf"[{re.escape(CLAUSE_MARKS + SPACED_ENDS + FULLWIDTH_CLAUSE_MARKS + FULLWIDTH_ENDS)}]\s*$")
 
 
 class ClauseNormalizer:

@@ -10,19 +10,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
-# A sentence ends at . ! ? ; (ASCII, full-width and CJK forms) or an ellipsis, plus closing quotes.
-_SENTENCE_END = re.compile(r"(?<=[.!?;。！？；…])[\"'”’」』)）]*\s+|(?<=[。！？；…])[\"'”’」』)）]*|\n+")
-_SOFT_BREAK = re.compile(r"(?<=[,，、:：])\s*")
+from app.text.scripts import CLAUSE_MARKS, FULLWIDTH_CLAUSE_MARKS, cut_sentences, is_cjk
 
-
-def _is_cjk(text: str) -> bool:
-    return bool(_CJK.search(text))
+_SOFT_BREAK = re.compile(rf"(?<=[{re.escape(CLAUSE_MARKS + FULLWIDTH_CLAUSE_MARKS)}])\s*")
 
 
 def _length(text: str) -> int:
     """A length that treats one CJK character like one short word."""
-    return len(text) if not _is_cjk(text) else len(text) * 3
+    return len(text) if not is_cjk(text) else len(text) * 3
 
 
 def _hard_split(piece: str, max_len: int) -> list[str]:
@@ -31,7 +26,7 @@ def _hard_split(piece: str, max_len: int) -> list[str]:
     out: list[str] = []
     cur = ""
     for p in parts:
-        cand = (cur + (" " if cur and not _is_cjk(p) and not cur.endswith(" ") else "") + p) if cur else p
+        cand = (cur + (" " if cur and not is_cjk(p) and not cur.endswith(" ") else "") + p) if cur else p
         if _length(cand) <= max_len:
             cur = cand
             continue
@@ -48,7 +43,7 @@ def _hard_split(piece: str, max_len: int) -> list[str]:
 
 
 def _cut_point(text: str, max_len: int) -> int:
-    limit = max_len // 3 if _is_cjk(text) else max_len
+    limit = max_len // 3 if is_cjk(text) else max_len
     limit = max(1, min(limit, len(text)))
     space = text.rfind(" ", 0, limit)
     return space if space > limit // 2 else limit
@@ -64,20 +59,20 @@ def split_sentences(text: str, max_len: int = 240, min_len: int = 30) -> list[st
     text = re.sub(r"[ \t\r\f\v]+", " ", text.strip())
     if not text:
         return []
-    raw = [s.strip() for s in _SENTENCE_END.split(text) if s and s.strip()]
+    raw = cut_sentences(text)
     pieces: list[str] = []
     for s in raw:
         pieces.extend(_hard_split(s, max_len) if _length(s) > max_len else [s])
     merged: list[str] = []
     for p in pieces:
         if merged and _length(merged[-1]) < min_len and _length(merged[-1]) + _length(p) <= max_len:
-            sep = "" if _is_cjk(merged[-1]) or _is_cjk(p) else " "
+            sep = "" if is_cjk(merged[-1]) or is_cjk(p) else " "
             merged[-1] = merged[-1] + sep + p
         else:
             merged.append(p)
     if len(merged) > 1 and _length(merged[-1]) < min_len and _length(merged[-2]) + _length(merged[-1]) <= max_len:
         last = merged.pop()
-        merged[-1] = merged[-1] + ("" if _is_cjk(last) else " ") + last
+        merged[-1] = merged[-1] + ("" if is_cjk(last) else " ") + last
     return [m for m in merged if any(ch.isalnum() for ch in m)]
 
 

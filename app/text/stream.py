@@ -21,13 +21,13 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 
+from app.text.scripts import CJK, FULLWIDTH_CLAUSE_MARKS, FULLWIDTH_ENDS, SENTENCE_END
 from app.text.split import split_sentences
 
 POLL_S = 0.05  # how often a blocked reader re-checks its cancel flag
 
-# A sentence is complete once its end mark is followed by whitespace (more text came after it).
-_ENDED = re.compile(r"[.!?;。！？；…][\"'”’」』)）]*(\s+)|[。！？；…][\"'”’」』)）]*|\n+")
-_BOUNDARY = re.compile(r"\s+|[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af，。！？；、：]")
+# A word ends at whitespace or after a CJK character or full-width mark (CJK text has no spaces).
+_BOUNDARY = re.compile(rf"\s+|[{CJK}{re.escape(FULLWIDTH_ENDS + FULLWIDTH_CLAUSE_MARKS)}]")
 
 
 class TextStream:
@@ -104,14 +104,15 @@ class WordBuffer:
 def sentences(pieces: Iterator[str], max_len: int = 240) -> Iterator[str]:
     """Complete sentences from text pieces, each as soon as it ends; the rest at the end.
 
-    A sentence ends at an end mark followed by whitespace (or a CJK end mark, or a
-    newline). Text that grows past ``max_len`` without one is cut at a comma or space.
+    A sentence ends where :data:`app.text.scripts.SENTENCE_END` matches: an ASCII mark is an end
+    only once whitespace has arrived after it ("3." may go on "50"), a full-width mark at once.
+    Text that grows past ``max_len`` without one is cut at a comma or space.
     """
     buf = ""
     for piece in pieces:
         buf += piece
         while True:
-            end = _ENDED.search(buf)
+            end = SENTENCE_END.search(buf)
             if end is None:
                 break
             done, buf = buf[:end.end()], buf[end.end():]

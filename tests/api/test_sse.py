@@ -20,6 +20,10 @@ def test_event_framing_is_one_compact_data_line():
 def test_token_estimate_counts_words_cjk_and_punctuation():
     assert estimate_text_tokens("Hello, world!") == 4
     assert estimate_text_tokens("你好") == 2
+    # every kana, Han and Hangul character is one token, halfwidth katakana and compatibility ideographs too
+    assert estimate_text_tokens("ﾃｽﾄ") == 3 and estimate_text_tokens("\uf900\uf901\uf902") == 3
+    assert estimate_text_tokens("ㇰㇱ \ud55c") == 3  # katakana phonetic extensions, a Hangul syllable
+    assert estimate_text_tokens("\u1112\u1161\u11ab") == 3  # the same syllable as conjoining jamo (NFD)
     assert estimate_text_tokens("hi", None, "there") == 2
     assert estimate_text_tokens() == 0
 

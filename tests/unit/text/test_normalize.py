@@ -92,6 +92,17 @@ def test_detect_language():
         ("en", "Dr. Smith came on Jan. 5."), ("zh", "Then 我走了。")]
 
 
+def test_language_pieces_cut_where_split_and_stream_cut():
+    """The sentence ends of app.text.scripts: closing quotes and runs of marks stay with their sentence."""
+    assert language_pieces('He said "Hi." Then 我说：“你好。”好的！？') == [
+        ("en", 'He said "Hi."'), ("zh", "Then 我说：“你好。”"), ("zh", "好的！？")]
+    assert language_pieces("ｺﾝﾆﾁﾊ。\uf900\uf901。") == [("ja", "ｺﾝﾆﾁﾊ。"), ("zh", "\uf900\uf901。")]
+
+
+def test_a_full_width_semicolon_joins_without_a_space(tn):
+    assert tn.normalize("我有5个苹果；OK, fine.") == "我有五个苹果；OK, fine."
+
+
 def test_threads_share_one_normalizer(tn):
     texts = [f"I have {i} apples." for i in range(1, 9)] + [f"我有{i}个苹果。" for i in range(1, 9)]
     expected = [tn.normalize(t) for t in texts]

@@ -68,3 +68,19 @@ def test_token_budget_cuts_cjk_and_unbroken_text_anywhere():
     blob = "x" * 50
     assert "".join(fit_token_budget([blob], len, 7)) == blob
     assert all(len(s) <= 7 for s in fit_token_budget([blob], len, 7))
+
+
+def test_closing_quotes_stay_with_their_sentence():
+    assert split_sentences('He said "Hi." Then he left.', min_len=0) == ['He said "Hi."', "Then he left."]
+    assert split_sentences('He said "Hi." Then he left.') == ['He said "Hi." Then he left.']  # merged: quote kept
+    assert split_sentences("他说：“你好。”我走了。", min_len=0) == ["他说：“你好。”", "我走了。"]
+    assert split_sentences("真的吗？！我……不知道。", min_len=0) == ["真的吗？！", "我……", "不知道。"]
+
+
+def test_halfwidth_katakana_and_compatibility_ideographs_are_cjk():
+    """Merged without a space and weighed like other CJK text (they were treated as Latin words)."""
+    assert split_sentences("ｺﾝﾆﾁﾊ。ｹﾞﾝｷﾃﾞｽｶ？") == ["ｺﾝﾆﾁﾊ。ｹﾞﾝｷﾃﾞｽｶ？"]
+    assert split_sentences("\uf900\uf901\uf902。\uf903。") == ["\uf900\uf901\uf902。\uf903。"]  # 豈更車。賈。
+    assert split_sentences("ㇰㇱㇲ。\u1112\u1161\u11ab。") == ["ㇰㇱㇲ。\u1112\u1161\u11ab。"]  # phonetic extensions, jamo (NFD 한)
+    unbroken = "ﾃｽﾄ" * 20  # 60 characters, each weighed like a short word: cut into pieces of max_len // 3
+    assert [len(s) for s in split_sentences(unbroken, max_len=60)] == [20, 20, 20]

@@ -117,3 +117,25 @@ def test_feed_forces_a_fill_every_15_speech_tokens_and_masks_other_markers():
     assert len(seen) == 15 and seen[0][100] == float("-inf") and seen[0][101] == float("-inf")
     assert seen[0][102] == 0.0  # the fill may be sampled
 
+
+
+def test_an_ascii_mark_ends_a_streamed_sentence_only_when_whitespace_follows():
+    """ "3." may go on as "3.50": the sentence is complete only once the space after it arrived."""
+    seen: list[int] = []
+
+    def gen():
+        for i, p in enumerate(["It costs 3.", "50 today.", " Bye。", "好"]):
+            seen.append(i)
+            yield p
+
+    out = [(seen[-1], s) for s in sentences(gen())]
+    assert out == [(2, "It costs 3.50 today."), (2, "Bye。"), (3, "好")]  # a full-width mark ends it at once
+
+
+def test_word_buffer_treats_halfwidth_katakana_and_compatibility_ideographs_as_words():
+    """Each is a word boundary, as other CJK characters are (they were held back until the end of the text)."""
+    assert WordBuffer().feed("ﾃｽﾄ") == "ﾃｽﾄ"
+    assert WordBuffer().feed("\uf900\uf901\uf902") == "\uf900\uf901\uf902"
+    assert WordBuffer().feed("ㇰㇱ") == "ㇰㇱ"
+    assert WordBuffer().feed("\u1112\u1161\u11ab") == "\u1112\u1161\u11ab"  # Hangul jamo (NFD 한)
+    assert WordBuffer().feed("Hello") == ""  # a Latin word may still go on
