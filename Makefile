@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.cosyserve-setup
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup test-deps run test test-unit test-integration test-cluster test-upstream loadtest bench bench-batching bench-cost lint clean
+.PHONY: setup test-deps run test test-unit test-integration test-cluster test-upstream loadtest bench bench-batching bench-cost lint deploy-config clean
 
 setup: $(STAMP)
 
@@ -62,6 +62,10 @@ bench-cost: setup
 # per-request pool vs batched LLM, full-size (built once into .cache/full2) and tiny CosyVoice2; ~20 min
 bench-batching: setup
 	$(PY) -m bench.batching
+
+# the Kubernetes base carries a copy of config.yaml (kustomize reads nothing outside it): refresh it after an edit
+deploy-config:
+	cp config.yaml deploy/kubernetes/base/config.yaml
 
 lint: setup
 	$(VENV)/bin/ruff check app tests bench locustfiles
