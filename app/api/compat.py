@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.datastructures import UploadFile
@@ -29,12 +29,12 @@ from app.api.deps import SpeechDep
 from app.api.respond import synthesize
 from app.api.route_docs import UPSTREAM_MEDIA_TYPE, upstream_doc
 from app.api.routes import register
-from app.api.uploads import is_form, read_audio, read_body
+from app.api.uploads import close_uploads, is_form, read_audio, read_body
 from app.serving.errors import MissingField
 from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
 
-router = APIRouter(tags=["upstream-compatible"])
+router = APIRouter(tags=["upstream-compatible"], dependencies=[Depends(close_uploads)])
 MEDIA_TYPE = UPSTREAM_MEDIA_TYPE
 
 F = TypeVar("F", bound=BaseModel)

@@ -19,7 +19,7 @@ Mapping onto CosyVoice:
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from app.api.context import context_of
@@ -45,12 +45,12 @@ from app.api.sse import (
     speech_sse_sink,
     speech_tokens_per_second,
 )
-from app.api.uploads import read_body
+from app.api.uploads import close_uploads, read_body
 from app.serving.errors import NotFound
 from app.serving.plan import SpeechFields, alias_speaker
 from app.serving.speech import SpeechService
 
-router = APIRouter(tags=["openai"])
+router = APIRouter(tags=["openai"], dependencies=[Depends(close_uploads)])
 
 PCM_RATE = 24000  # OpenAI's pcm: 24 kHz, 16-bit signed little-endian, mono
 # Sent as one complete file rather than streamed: a streamed FLAC's STREAMINFO must say

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from app.api.context import context_of
@@ -12,10 +12,10 @@ from app.api.respond import synthesize
 from app.api.route_docs import TTS_DOC
 from app.api.routes import register
 from app.api.schemas import SpeakersResponse, TTSRequest
-from app.api.uploads import read_audio, read_body
+from app.api.uploads import close_uploads, read_audio, read_body
 from app.serving.plan import SpeechFields
 
-router = APIRouter(tags=["native"])
+router = APIRouter(tags=["native"], dependencies=[Depends(close_uploads)])
 
 
 @register(router, "tts", **TTS_DOC)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from contextlib import nullcontext
 from typing import Any, TypeVar
 
@@ -42,6 +43,20 @@ def _validation(exc: ValidationError) -> RequestValidationError:
 def is_form(request: Request) -> bool:
     ctype = request.headers.get("content-type", "")
     return ctype.startswith("multipart/form-data") or ctype.startswith("application/x-www-form-urlencoded")
+
+
+async def close_uploads(request: Request) -> AsyncIterator[None]:
+    """Router dependency: when the request is done, close the form it parsed.
+
+    Our handlers read their form themselves (``request.form()`` in :func:`read_body`), so
+    FastAPI does not close it; Starlette spools every uploaded file to a temporary file that
+    stays open until ``request.close()``. (FastAPI hands its dependencies the handler's own
+    Request object, whose cached form this closes; a request without a form is a no-op.)
+    """
+    try:
+        yield
+    finally:
+        await request.close()
 
 
 def _deadline(limits: SpeechLimits) -> Any:

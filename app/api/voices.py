@@ -7,19 +7,19 @@ once at registration and are not recomputed per request.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response
 
 from app.api.deps import LibraryDep, PoolDep, SpeechDep
 from app.api.openapi import errors
 from app.api.route_docs import VOICE_DOC
-from app.api.uploads import read_audio, read_body, read_file
+from app.api.uploads import close_uploads, read_audio, read_body, read_file
 from app.api.voice_schemas import VoiceCard, VoiceForm, VoiceList, check_voice_form
 from app.serving.errors import BadRequest
 from app.voices import VoiceNotFound
 from app.voices.store import safe_ext
 
-router = APIRouter(tags=["voices"])
+router = APIRouter(tags=["voices"], dependencies=[Depends(close_uploads)])
 
 
 @router.post("/v1/voices", status_code=201, response_model=VoiceCard, summary="Register a voice", **VOICE_DOC)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-from signal import SIGTERM
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from signal import SIGTERM
 
 import httpx
 import yaml
@@ -49,6 +49,7 @@ class ServerProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self._log.close()
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
                 if httpx.get(self.base_url + "/health/ready", timeout=2).status_code == 200:
@@ -68,16 +69,19 @@ class ServerProcess:
         return self.proc.wait(timeout)
 
     def stop(self, sig: int = SIGTERM, timeout: float = 60.0) -> int | None:  # `signal` is a method here
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(sig)
+        if self.proc is None:
+            return None
         try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
+            if self.proc.poll() is not None:  # it exited on its own (or a test signalled and waited)
+                return self.proc.returncode
+            self.proc.send_signal(sig)
+            try:
+                return self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                return self.proc.wait(10)
         finally:
-            self._log.close()
+            self._log.close()  # on every path: an exited server's log was left open
 
     def log(self) -> str:
         try:

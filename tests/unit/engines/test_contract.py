@@ -2,6 +2,7 @@
 
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -106,6 +107,6 @@ def test_contract_modules_do_not_import_torch_or_web_frameworks():
     import app.serving.pool  # noqa: F401
 
     for mod in ("app.engines.base", "app.engines.fake", "app.serving.pool", "app.serving.bridge", "app.serving.job"):
-        src = open(sys.modules[mod].__file__).read()
+        src = Path(sys.modules[mod].__file__).read_text()
         for banned in ("import torch", "fastapi", "starlette", "prometheus"):
             assert banned not in src, (mod, banned)
