@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import logging
 import os
 import sys
@@ -102,10 +103,15 @@ def _patch_qwen2_incremental_mask() -> None:
     if int(transformers.__version__.split(".")[0]) < 5 or getattr(Qwen2Encoder, "_cosyserve_patched", False):
         return
 
+    # later transformers 5 releases (5.24 here) renamed the argument and output past_key_values -> cache;
+    # the old name still works but warns. Earlier 5.x know only past_key_values.
+    cache_name = "cache" if "cache" in inspect.signature(transformers.Qwen2ForCausalLM.forward).parameters \
+        else "past_key_values"
+
     def forward_one_step(self: Any, xs: Any, masks: Any, cache: Any = None) -> tuple[Any, Any]:
         outs = self.model(inputs_embeds=xs, output_hidden_states=True, return_dict=True, use_cache=True,
-                          past_key_values=cache)
-        return outs.hidden_states[-1], outs.past_key_values
+                          **{cache_name: cache})
+        return outs.hidden_states[-1], outs[cache_name]
 
     Qwen2Encoder.forward_one_step = forward_one_step
     Qwen2Encoder._cosyserve_patched = True
