@@ -272,8 +272,8 @@ async function registerVoice() {
     const card = await response.json();
     status.textContent = `registered “${card.name}” (${card.duration_s.toFixed(1)} s)`;
     status.className = "ok";
-    status.dataset.registered = card.name;
     await loadServer(`voice:${card.name}`);
+    status.dataset.registered = card.name;  // after the voice list shows it (the browser test waits for this)
   } catch (err) {
     if (!(err instanceof NeedsKey)) {
       status.textContent = `failed: ${err.message}`;
