@@ -35,6 +35,8 @@ import types
 from pathlib import Path
 from typing import Any, Callable
 
+from app.engines.cosyvoice.quiet import silence_third_party_warnings
+
 log = logging.getLogger("cosyserve.engine")
 
 _imports_lock = threading.Lock()
@@ -59,6 +61,7 @@ def prepare_imports(cosyvoice_path: str | os.PathLike | None = None) -> None:
     with _imports_lock:
         if _imports_ready:
             return
+        silence_third_party_warnings()
         add_source_path(cosyvoice_path)
         try:
             importlib.import_module("matcha.utils")
