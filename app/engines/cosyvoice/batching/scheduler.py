@@ -221,9 +221,11 @@ class LLMScheduler:
                         self._step()
         except BaseException as exc:  # a bug in the loop: fail everyone rather than hang them
             log.exception("LLM scheduler crashed")
-            self._fail_all(exc)
+            with torch.inference_mode():  # the cache tensors are inference tensors
+                self._fail_all(exc)
         finally:
-            self._fail_all(SchedulerClosed("the LLM scheduler is stopped"))
+            with torch.inference_mode():
+                self._fail_all(SchedulerClosed("the LLM scheduler is stopped"))
 
     def _next_arrivals(self) -> list[Sequence] | None:
         """Sequences to admit now (waits while idle); None when stopping."""
