@@ -36,6 +36,7 @@ from app.engines.cosyvoice.batching.token2wav import (
     HopSchedule,
     synthesize_tokens,
 )
+from app.engines.cosyvoice.device import ready_event
 from app.engines.timings import current
 from app.text.normalize import ClauseNormalizer
 from app.text.stream import TextStream, WordBuffer
@@ -126,7 +127,9 @@ class BatchedRunner:
                     model_input.get("llm_prompt_speech_token", empty))
             except ValueError as exc:
                 raise InvalidInput(str(exc)) from exc
-        return self.scheduler.submit(lm_input, min_len, max_len, seed=seed, cancel=cancel, request_id=request_id)
+            ready = ready_event(lm_input.device)  # the scheduler's stream waits for it (CUDA)
+        return self.scheduler.submit(lm_input, min_len, max_len, seed=seed, cancel=cancel, request_id=request_id,
+                                     ready=ready)
 
     def run(self, model_input: dict, *, stream: bool, speed: float, cancel: threading.Event,
             seed: int | None = None, request_id: str = "", cache_prompt: bool = False) -> Iterator[Any]:

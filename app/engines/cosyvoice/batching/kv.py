@@ -112,12 +112,15 @@ class BatchedKV:
         self.k[layer][row, :, :t] = k
         self.v[layer][row, :, :t] = v
 
-    def write_step(self, layer: int, positions: Any, k: Any, v: Any) -> None:
-        """Store one new position per running row: ``k``/``v`` are ``[n, kv_heads, head_dim]``."""
+    def write_step(self, layer: int, positions: Any, k: Any, v: Any, rows: Any = None) -> None:
+        """Store one new position per running row: ``k``/``v`` are ``[n, kv_heads, head_dim]``.
+
+        ``positions`` (and ``rows``, default 0..n-1) are device index tensors: no host sync.
+        """
         import torch
 
-        n = k.shape[0]
-        rows = torch.arange(n, device=k.device)
+        if rows is None:
+            rows = torch.arange(k.shape[0], device=k.device)
         self.k[layer][rows, :, positions] = k
         self.v[layer][rows, :, positions] = v
 

@@ -10,8 +10,13 @@ Continuous (iteration-level) batching, in one process::
 
 A new sequence joins at the next step after its prefill; a finished, cancelled
 or failed one leaves at once and its cache row is freed. At most
-``max_batch_size`` sequences run; later ones wait (FIFO) for a row. Each
-sequence samples with its own generator (see ``sampling.py``).
+``max_batch_size`` sequences run; later ones wait (FIFO) for a row.
+
+Sampling runs on the host: each step's log-probs ``[n, V]`` come off the device in
+one copy (fp32), and every sequence samples from its row with its own CPU
+generator (see ``sampling.py``), so a seeded request gets the same tokens on any
+device, alone or in any batch. A failure while sampling one sequence ends that
+sequence only. On CUDA the thread runs on its own stream (``device.StepIO``).
 
 Consumers read a sequence's tokens with :meth:`Sequence.wait_for`, which
 blocks until enough tokens are there or the sequence ended; it never busy-waits.
@@ -19,10 +24,12 @@ blocks until enough tokens are there or the sequence ended; it never busy-waits.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -65,6 +72,7 @@ class Sequence:
     max_len: int
     sampler: Sampler
     cancel_flag: threading.Event | None = None
+    ready: Any = None  # CUDA: an event after which lm_input (made on the submitter's stream) is complete
     request_id: str = ""
     tokens: list[int] = field(default_factory=list)
     done: bool = False
@@ -124,11 +132,16 @@ class LLMScheduler:
     """Owns one BatchedLM; ``start()`` launches its thread, ``stop()`` ends it."""
 
     def __init__(self, lm: BatchedLM, max_batch_size: int = 16, rules: SamplingRules | None = None,
-                 observer: LLMObserver | None = None, trace_logp: bool = False) -> None:
+                 observer: LLMObserver | None = None, trace_logp: bool = False,
+                 step_probe: Callable[[], Any] | None = None) -> None:
+        """``step_probe`` (measurement): a context manager factory entered around each decode step,
+        in the scheduler thread (``bench/syncs.py`` counts host syncs with it)."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         self.lm = lm
+        self.io = lm.io
         self.max_batch_size = max_batch_size
+        self.step_probe = step_probe
         self.rules = rules or SamplingRules.from_llm(lm.llm)
         self.observer: LLMObserver = observer or _NullObserver()
         self.trace_logp = trace_logp
@@ -163,10 +176,13 @@ class LLMScheduler:
             self._thread.join(timeout)
 
     def submit(self, lm_input: Any, min_len: int, max_len: int, *, seed: int | None = None,
-               cancel: threading.Event | None = None, request_id: str = "") -> Sequence:
+               cancel: threading.Event | None = None, request_id: str = "", ready: Any = None,
+               sampler: Sampler | None = None) -> Sequence:
+        """Queue one sequence. ``ready``: a CUDA event recorded after ``lm_input`` was made on the
+        caller's stream (``device.ready_event``); ``sampler``: its own sampler (default: the rules, ``seed``)."""
         seq = Sequence(lm_input=lm_input, min_len=min_len, max_len=max_len,
-                       sampler=Sampler(self.rules, self.lm.spec.eos_token, seed=seed),
-                       cancel_flag=cancel, request_id=request_id,
+                       sampler=sampler or Sampler(self.rules, self.lm.spec.eos_token, seed=seed),
+                       cancel_flag=cancel, request_id=request_id, ready=ready,
                        logp_trace=[] if self.trace_logp else None)
         with self._cond:
             if self._stopping:
@@ -208,7 +224,7 @@ class LLMScheduler:
         import torch
 
         try:
-            with torch.inference_mode():
+            with self.io.context(), torch.inference_mode():
                 while True:
                     joining = self._next_arrivals()
                     if joining is None:
@@ -244,7 +260,10 @@ class LLMScheduler:
             return
         seq._started = time.perf_counter()
         try:
+            self.io.adopt(seq.lm_input, seq.ready)
+            seq.ready = None
             row, logp = self.lm.prefill(self._kv, seq.lm_input)
+            host = self.io.download(logp)
         except Exception as exc:
             log.error("LLM prefill failed (request %s): %r", seq.request_id, exc)
             seq._finish(exc)
@@ -252,7 +271,7 @@ class LLMScheduler:
         seq.lm_input = None  # the prompt now lives in the cache
         seq._row = row
         self._rows.append(seq)
-        self._accept(seq, logp)
+        self._accept(seq, host)
 
     def _parked_due(self) -> bool:
         return any(s.feed.dirty or s.should_stop for s in self._parked)
@@ -271,6 +290,7 @@ class LLMScheduler:
                 self._parked.remove(seq)
             try:
                 row, logp = self.lm.prefill(self._kv, self.lm.embed(parts), past=seq._saved)
+                logp = self.io.download(logp)
             except Exception as exc:  # noqa: BLE001 - fails this sequence only, as _prefill does
                 log.error("LLM bistream input failed (request %s): %r", seq.request_id, exc)
                 seq._saved = None
@@ -292,21 +312,38 @@ class LLMScheduler:
     def _step(self) -> None:
         t0 = time.perf_counter()
         n = len(self._rows)
-        try:
-            logp = self.lm.decode(self._kv, [seq.tokens[-1] for seq in self._rows])
-        except Exception as exc:
-            log.exception("batched LLM step failed with %d sequences", n)
-            for seq in list(self._rows):
-                self._leave(seq, exc)
-            return
-        for seq, row_logp in zip(list(self._rows), logp):
-            self._accept(seq, row_logp)
+        rows = list(self._rows)
+        probe = self.step_probe() if self.step_probe is not None else contextlib.nullcontext()
+        with probe:
+            try:
+                logp = self.io.download(self.lm.decode(self._kv, [seq.tokens[-1] for seq in rows]))
+            except Exception as exc:
+                log.exception("batched LLM step failed with %d sequences", n)
+                for seq in rows:
+                    self._leave(seq, exc)
+                return
+            for seq, row_logp in zip(rows, logp):
+                self._accept(seq, row_logp)
         self.steps += 1
         self.max_batch_seen = max(self.max_batch_seen, n)
         self.observer.on_step(n, time.perf_counter() - t0)
 
     def _accept(self, seq: Sequence, logp: Any) -> None:
-        """Sample ``seq``'s next token from ``logp``; hand it out, or end the sequence."""
+        """Sample ``seq``'s next token from ``logp`` (a host row); hand it out, or end the sequence.
+
+        Any failure here (its sampler, its token rules) ends this sequence only.
+        """
+        try:
+            self._sample(seq, logp)
+        except Exception as exc:  # noqa: BLE001 - one request's failure, never the scheduler's
+            log.error("sampling failed (request %s): %r", seq.request_id, exc)
+            with self._cond:
+                if seq in self._parked:  # a bistream sequence that failed right after sitting out
+                    self._parked.remove(seq)
+            if not seq.done:
+                self._leave(seq, exc)
+
+    def _sample(self, seq: Sequence, logp: Any) -> None:
         step = len(seq.tokens)
         if seq.feed is not None:
             self._accept_bistream(seq, logp)
@@ -373,3 +410,4 @@ class LLMScheduler:
                 self._leave(seq, error)  # frees its row, if it has one
         self._rows.clear()
         self._kv.clear()
+
