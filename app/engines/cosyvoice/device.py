@@ -89,6 +89,13 @@ class StepIO:
         self._done.synchronize()
         return out
 
+    def release_cache(self) -> None:
+        """After an out-of-memory error: hand the allocator's unused cached blocks back (CUDA)."""
+        if self.cuda:
+            import torch
+
+            torch.cuda.empty_cache()
+
     def adopt(self, tensor: Any, event: Any) -> None:
         if not self.cuda or tensor is None:
             return

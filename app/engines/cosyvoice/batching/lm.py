@@ -161,6 +161,18 @@ class BatchedLM:
         """Speech-token embeddings ``[n, 1, D]`` of ``ids`` (a device tensor of n ids)."""
         return self.llm.speech_embedding.weight[ids].unsqueeze(1)
 
+    def resume_input(self, lm_input: Any, tokens: list[int]) -> Any:
+        """The input that rebuilds a sequence's cache after it was taken out of the batch.
+
+        ``lm_input`` and every decoded token but the last (the last one is fed by the next step).
+        """
+        import torch
+
+        if len(tokens) <= 1:
+            return lm_input
+        emb = self.token_embeddings(self.io.upload(tokens[:-1])).transpose(0, 1)  # [1, k, D]
+        return torch.cat([lm_input, emb.to(lm_input.dtype)], dim=1)
+
     # -- forward ---------------------------------------------------------------------------------
     def _qkv(self, layer: Any, x: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]:
         """x [n, T, D] -> q [n, H, T, hd], k/v [n, KV, T, hd] with rotary embeddings applied."""

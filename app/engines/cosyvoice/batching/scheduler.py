@@ -16,7 +16,10 @@ Sampling runs on the host: each step's log-probs ``[n, V]`` come off the device 
 one copy (fp32), and every sequence samples from its row with its own CPU
 generator (see ``sampling.py``), so a seeded request gets the same tokens on any
 device, alone or in any batch. A failure while sampling one sequence ends that
-sequence only. On CUDA the thread runs on its own stream (``device.StepIO``).
+sequence only. An out-of-memory error in a step takes the newest sequence out of
+the batch (back to the head of the queue, its cache rebuilt when it rejoins) and
+the step runs again with the others; the batch then grows back one sequence per
+finished one. On CUDA the thread runs on its own stream (``device.StepIO``).
 
 Consumers read a sequence's tokens with :meth:`Sequence.wait_for`, which
 blocks until enough tokens are there or the sequence ended; it never busy-waits.
@@ -67,7 +70,7 @@ class SchedulerClosed(RuntimeError):
 class Sequence:
     """One request's speech-token generation, shared by its consumer and the scheduler."""
 
-    lm_input: Any
+    lm_input: Any  # kept while it runs: an out-of-memory step may send it back to the queue (rebuilt from it)
     min_len: int
     max_len: int
     sampler: Sampler
@@ -142,6 +145,7 @@ class LLMScheduler:
         self.io = lm.io
         self.max_batch_size = max_batch_size
         self.step_probe = step_probe
+        self._cap = max_batch_size  # lowered after an out-of-memory step, regrown as sequences finish
         self.rules = rules or SamplingRules.from_llm(lm.llm)
         self.observer: LLMObserver = observer or _NullObserver()
         self.trace_logp = trace_logp
@@ -155,6 +159,7 @@ class LLMScheduler:
         # observable (tests, stats)
         self.steps = 0
         self.max_batch_seen = 0
+        self.oom_preemptions = 0  # sequences sent back to the queue by an out-of-memory step
 
     # -- public ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -217,7 +222,7 @@ class LLMScheduler:
         rows, positions = self._kv.capacity
         return {"running": len(self._rows), "pending": pending, "waiting_for_text": parked, "steps": self.steps,
                 "max_batch_seen": self.max_batch_seen, "kv_rows": rows, "kv_positions": positions,
-                "kv_bytes": self._kv.nbytes()}
+                "kv_bytes": self._kv.nbytes(), "oom_preemptions": self.oom_preemptions}
 
     # -- the loop ------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -248,7 +253,7 @@ class LLMScheduler:
                 self._cond.wait(POLL_PARKED_S if self._parked else None)
             if self._stopping:
                 return None
-            room = self.max_batch_size - len(self._rows)
+            room = min(self.max_batch_size, self._cap) - len(self._rows)
             joining = []
             while self._pending and len(joining) < room:
                 joining.append(self._pending.popleft())
@@ -259,19 +264,21 @@ class LLMScheduler:
             seq._finish()
             return
         seq._started = time.perf_counter()
+        resumed = bool(seq.tokens)  # back from an out-of-memory step: rebuild its cache, its next token is known
         try:
             self.io.adopt(seq.lm_input, seq.ready)
             seq.ready = None
-            row, logp = self.lm.prefill(self._kv, seq.lm_input)
-            host = self.io.download(logp)
+            lm_input = self.lm.resume_input(seq.lm_input, seq.tokens) if resumed else seq.lm_input
+            row, logp = self.lm.prefill(self._kv, lm_input)
+            host = None if resumed else self.io.download(logp)
         except Exception as exc:
             log.error("LLM prefill failed (request %s): %r", seq.request_id, exc)
             seq._finish(exc)
             return
-        seq.lm_input = None  # the prompt now lives in the cache
         seq._row = row
         self._rows.append(seq)
-        self._accept(seq, host)
+        if host is not None:
+            self._accept(seq, host)
 
     def _parked_due(self) -> bool:
         return any(s.feed.dirty or s.should_stop for s in self._parked)
@@ -318,6 +325,8 @@ class LLMScheduler:
             try:
                 logp = self.io.download(self.lm.decode(self._kv, [seq.tokens[-1] for seq in rows]))
             except Exception as exc:
+                if _out_of_memory(exc) and self._preempt_newest(exc):
+                    return
                 log.exception("batched LLM step failed with %d sequences", n)
                 for seq in rows:
                     self._leave(seq, exc)
@@ -327,6 +336,31 @@ class LLMScheduler:
         self.steps += 1
         self.max_batch_seen = max(self.max_batch_seen, n)
         self.observer.on_step(n, time.perf_counter() - t0)
+
+    def _preempt_newest(self, exc: BaseException) -> bool:
+        """After an out-of-memory step: take the newest sequence out of the batch (False: nothing to keep).
+
+        It goes back to the head of the queue (its cache is rebuilt from its input and
+        tokens when it rejoins); one that cannot be rebuilt (bistream) fails. The batch
+        may then grow again one sequence per finished one.
+        """
+        if len(self._rows) < 2:
+            return False  # alone: it fails (nothing else to make room for)
+        victim = max(self._rows, key=lambda s: s._started)
+        self._remove_row(victim)
+        self.io.release_cache()
+        self._cap = max(1, len(self._rows))
+        if victim.feed is not None or victim.lm_input is None:
+            log.warning("LLM step out of memory with %d sequences: request %s fails (its cache cannot be rebuilt)",
+                        len(self._rows) + 1, victim.request_id)
+            victim._finish(exc)
+            return True
+        self.oom_preemptions += 1
+        log.warning("LLM step out of memory with %d sequences: request %s waits for room (batch capped at %d)",
+                    len(self._rows) + 1, victim.request_id, self._cap)
+        with self._cond:
+            self._pending.appendleft(victim)
+        return True
 
     def _accept(self, seq: Sequence, logp: Any) -> None:
         """Sample ``seq``'s next token from ``logp`` (a host row); hand it out, or end the sequence.
@@ -387,7 +421,10 @@ class LLMScheduler:
     def _leave(self, seq: Sequence, error: BaseException | None = None) -> None:
         """Remove ``seq`` from the batch now and free its cache row."""
         self._remove_row(seq)
+        seq.lm_input = None
         seq._finish(error)
+        if self._cap < self.max_batch_size:
+            self._cap += 1  # after an out-of-memory step: grow back one finished sequence at a time
 
     def _remove_row(self, seq: Sequence) -> None:
         if seq._row is not None:
@@ -411,3 +448,9 @@ class LLMScheduler:
         self._rows.clear()
         self._kv.clear()
 
+
+def _out_of_memory(exc: BaseException) -> bool:
+    import torch
+
+    oom = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    return isinstance(exc, oom)
