@@ -109,6 +109,8 @@ class EngineSettings(_Section):
     kind: Literal["cosyvoice", "fake"] = "cosyvoice"
     model_dir: str | None = None
     cosyvoice_path: str | None = None
+    # auto: the first CUDA device if torch can use one, else the CPU; cuda / cuda:N: fail at start without it
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # see app/engines/cosyvoice/precision.py
     dtype_stages: list[Literal["llm", "flow", "hift"]] = ["llm", "flow"]  # what runs in a reduced dtype
     fp16: bool = False  # old name: true means dtype fp16

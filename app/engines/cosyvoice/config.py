@@ -10,6 +10,7 @@ from typing import Any
 class CosyVoiceConfig:
     model_dir: str
     cosyvoice_path: str | None = None
+    device: str = "auto"  # engine.device: auto | cpu | cuda | cuda:N (app/engines/cosyvoice/device.py)
     dtype: str = "fp32"  # engine.dtype: auto | fp32 | bf16 | fp16 (app/engines/cosyvoice/precision.py)
     dtype_stages: tuple[str, ...] = ("llm", "flow")  # which stages run in a reduced dtype
     torch_threads: int = 1

@@ -54,7 +54,7 @@ _BISTREAM_MODES = ("sft", "zero_shot", "cross_lingual", "instruct2")
 
 
 def _precision_text(precision: Any) -> str:
-    return f"{precision.dtype} for {'+'.join(precision.stages)}" if precision.reduced else "fp32"
+    return ", ".join(f"{stage} {dtype}" for stage, dtype in precision.stage_dtypes().items())
 
 
 class CosyVoiceEngine:
@@ -79,13 +79,16 @@ class CosyVoiceEngine:
         import torch
 
         from app.engines.cosyvoice.cancel import CancelRegistry
+        from app.engines.cosyvoice.device import device_text, resolve_device
         from app.engines.cosyvoice.load import TOKENIZER_FILES, load_model_dir
 
+        resolve_device(self.config.device)  # a missing GPU fails here, before the slow parts
         torch.set_num_threads(max(1, int(self.config.torch_threads)))
         t0 = time.perf_counter()
         self.normalizer.load()
         lm = load_model_dir(self.config.model_dir, dtype=self.config.dtype,
-                            dtype_stages=tuple(self.config.dtype_stages), cosyvoice_path=self.config.cosyvoice_path)
+                            dtype_stages=tuple(self.config.dtype_stages), cosyvoice_path=self.config.cosyvoice_path,
+                            device=self.config.device)
         if self.config.batching and lm.version < 2:
             raise EngineFailure(f"engine.batching needs a CosyVoice2/3 model; {lm.model_dir} is CosyVoice1")
         self.loaded = lm
@@ -120,9 +123,10 @@ class CosyVoiceEngine:
         self._info = EngineInfo(name=self.name, family=family, sample_rate=self.sample_rate, modes=self._modes(),
                                 tiny=lm.tiny, voice_family=self.prompts.family)
         log.info(
-            "loaded CosyVoice%d model %s in %.1fs (rate %d Hz, %s, modes %s%s; CosyVoice code from %s; "
+            "loaded CosyVoice%d model %s in %.1fs on %s (rate %d Hz, %s, modes %s%s; CosyVoice code from %s; "
             "text normalization %s)",
-            lm.version, lm.model_dir, time.perf_counter() - t0, self.sample_rate, _precision_text(lm.precision),
+            lm.version, lm.model_dir, time.perf_counter() - t0, device_text(lm.device_info), self.sample_rate,
+            _precision_text(lm.precision),
             ",".join(self._info.modes), ", random-weight test model" if lm.tiny else "",
             lm.code_dir, "on (wetext)" if self.normalizer.enabled else "off",
         )

@@ -43,6 +43,10 @@ class Precision:
     def reduced(self) -> bool:
         return self.dtype != "fp32" and bool(self.stages)
 
+    def stage_dtypes(self) -> dict[str, str]:
+        """What each stage runs in, for the load log: ``{"llm": "bf16", "flow": "bf16", "hift": "fp32"}``."""
+        return {stage: self.dtype if self.reduced and stage in self.stages else "fp32" for stage in STAGES}
+
 
 def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
     try:
