@@ -138,7 +138,9 @@ def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: t
         str(model_dir / "spk2info.pt"),
         configs["allowed_special"],
     )
-    model = model_cls(llm, flow, hift, precision.cuda_fp16)
+    # fp16=False: CosyVoice's own flag would .half() the flow (some copies) and autocast HiFT (v3);
+    # apply_precision above did what engine.dtype asks
+    model = model_cls(llm, flow, hift, False)
     # CosyVoice's classes pick "cuda if available" themselves: put them on the device we chose
     model.device = device
     frontend.device = device
