@@ -123,6 +123,7 @@ class EngineSettings(_Section):
     flow_cache: bool = False  # batched v2 streaming: flow keeps per-request caches, a hop costs its own frames
     flow_cache_window_frames: int | None = Field(None, ge=1)  # cap on cached frames per layer (None: exact)
     flow_prompt_cache_mb: float = Field(1024, ge=0)  # with flow_cache: registered voices' prompt flow state (0: off)
+    flow_cache_budget_mb: float = Field(4096, ge=0)  # with flow_cache: all streams' caches together; beyond: recompute
     llm_greedy: bool = False  # testing only: argmax instead of CosyVoice's sampling (deterministic output)
     text_normalization: Literal["auto", "off"] = "auto"  # auto: wetext (zh / en / ja, per sentence) before splitting
     tiny_version: Literal[1, 2, 3] = 2

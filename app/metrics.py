@@ -190,6 +190,7 @@ class _LLMObserver:
         self._batch = metrics.llm_batch_size
         self._step = metrics.llm_step
         self._tokens = metrics.llm_tokens
+        self._flow_recomputed = metrics.flow_cache_recomputed
 
     def on_step(self, batch_size: int, seconds: float) -> None:
         self._batch.observe(batch_size)
@@ -197,6 +198,9 @@ class _LLMObserver:
 
     def on_tokens(self, n: int) -> None:
         self._tokens.inc(n)
+
+    def on_flow_cache_recompute(self) -> None:
+        self._flow_recomputed.inc()
 
 
 class Metrics:
@@ -234,6 +238,9 @@ class Metrics:
         self.llm_step = Histogram("tts_llm_step_seconds", "Duration of one LLM decode step (all its sequences)",
                                   buckets=STEP_BUCKETS, registry=r)
         self.llm_tokens = Counter("tts_llm_tokens", "Speech tokens produced by the LLM", registry=r)
+        self.flow_cache_recomputed = Counter("tts_flow_cache_recomputed_streams", "Streams that recompute their "
+                                             "flow prefix because the flow cache budget "
+                                             "(engine.flow_cache_budget_mb) was full", registry=r)
         self.stage = Histogram("tts_stage_seconds", "Seconds one synthesis request spent per stage: frontend "
                                "(text, prompt features), llm (start to last token; overlaps flow/hift when "
                                "streaming), flow, hift, encode", ["stage"], buckets=LATENCY_BUCKETS, registry=r)

@@ -25,6 +25,7 @@ class CosyVoiceConfig:
     flow_cache: bool = False  # batched streaming: flow computes each hop's new frames only (flow_cache.py)
     flow_cache_window_frames: int | None = None  # keep at most this many cached frames per layer (inexact)
     flow_prompt_cache_mb: float = 0  # with flow_cache: registered voices' prompt flow state, LRU by bytes (0: off)
+    flow_cache_budget_mb: float | None = None  # with flow_cache: all streams' caches together (None: no limit)
 
     @classmethod
     def from_settings(cls, engine: Any, model_dir: str) -> CosyVoiceConfig:

@@ -113,7 +113,8 @@ class CosyVoiceEngine:
                                         initial_hop=self._initial_hop, token2wav_workers=self._token2wav_workers(),
                                         flow_cache=self.config.flow_cache,
                                         flow_cache_window_frames=self.config.flow_cache_window_frames,
-                                        flow_prompt_cache_mb=self.config.flow_prompt_cache_mb)
+                                        flow_prompt_cache_mb=self.config.flow_prompt_cache_mb,
+                                        flow_cache_budget_mb=self.config.flow_cache_budget_mb)
         elif self.config.flow_cache:
             log.warning("engine.flow_cache needs the batched CosyVoice2/3 path (engine.batching): not used")
         instrument(lm.model)  # flow / HiFT seconds per request (app/engines/timings.py), outermost

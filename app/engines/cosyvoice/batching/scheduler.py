@@ -47,7 +47,11 @@ POLL_PARKED_S = 0.2  # while bistream sequences wait for text: how often to look
 
 
 class LLMObserver(Protocol):
-    """Receives scheduler measurements (the metrics layer implements it)."""
+    """Receives scheduler measurements (the metrics layer implements it).
+
+    It may also have ``on_flow_cache_recompute()``, which the batched runner calls when a
+    stream does not fit the flow cache budget (``flow_budget.py``).
+    """
 
     def on_step(self, batch_size: int, seconds: float) -> None: ...
 
