@@ -21,8 +21,8 @@ the batch (back to the head of the queue, its cache rebuilt when it rejoins) and
 the step runs again with the others; the batch then grows back one sequence per
 finished one. On CUDA the thread runs on its own stream (``device.StepIO``).
 
-Consumers read a sequence's tokens with :meth:`Sequence.wait_for`, which
-blocks until enough tokens are there or the sequence ended; it never busy-waits.
+Consumers read a sequence's tokens with :meth:`Sequence.wait_for` (``sequence.py``),
+which blocks until enough tokens are there or the sequence ended; it never busy-waits.
 """
 
 from __future__ import annotations
@@ -33,13 +33,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from app.engines.cosyvoice.batching.bistream import BistreamFeed
-from app.engines.cosyvoice.batching.kv import SavedRow
 from app.engines.cosyvoice.batching.lm import BatchedLM
 from app.engines.cosyvoice.batching.sampling import Sampler, SamplingRules
+from app.engines.cosyvoice.batching.sequence import Sequence
 
 log = logging.getLogger("cosyserve.engine.batch")
 
@@ -68,71 +67,6 @@ class _NullObserver:
 
 class SchedulerClosed(RuntimeError):
     """The scheduler was stopped; no more sequences are decoded."""
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One request's speech-token generation, shared by its consumer and the scheduler."""
-
-    lm_input: Any  # kept while it runs: an out-of-memory step may send it back to the queue (rebuilt from it)
-    min_len: int
-    max_len: int
-    sampler: Sampler
-    cancel_flag: threading.Event | None = None
-    ready: Any = None  # CUDA: an event after which lm_input (made on the submitter's stream) is complete
-    request_id: str = ""
-    tokens: list[int] = field(default_factory=list)
-    done: bool = False
-    error: BaseException | None = None
-    cancelled: bool = False
-    logp_trace: list[Any] | None = None  # testing: every step's log-probs, when asked for
-    submitted_at: float = field(default_factory=time.perf_counter)
-    finished_at: float | None = None  # when it ended (done, cancelled or failed)
-    feed: BistreamFeed | None = None  # bistream: text arrives while it decodes (see bistream.py)
-    _cond: threading.Condition = field(default_factory=threading.Condition)
-    _row: int | None = None
-    _started: float = 0.0
-    _saved: SavedRow | None = None  # bistream: the cache while it waits out of the batch for text
-    _notify: Any = None  # wakes the scheduler (bistream: a waiting sequence may have to leave)
-
-    # -- consumer side -------------------------------------------------------------------------
-    def cancel(self) -> None:
-        """Leave the batch at the next step (idempotent, any thread)."""
-        with self._cond:
-            self.cancelled = True
-            self._cond.notify_all()
-        if self._notify is not None:
-            self._notify()
-
-    def wait_for(self, count: int, timeout: float | None = None) -> int:
-        """Block until at least ``count`` tokens exist or the sequence ended; returns how many exist."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while len(self.tokens) < count and not self.done:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                self._cond.wait(left)
-            if self.error is not None:
-                raise self.error
-            return len(self.tokens)
-
-    @property
-    def should_stop(self) -> bool:
-        return self.cancelled or (self.cancel_flag is not None and self.cancel_flag.is_set())
-
-    # -- scheduler side -----------------------------------------------------------------------
-    def _push(self, token: int) -> None:
-        with self._cond:
-            self.tokens.append(token)
-            self._cond.notify_all()
-
-    def _finish(self, error: BaseException | None = None) -> None:
-        with self._cond:
-            self.finished_at = time.perf_counter()
-            self.done = True
-            self.error = error
-            self._cond.notify_all()
 
 
 class LLMScheduler:
@@ -206,7 +140,7 @@ class LLMScheduler:
         seq = Sequence(lm_input=None, min_len=0, max_len=1 << 30,
                        sampler=Sampler(self.rules, self.lm.spec.eos_token, seed=seed),
                        cancel_flag=cancel, request_id=request_id, feed=feed)
-        seq._notify = self._wake
+        seq.notify = self._wake
         feed.bind(self._wake)
         with self._cond:
             if self._stopping:
@@ -265,9 +199,9 @@ class LLMScheduler:
 
     def _prefill(self, seq: Sequence) -> None:
         if seq.should_stop:
-            seq._finish()
+            seq.finish()
             return
-        seq._started = time.perf_counter()
+        seq.started = time.perf_counter()
         resumed = bool(seq.tokens)  # back from an out-of-memory step: rebuild its cache, its next token is known
         try:
             self.io.adopt(seq.lm_input, seq.ready)
@@ -277,9 +211,9 @@ class LLMScheduler:
             host = None if resumed else self.io.download(logp)
         except Exception as exc:
             log.error("LLM prefill failed (request %s): %r", seq.request_id, exc)
-            seq._finish(exc)
+            seq.finish(exc)
             return
-        seq._row = row
+        seq.row = row
         self._rows.append(seq)
         if host is not None:
             self._accept(seq, host)
@@ -300,21 +234,21 @@ class LLMScheduler:
             with self._cond:
                 self._parked.remove(seq)
             try:
-                row, logp = self.lm.prefill(self._kv, self.lm.embed(parts), past=seq._saved)
+                row, logp = self.lm.prefill(self._kv, self.lm.embed(parts), past=seq.saved)
                 logp = self.io.download(logp)
             except Exception as exc:  # noqa: BLE001 - fails this sequence only, as _prefill does
                 log.error("LLM bistream input failed (request %s): %r", seq.request_id, exc)
-                seq._saved = None
-                seq._finish(exc)
+                seq.saved = None
+                seq.finish(exc)
                 continue
-            seq._saved = None
-            seq._row = row
+            seq.saved = None
+            seq.row = row
             self._rows.append(seq)
             self._accept(seq, logp)
 
     def _park(self, seq: Sequence) -> None:
         """Take a bistream sequence out of the batch until its next text arrives (its cache kept)."""
-        seq._saved = self._kv.snapshot(seq._row)
+        seq.saved = self._kv.snapshot(seq.row)
         self._remove_row(seq)
         seq.feed.dirty = True  # text may already be waiting (or have ended): look again at the next turn
         with self._cond:
@@ -350,14 +284,14 @@ class LLMScheduler:
         """
         if len(self._rows) < 2:
             return False  # alone: it fails (nothing else to make room for)
-        victim = max(self._rows, key=lambda s: s._started)
+        victim = max(self._rows, key=lambda s: s.started)
         self._remove_row(victim)
         self.io.release_cache()
         self._cap = max(1, len(self._rows))
         if victim.feed is not None or victim.lm_input is None:
             log.warning("LLM step out of memory with %d sequences: request %s fails (its cache cannot be rebuilt)",
                         len(self._rows) + 1, victim.request_id)
-            victim._finish(exc)
+            victim.finish(exc)
             return True
         self.oom_preemptions += 1
         log.warning("LLM step out of memory with %d sequences: request %s waits for room (batch capped at %d)",
@@ -392,7 +326,7 @@ class LLMScheduler:
         if token in self.lm.spec.stop_tokens:
             self._leave(seq)
             return
-        seq._push(token)
+        seq.push(token)
         self.observer.on_tokens(1)
         if len(seq.tokens) >= seq.max_len:
             self._leave(seq)
@@ -406,7 +340,7 @@ class LLMScheduler:
         if token in self.lm.spec.stop_tokens or token >= self.lm.spec.speech_token_size:
             self._leave(seq)
             return
-        seq._push(token)
+        seq.push(token)
         self.observer.on_tokens(1)
         if feed.final and len(seq.tokens) >= feed.max_len:
             self._leave(seq)
@@ -419,26 +353,26 @@ class LLMScheduler:
             for seq in gone:
                 self._parked.remove(seq)
         for seq in gone:
-            seq._saved = None
-            seq._finish()
+            seq.saved = None
+            seq.finish()
 
     def _leave(self, seq: Sequence, error: BaseException | None = None) -> None:
         """Remove ``seq`` from the batch now and free its cache row."""
         self._remove_row(seq)
         seq.lm_input = None
-        seq._finish(error)
+        seq.finish(error)
         if self._cap < self.max_batch_size:
             self._cap += 1  # after an out-of-memory step: grow back one finished sequence at a time
 
     def _remove_row(self, seq: Sequence) -> None:
-        if seq._row is not None:
-            row = seq._row
+        if seq.row is not None:
+            row = seq.row
             moved = self._kv.remove_row(row)
             last = self._rows.pop()
             if moved is not None:
                 self._rows[row] = last
-                last._row = row
-            seq._row = None
+                last.row = row
+            seq.row = None
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:
