@@ -41,3 +41,17 @@ def test_the_gpu_check_runs_on_a_cpu_and_writes_its_report(tiny_models, tmp_path
     assert doc["gpu_memory"] is None
     md = out.with_suffix(".md").read_text()
     assert "none of these numbers is a GPU figure" in md and "## Streaming" in md
+
+
+def test_its_cpu_against_device_comparison_runs_where_both_are_the_cpu(engines):
+    """The CUDA branch of the seeded check (a CPU copy of the LLM against the engine's), run with a CPU engine:
+    the same seed must give the same tokens on both."""
+    from types import SimpleNamespace
+
+    from bench.gpu_check import TEXTS, seeded
+
+    eng = engines(2)
+    out = seeded(eng, SimpleNamespace(type="cuda"), TEXTS[:3])
+    assert out["alone_equals_batched"] is True
+    assert out["cpu_equals_device"] is True and out["first_difference"] is None
+    assert out["cpu_tokens"] == out["tokens"] > 0
