@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.cosyserve-setup
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup test-deps run test test-unit test-integration test-cluster test-upstream loadtest bench bench-batching bench-cost lint deploy-config clean
+.PHONY: setup test-deps run test test-unit test-integration test-cluster test-upstream loadtest bench bench-batching bench-cost gpu-check gpu-wheels lint deploy-config clean
 
 setup: $(STAMP)
 
@@ -66,6 +66,22 @@ bench-batching: setup
 # the Kubernetes base carries a copy of config.yaml (kustomize reads nothing outside it): refresh it after an edit
 deploy-config:
 	cp config.yaml deploy/kubernetes/base/config.yaml
+
+# The GPU check (docs/gpu.md), on a CUDA machine whose python3 has torch: builds the full-size random-weight v2
+# dir and writes docs/benchmarks/gpu.md and .json in at most 8 minutes. Wheels from `make gpu-wheels` in .whl/
+# (no network needed there) are installed into $(GPU_SITE) first. On a CPU: make gpu-check GPU_CHECK_ARGS="--device cpu --quick"
+GPU_PYTHON     ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_SITE       ?= .cache/gpu-site
+GPU_CHECK_ARGS ?=
+gpu-check:
+	@if ! PYTHONPATH=$(GPU_SITE) $(GPU_PYTHON) -c "import cosyvoice, hyperpyyaml" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then \
+	  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --upgrade --target $(GPU_SITE) .whl/*.whl; fi
+	PYTHONPATH=$(GPU_SITE):$$PYTHONPATH PYTORCH_CUDA_ALLOC_CONF=$${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
+	  $(GPU_PYTHON) -m bench.gpu_check $(GPU_CHECK_ARGS)
+
+# the wheels a GPU machine without network needs for gpu-check (Python 3.12), into .whl/; prints their size
+gpu-wheels: setup
+	$(PY) -m bench.gpu_wheels
 
 lint: setup
 	$(VENV)/bin/ruff check app tests bench locustfiles

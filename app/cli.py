@@ -29,6 +29,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"cosyserve: {exc}", file=sys.stderr)
         return 2
     _setup_logging(settings.server.log_level)
+    if settings.engine.kind == "cosyvoice" and settings.engine.device != "auto":
+        from app.engines.cosyvoice.device import DeviceUnavailable, resolve_device
+
+        try:  # before the server starts: a GPU that is not there is an operator's error, said in one line
+            resolve_device(settings.engine.device)
+        except DeviceUnavailable as exc:
+            print(f"cosyserve: {exc}", file=sys.stderr)
+            return 2
     from app.server import run
 
     run(settings)

@@ -111,6 +111,8 @@ class EngineSettings(_Section):
     kind: Literal["cosyvoice", "fake"] = "cosyvoice"
     model_dir: str | None = None
     cosyvoice_path: str | None = None
+    # auto: the first CUDA device if torch can use one, else the CPU; cuda / cuda:N: fail at start without it
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # see app/engines/cosyvoice/precision.py
     dtype_stages: list[Literal["llm", "flow", "hift"]] = ["llm", "flow"]  # what runs in a reduced dtype
     fp16: bool = False  # old name: true means dtype fp16
@@ -123,6 +125,7 @@ class EngineSettings(_Section):
     flow_cache: bool = False  # batched v2 streaming: flow keeps per-request caches, a hop costs its own frames
     flow_cache_window_frames: int | None = Field(None, ge=1)  # cap on cached frames per layer (None: exact)
     flow_prompt_cache_mb: float = Field(1024, ge=0)  # with flow_cache: registered voices' prompt flow state (0: off)
+    flow_cache_budget_mb: float = Field(4096, ge=0)  # with flow_cache: all streams' caches together; beyond: recompute
     llm_greedy: bool = False  # testing only: argmax instead of CosyVoice's sampling (deterministic output)
     text_normalization: Literal["auto", "off"] = "auto"  # auto: wetext (zh / en / ja, per sentence) before splitting
     tiny_version: Literal[1, 2, 3] = 2

@@ -55,8 +55,10 @@ def engine_factory(settings: Settings, llm_observer: Any = None) -> EngineFactor
         delay = eng.fake_chunk_delay_s  # sleeping, not computing: a latency-bound engine for cluster tests
         behaviour = FakeBehaviour(first_chunk_delay_s=delay, chunk_delay_s=delay)
         return lambda index: FakeEngine(behaviour, name=eng.name or "fake")
+    from app.engines.cosyvoice.device import resolve_device
     from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 
+    resolve_device(eng.device)  # engine.device: cuda without a usable GPU fails now, before any model work
     cfg = CosyVoiceConfig.from_settings(eng, resolve_model_dir(settings))
     return lambda index: CosyVoiceEngine(cfg, name=eng.name, llm_observer=llm_observer)
 
@@ -90,6 +92,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
     if factory is None:
         llm_observer = metrics.llm_observer() if metrics is not None else None
         factory = await anyio.to_thread.run_sync(engine_factory, settings, llm_observer)
+        if metrics is not None and settings.engine.kind == "cosyvoice":
+            from app.engines.cosyvoice.device import cuda_memory
+
+            metrics.watch_gpu_memory(cuda_memory)  # no series on a CPU server
     observer = metrics.pool_observer() if metrics is not None else None
     pool = EnginePool(factory, pool_config(settings, batching), observer=observer)
     log.info("loading %d engine slot(s)...", settings.pool.workers)

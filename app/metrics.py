@@ -11,7 +11,9 @@ Three sources feed it, none of them a global:
   (rejections, queue wait, queue depth, engine jobs).
 * scrape time: a custom collector reads ``pool.stats()`` (slot states, admitted
   requests in flight) and the process' peak RSS; prometheus_client's
-  ``ProcessCollector`` adds ``process_resident_memory_bytes`` and friends.
+  ``ProcessCollector`` adds ``process_resident_memory_bytes`` and friends;
+  ``watch_gpu_memory(reader)`` adds the GPU memory gauges (``tts_gpu_memory_*_bytes``
+  per device; absent while the reader reports no device, e.g. on a CPU server).
 
 Every child series is created up front, so a request costs dictionary lookups
 and counter increments, nothing else.
@@ -121,6 +123,37 @@ class _ScrapeCollector:
                                 value=_peak_rss_bytes())
 
 
+GPU_MEMORY = (("allocated", "GPU memory held by live tensors"),
+              ("reserved", "GPU memory held by the caching allocator (live tensors and cached free blocks)"),
+              ("peak", "Peak GPU memory held by live tensors since start"))
+
+
+class _GpuMemoryCollector:
+    """``tts_gpu_memory_{allocated,reserved,peak}_bytes{device}`` from a reader ({} on a CPU: no series)."""
+
+    def __init__(self) -> None:
+        self.reader: Callable[[], dict] | None = None
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        if self.reader is None:
+            return
+        try:
+            devices = self.reader() or {}
+        except Exception:  # a scrape must not fail on a driver hiccup
+            log.exception("reading GPU memory for /metrics failed")
+            return
+        if not devices:
+            return
+        for kind, doc in GPU_MEMORY:
+            family = GaugeMetricFamily(f"tts_gpu_memory_{kind}_bytes", doc, labels=["device"])
+            for device, values in sorted(devices.items()):
+                family.add_metric([device], float(values.get(kind, 0)))
+            yield family
+
+
 class _Observer:
     """The pool's PoolObserver: plain increments on pre-bound children (event-loop thread only)."""
 
@@ -157,6 +190,7 @@ class _LLMObserver:
         self._batch = metrics.llm_batch_size
         self._step = metrics.llm_step
         self._tokens = metrics.llm_tokens
+        self._flow_recomputed = metrics.flow_cache_recomputed
 
     def on_step(self, batch_size: int, seconds: float) -> None:
         self._batch.observe(batch_size)
@@ -164,6 +198,9 @@ class _LLMObserver:
 
     def on_tokens(self, n: int) -> None:
         self._tokens.inc(n)
+
+    def on_flow_cache_recompute(self) -> None:
+        self._flow_recomputed.inc()
 
 
 class Metrics:
@@ -201,6 +238,9 @@ class Metrics:
         self.llm_step = Histogram("tts_llm_step_seconds", "Duration of one LLM decode step (all its sequences)",
                                   buckets=STEP_BUCKETS, registry=r)
         self.llm_tokens = Counter("tts_llm_tokens", "Speech tokens produced by the LLM", registry=r)
+        self.flow_cache_recomputed = Counter("tts_flow_cache_recomputed_streams", "Streams that recompute their "
+                                             "flow prefix because the flow cache budget "
+                                             "(engine.flow_cache_budget_mb) was full", registry=r)
         self.stage = Histogram("tts_stage_seconds", "Seconds one synthesis request spent per stage: frontend "
                                "(text, prompt features), llm (start to last token; overlaps flow/hift when "
                                "streaming), flow, hift, encode", ["stage"], buckets=LATENCY_BUCKETS, registry=r)
@@ -215,6 +255,8 @@ class Metrics:
         for reason in UNAUTHORIZED_REASONS:
             self.unauthorized.labels(reason=reason)
         r.register(_ScrapeCollector(stats))
+        self._gpu = _GpuMemoryCollector()
+        r.register(self._gpu)
         if process:
             ProcessCollector(registry=r)  # process_resident_memory_bytes, cpu seconds, fds (Linux /proc)
         self._observer = _Observer(self)
@@ -226,6 +268,10 @@ class Metrics:
 
     def llm_observer(self) -> _LLMObserver:
         return self._llm_observer
+
+    def watch_gpu_memory(self, reader: Callable[[], dict]) -> None:
+        """Report ``reader()``: ``{device: {"allocated": bytes, "reserved": bytes, "peak": bytes}}`` at each scrape."""
+        self._gpu.reader = reader
 
     def on_unauthorized(self, reason: str) -> None:
         """The API key middleware's callback: ``missing_api_key`` or ``invalid_api_key``."""

@@ -266,3 +266,31 @@ def test_stage_seconds_and_the_access_log_show_where_time_went(client, caplog):
     assert ("tts_stage_seconds_bucket", (("le", "+Inf"), ("stage", "llm"))) in samples  # every stage is listed
     lines = [r.getMessage() for r in caplog.records if r.name == "cosyserve.access" and "/v1/tts" in r.getMessage()]
     assert len(lines) == 2 and all(" stages=encode=" in line for line in lines), lines
+
+
+def test_gpu_memory_gauges_come_from_the_reader_and_are_absent_without_a_gpu():
+    metrics = Metrics(process=False)
+
+    def families() -> dict[str, list]:
+        text = metrics.render().decode()
+        return {f.name: f.samples for f in text_string_to_metric_families(text) if f.name.startswith("tts_gpu")}
+
+    assert families() == {}  # no reader (a fake engine): no series
+    metrics.watch_gpu_memory(lambda: {})
+    assert families() == {}  # a CPU server: the reader reports no device
+    readings = {"cuda:0": {"allocated": 3 * 2**30, "reserved": 4 * 2**30, "peak": 5 * 2**30},
+                "cuda:1": {"allocated": 1, "reserved": 2, "peak": 3}}
+    metrics.watch_gpu_memory(lambda: readings)
+    got = {(s.name, s.labels["device"]): s.value for samples in families().values() for s in samples}
+    assert got == {("tts_gpu_memory_allocated_bytes", "cuda:0"): 3 * 2**30,
+                   ("tts_gpu_memory_reserved_bytes", "cuda:0"): 4 * 2**30,
+                   ("tts_gpu_memory_peak_bytes", "cuda:0"): 5 * 2**30,
+                   ("tts_gpu_memory_allocated_bytes", "cuda:1"): 1.0,
+                   ("tts_gpu_memory_reserved_bytes", "cuda:1"): 2.0,
+                   ("tts_gpu_memory_peak_bytes", "cuda:1"): 3.0}
+
+    def broken() -> dict:
+        raise RuntimeError("driver hiccup")
+
+    metrics.watch_gpu_memory(broken)
+    assert families() == {} and b"tts_slots" in metrics.render()  # the scrape still works

@@ -16,6 +16,7 @@ from typing import Any
 
 from app.engines.base import InvalidInput
 from app.engines.cosyvoice.batching.bistream import BistreamFeed
+from app.engines.cosyvoice.batching.flow_budget import FlowCacheBudget, bytes_per_frame
 from app.engines.cosyvoice.batching.flow_cache import (
     FlowStream,
     PromptCache,
@@ -36,6 +37,7 @@ from app.engines.cosyvoice.batching.token2wav import (
     HopSchedule,
     synthesize_tokens,
 )
+from app.engines.cosyvoice.device import ready_event
 from app.engines.timings import current
 from app.text.normalize import ClauseNormalizer
 from app.text.stream import TextStream, WordBuffer
@@ -49,7 +51,8 @@ class BatchedRunner:
                  observer: LLMObserver | None = None, initial_hop: int | None = None,
                  token2wav_workers: int | None = None,
                  flow_cache: bool = False, flow_cache_window_frames: int | None = None,
-                 flow_prompt_cache_mb: float = 0) -> None:
+                 flow_prompt_cache_mb: float = 0, flow_cache_budget_mb: float | None = None) -> None:
+        """``flow_cache_budget_mb``: what all streams' flow caches may hold together (None: no limit)."""
         if not supports_batching(getattr(model, "llm", None)):
             raise TypeError("this CosyVoice model's LLM cannot be batched")
         self.model = model
@@ -58,8 +61,12 @@ class BatchedRunner:
         self.flow_cache = flow_cache and self._can_cache_flow()
         self.flow_cache_window_frames = flow_cache_window_frames
         self.prompt_cache: PromptCache | None = None
+        self.flow_budget: FlowCacheBudget | None = None
         if self.flow_cache:
             install_flow_cache(model.flow)
+            if flow_cache_budget_mb is not None:
+                self.flow_budget = FlowCacheBudget(int(flow_cache_budget_mb * 2**20), bytes_per_frame(model.flow),
+                                                   on_recompute=getattr(observer, "on_flow_cache_recompute", None))
             if flow_prompt_cache_mb > 0:
                 self.prompt_cache = PromptCache(int(flow_prompt_cache_mb * 2**20))
         elif flow_cache:
@@ -98,7 +105,7 @@ class BatchedRunner:
         """
         if not self.flow_cache:
             return None
-        stream = FlowStream(window_frames=self.flow_cache_window_frames)
+        stream = FlowStream(window_frames=self.flow_cache_window_frames, budget=self.flow_budget)
         if cache_prompt and self.prompt_cache is not None:
             key = prompt_key(model_input.get("flow_prompt_speech_token"), model_input.get("prompt_speech_feat"),
                              model_input.get("flow_embedding"))
@@ -126,7 +133,9 @@ class BatchedRunner:
                     model_input.get("llm_prompt_speech_token", empty))
             except ValueError as exc:
                 raise InvalidInput(str(exc)) from exc
-        return self.scheduler.submit(lm_input, min_len, max_len, seed=seed, cancel=cancel, request_id=request_id)
+            ready = ready_event(lm_input.device)  # the scheduler's stream waits for it (CUDA)
+        return self.scheduler.submit(lm_input, min_len, max_len, seed=seed, cancel=cancel, request_id=request_id,
+                                     ready=ready)
 
     def run(self, model_input: dict, *, stream: bool, speed: float, cancel: threading.Event,
             seed: int | None = None, request_id: str = "", cache_prompt: bool = False) -> Iterator[Any]:
@@ -135,11 +144,14 @@ class BatchedRunner:
             source: Any = FixedTokens(model_input["source_speech_token"].flatten().tolist())
         else:
             source = self.submit(model_input, cancel, seed=seed, request_id=request_id)
+        flow_stream = self._flow_stream(model_input, cache_prompt) if stream else None
         try:
             yield from synthesize_tokens(self.model, source, model_input, stream=stream, speed=speed,
                                          cancel=cancel, schedule=self.schedule, gate=self.gate,
-                                         flow_stream=self._flow_stream(model_input, cache_prompt))
+                                         flow_stream=flow_stream)
         finally:
+            if flow_stream is not None:
+                flow_stream.close()  # its cache's bytes go back to the budget
             if hasattr(source, "cancel"):
                 source.cancel()  # leaves the batch at the next step (no-op once done)
             _add_llm_time(source)
@@ -170,15 +182,17 @@ class BatchedRunner:
         fed = _Feeder(text, tokenize, feed, seq, stop, normalize)
         thread = threading.Thread(target=fed.run, name="cosyserve-bistream-feed", daemon=True)
         thread.start()
+        flow_stream = self._flow_stream(model_input, cache_prompt)
         try:
             yield from synthesize_tokens(self.model, seq, model_input, stream=True, speed=1.0, cancel=cancel,
-                                         schedule=self.schedule, gate=self.gate,
-                                         flow_stream=self._flow_stream(model_input, cache_prompt))
+                                         schedule=self.schedule, gate=self.gate, flow_stream=flow_stream)
         except RuntimeError:
             if fed.empty:
                 raise InvalidInput("the utterance has no text to speak") from None
             raise
         finally:
+            if flow_stream is not None:
+                flow_stream.close()
             stop.set()
             seq.cancel()  # leaves the batch (or its wait for text) at once; no-op once done
             thread.join(2.0)

@@ -10,6 +10,7 @@ from typing import Any
 class CosyVoiceConfig:
     model_dir: str
     cosyvoice_path: str | None = None
+    device: str = "auto"  # engine.device: auto | cpu | cuda | cuda:N (app/engines/cosyvoice/device.py)
     dtype: str = "fp32"  # engine.dtype: auto | fp32 | bf16 | fp16 (app/engines/cosyvoice/precision.py)
     dtype_stages: tuple[str, ...] = ("llm", "flow")  # which stages run in a reduced dtype
     torch_threads: int = 1
@@ -24,6 +25,7 @@ class CosyVoiceConfig:
     flow_cache: bool = False  # batched streaming: flow computes each hop's new frames only (flow_cache.py)
     flow_cache_window_frames: int | None = None  # keep at most this many cached frames per layer (inexact)
     flow_prompt_cache_mb: float = 0  # with flow_cache: registered voices' prompt flow state, LRU by bytes (0: off)
+    flow_cache_budget_mb: float | None = None  # with flow_cache: all streams' caches together (None: no limit)
 
     @classmethod
     def from_settings(cls, engine: Any, model_dir: str) -> CosyVoiceConfig:

@@ -54,7 +54,7 @@ _BISTREAM_MODES = ("sft", "zero_shot", "cross_lingual", "instruct2")
 
 
 def _precision_text(precision: Any) -> str:
-    return f"{precision.dtype} for {'+'.join(precision.stages)}" if precision.reduced else "fp32"
+    return ", ".join(f"{stage} {dtype}" for stage, dtype in precision.stage_dtypes().items())
 
 
 class CosyVoiceEngine:
@@ -79,14 +79,17 @@ class CosyVoiceEngine:
         import torch
 
         from app.engines.cosyvoice.cancel import CancelRegistry
+        from app.engines.cosyvoice.device import device_text, resolve_device
         from app.engines.cosyvoice.layout import CAMPPLUS, SPEECH_TOKENIZER_FILES
         from app.engines.cosyvoice.load import load_model_dir
 
+        resolve_device(self.config.device)  # a missing GPU fails here, before the slow parts
         torch.set_num_threads(max(1, int(self.config.torch_threads)))
         t0 = time.perf_counter()
         self.normalizer.load()
         lm = load_model_dir(self.config.model_dir, dtype=self.config.dtype,
-                            dtype_stages=tuple(self.config.dtype_stages), cosyvoice_path=self.config.cosyvoice_path)
+                            dtype_stages=tuple(self.config.dtype_stages), cosyvoice_path=self.config.cosyvoice_path,
+                            device=self.config.device)
         if self.config.batching and lm.version < 2:
             raise EngineFailure(f"engine.batching needs a CosyVoice2/3 model; {lm.model_dir} is CosyVoice1")
         self.loaded = lm
@@ -111,7 +114,8 @@ class CosyVoiceEngine:
                                         initial_hop=self._initial_hop, token2wav_workers=self._token2wav_workers(),
                                         flow_cache=self.config.flow_cache,
                                         flow_cache_window_frames=self.config.flow_cache_window_frames,
-                                        flow_prompt_cache_mb=self.config.flow_prompt_cache_mb)
+                                        flow_prompt_cache_mb=self.config.flow_prompt_cache_mb,
+                                        flow_cache_budget_mb=self.config.flow_cache_budget_mb)
         elif self.config.flow_cache:
             log.warning("engine.flow_cache needs the batched CosyVoice2/3 path (engine.batching): not used")
         instrument(lm.model)  # flow / HiFT seconds per request (app/engines/timings.py), outermost
@@ -121,9 +125,10 @@ class CosyVoiceEngine:
         self._info = EngineInfo(name=self.name, family=family, sample_rate=self.sample_rate, modes=self._modes(),
                                 tiny=lm.tiny, voice_family=self.prompts.family)
         log.info(
-            "loaded CosyVoice%d model %s in %.1fs (rate %d Hz, %s, modes %s%s; CosyVoice code from %s; "
+            "loaded CosyVoice%d model %s in %.1fs on %s (rate %d Hz, %s, modes %s%s; CosyVoice code from %s; "
             "text normalization %s)",
-            lm.version, lm.model_dir, time.perf_counter() - t0, self.sample_rate, _precision_text(lm.precision),
+            lm.version, lm.model_dir, time.perf_counter() - t0, device_text(lm.device_info), self.sample_rate,
+            _precision_text(lm.precision),
             ",".join(self._info.modes), ", random-weight test model" if lm.tiny else "",
             lm.code_dir, "on (wetext)" if self.normalizer.enabled else "off",
         )

@@ -17,6 +17,7 @@ from typing import Any
 
 from app.engines.base import EngineFailure
 from app.engines.cosyvoice.compat import SafeMelExtractor, attach_llm, prepare_imports
+from app.engines.cosyvoice.device import describe_device, resolve_device
 from app.engines.cosyvoice.layout import (
     CAMPPLUS,
     CONFIG_FILES,
@@ -53,6 +54,8 @@ class LoadedModel:
     tiny: bool
     model_dir: Path
     precision: Precision = field(default_factory=lambda: Precision("fp32"))
+    device: Any = "cpu"  # the torch.device every module and input lives on
+    device_info: dict = field(default_factory=dict)  # name, compute capability, CUDA/driver versions (load log)
     code_dir: str = ""  # where the imported ``cosyvoice`` package lives (installed copy or a checkout)
 
 
@@ -65,19 +68,21 @@ def _torch_load(path: Path, device: Any) -> dict:
 
 
 def load_model_dir(model_dir: str | os.PathLike, *, dtype: str = "fp32", dtype_stages: tuple[str, ...] = DEFAULT_STAGES,
-                   cosyvoice_path: str | None = None) -> LoadedModel:
+                   cosyvoice_path: str | None = None, device: str = "auto") -> LoadedModel:
     """Build frontend + model for the CosyVoice version found in ``model_dir`` (one thread at a time).
 
-    ``dtype`` is ``engine.dtype`` (auto | fp32 | bf16 | fp16, see ``app/engines/cosyvoice/precision.py``).
+    ``dtype`` is ``engine.dtype`` (auto | fp32 | bf16 | fp16, see ``app/engines/cosyvoice/precision.py``);
+    ``device`` is ``engine.device`` (auto | cpu | cuda | cuda:N, see ``app/engines/cosyvoice/device.py``).
     """
+    target = resolve_device(device)  # before anything heavy: a missing GPU fails at once
     with _BUILD_LOCK:
-        return _load_model_dir(model_dir, dtype=dtype, dtype_stages=tuple(dtype_stages), cosyvoice_path=cosyvoice_path)
+        return _load_model_dir(model_dir, dtype=dtype, dtype_stages=tuple(dtype_stages), cosyvoice_path=cosyvoice_path,
+                               device=target)
 
 
 def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: tuple[str, ...],
-                    cosyvoice_path: str | None) -> LoadedModel:
+                    cosyvoice_path: str | None, device: Any) -> LoadedModel:
     prepare_imports(cosyvoice_path)
-    import torch
     from hyperpyyaml import load_hyperpyyaml
 
     from cosyvoice.cli import model as cv_model
@@ -100,7 +105,6 @@ def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: t
     with open(model_dir / CONFIG_FILES[version], encoding="utf-8") as f:
         configs = load_hyperpyyaml(f, overrides=overrides or None)
 
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = resolve_precision(dtype, device.type, dtype_stages)
     llm, flow, hift = configs["llm"], configs["flow"], configs["hift"]
     # transformers 5 loads Qwen2 with dtype="auto" (bf16 for the real BlankEN config); pin fp32.
@@ -121,7 +125,12 @@ def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: t
         str(model_dir / SPK2INFO),
         configs["allowed_special"],
     )
-    model = model_cls(llm, flow, hift, precision.cuda_fp16)
+    # fp16=False: CosyVoice's own flag would .half() the flow (some copies) and autocast HiFT (v3);
+    # apply_precision above did what engine.dtype asks
+    model = model_cls(llm, flow, hift, False)
+    # CosyVoice's classes pick "cuda if available" themselves: put them on the device we chose
+    model.device = device
+    frontend.device = device
     attach_llm(model, llm)
     marker = read_tiny_marker(model_dir)
     instruct = "-Instruct" in model_dir.name or bool(marker.get("instruct"))
@@ -134,5 +143,7 @@ def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: t
         tiny=bool(marker.get("random_weights")),
         model_dir=model_dir,
         precision=precision,
+        device=device,
+        device_info=describe_device(device),
         code_dir=str(Path(cv_model.__file__).resolve().parent.parent),
     )

@@ -11,11 +11,20 @@ or will be slow:
 * ``bf16``: the stages in ``engine.dtype_stages`` (default LLM and flow) keep their
   weights in bf16 (autocast would cast the weights on every call, measured slower);
   on a CPU without native bf16 a warning says it is emulated and slow.
-* ``fp16``: CUDA only (CosyVoice's own half-precision path); fp32 with a warning on a CPU.
+* ``fp16``: CUDA only; fp32 with a warning on a CPU. The LLM (weights, KV cache of the
+  batched decoder) runs in half precision: bf16 where the GPU computes it (compute
+  capability 8.0+: the same memory as fp16 and fp32's range, so no overflow), else fp16;
+  the log says which. Attention softmax and the log-probs stay fp32. The flow runs as
+  upstream runs it, under CUDA autocast fp16 (fp32 weights, fp16 matmuls). HiFT stays
+  fp32 (upstream's CosyVoice3 token2wav autocasts it too; its STFT/ISTFT want fp32).
+  CosyVoice's own ``fp16`` model flag is never set: it would ``.half()`` the flow in some
+  copies and autocast HiFT in v3, and the batched path does not go through it anyway.
 
 A reduced-precision module is cast once at load and wrapped so its inputs are cast
 to its dtype and its outputs back to fp32: the code around it (CosyVoice's sampling,
-mel slicing, HiFT's STFT/ISTFT) keeps seeing fp32 tensors.
+mel slicing, HiFT's STFT/ISTFT) keeps seeing fp32 tensors. Rotary frequencies
+(``inv_freq`` buffers) stay fp32 whatever the weights' dtype: in bf16 they are off by
+0.4%, and the angle ``position x inv_freq`` is then off by up to 1.9 rad at position 2047.
 """
 
 from __future__ import annotations
@@ -33,15 +42,28 @@ DEFAULT_STAGES = ("llm", "flow")  # HiFT stays fp32: ~7% of a request, and its S
 _BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
+ROTARY_BUFFERS = ("inv_freq", "original_inv_freq")  # kept fp32 in any cast module
+
+
 @dataclass(frozen=True)
 class Precision:
     dtype: str  # "fp32" | "bf16" | "fp16": what runs
     stages: tuple[str, ...] = ()  # which stages run in it (empty for fp32)
-    cuda_fp16: bool = False  # CosyVoice's own fp16 path (model class flag + CUDA autocast)
+    llm_dtype: str = ""  # fp16 on CUDA: the LLM's half type, "bf16" where the GPU has it, else "fp16"
 
     @property
     def reduced(self) -> bool:
         return self.dtype != "fp32" and bool(self.stages)
+
+    def stage_dtypes(self) -> dict[str, str]:
+        """What each stage runs in, for the load log: ``{"llm": "bf16", "flow": "bf16", "hift": "fp32"}``."""
+        out = {stage: self.dtype if self.reduced and stage in self.stages else "fp32" for stage in STAGES}
+        if self.dtype == "fp16" and self.reduced:
+            if "llm" in self.stages:
+                out["llm"] = self.llm_dtype or "fp16"
+            if "flow" in self.stages:
+                out["flow"] = "fp16 autocast"
+        return out
 
 
 def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str]:
@@ -69,7 +91,10 @@ def cpu_has_native_bf16(flags: frozenset[str] | None = None) -> bool:
 
 def resolve_precision(dtype: str, device_type: str, stages: tuple[str, ...] | list[str] = DEFAULT_STAGES,
                       *, native_bf16: bool | None = None) -> Precision:
-    """What ``engine.dtype`` means on this device (``device_type``: "cpu" | "cuda")."""
+    """What ``engine.dtype`` means on this device (``device_type``: "cpu" | "cuda").
+
+    ``native_bf16``: whether the device computes bf16 natively (default: ask the CPU or the GPU).
+    """
     if dtype not in DTYPES:
         raise ValueError(f"engine.dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     unknown = [s for s in stages if s not in STAGES]
@@ -82,13 +107,48 @@ def resolve_precision(dtype: str, device_type: str, stages: tuple[str, ...] | li
         if device_type != "cuda":
             log.warning("engine.dtype=fp16 needs a CUDA device; running fp32 on the CPU (bf16 is the CPU option)")
             return Precision("fp32")
-        return Precision("fp16", stages=("llm", "flow"), cuda_fp16=True)
+        if "hift" in stages:
+            log.warning("engine.dtype=fp16: HiFT stays fp32 (its STFT/ISTFT and the waveform need it)")
+        half = tuple(s for s in stages if s != "hift")
+        if not half:
+            return Precision("fp32")
+        bf16 = _cuda_bf16() if native_bf16 is None else native_bf16
+        if "llm" in half:
+            log.info("engine.dtype=fp16: the LLM runs in %s (%s), flow under fp16 autocast, HiFT in fp32",
+                     "bf16" if bf16 else "fp16",
+                     "this GPU computes bf16: fp16's memory with fp32's range" if bf16 else "no bf16 on this GPU")
+        return Precision("fp16", stages=half, llm_dtype="bf16" if bf16 else "fp16")
     if device_type == "cpu":
         native = cpu_has_native_bf16() if native_bf16 is None else native_bf16
         if not native:
             log.warning("engine.dtype=bf16: this CPU has no native bf16 (avx512_bf16 or AMX); bf16 is emulated "
                         "here and several times SLOWER than fp32 (see docs/benchmarks/cost.md); use fp32")
     return Precision("bf16", stages=stages)
+
+
+def _cuda_bf16() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    except (ImportError, RuntimeError):
+        return False
+
+
+def cast_module(module: Any, dtype: Any) -> Any:
+    """``module.to(dtype)``, except rotary frequency buffers (``inv_freq``), which stay fp32."""
+    import torch
+
+    keep = []
+    for sub in module.modules():
+        for name in ROTARY_BUFFERS:
+            value = getattr(sub, name, None)
+            if isinstance(value, torch.Tensor) and value.is_floating_point():
+                keep.append((sub, name, value.detach().to(torch.float32, copy=True)))
+    module.to(dtype)
+    for sub, name, value in keep:
+        setattr(sub, name, value)  # a registered buffer stays one (Module.__setattr__), now fp32 again
+    return module
 
 
 def _cast(value: Any, dtype: Any) -> Any:
@@ -105,7 +165,7 @@ def run_in(module: Any, dtype: Any) -> Any:
     """Cast ``module``'s weights to ``dtype`` once; its float inputs go in as ``dtype``, outputs come out fp32."""
     import torch
 
-    module.to(dtype)
+    cast_module(module, dtype)
 
     def before(_mod: Any, args: tuple, kwargs: dict) -> tuple:
         return _cast(args, dtype), {k: _cast(v, dtype) for k, v in kwargs.items()}
@@ -159,29 +219,54 @@ def _hift_networks(hift: Any) -> Any:
 
 
 def apply_precision(precision: Precision, llm: Any, flow: Any, hift: Any) -> None:
-    """Put the chosen stages in bf16 (fp16 on CUDA is CosyVoice's own path: nothing to do here)."""
-    if not precision.reduced or precision.cuda_fp16:
+    """Put the chosen stages in their reduced precision (see the module docstring)."""
+    if not precision.reduced:
         return
     import torch
 
-    dtype = torch.bfloat16
     modules = stage_modules(llm, flow, hift)
+    if precision.dtype == "fp16":  # CUDA: LLM half (bf16 where the GPU has it), flow autocast fp16, HiFT fp32
+        if "llm" in precision.stages and llm is not None:
+            llm_in(llm, torch.bfloat16 if precision.llm_dtype == "bf16" else torch.float16)
+        if "flow" in precision.stages:
+            for module in modules["flow"]:
+                autocast_in(module, torch.float16)
+        return
+    dtype = torch.bfloat16
     for stage in precision.stages:
         if stage == "llm" and llm is not None:
-            _llm_in(llm, dtype)
+            llm_in(llm, dtype)
             continue
         for module in modules[stage]:
             run_in(module, dtype)
 
 
-def _llm_in(llm: Any, dtype: Any) -> None:
-    """The LLM's weights in ``dtype``; its speech-token head hands fp32 logits to sampling.
+def autocast_in(module: Any, dtype: Any) -> Any:
+    """Run ``module``'s forward under autocast to ``dtype`` on its own device (its weights stay fp32);
+    float outputs come out fp32, as upstream's flow hands fp32 mel to HiFT."""
+    import torch
+
+    device_type = next(module.parameters()).device.type
+    forward = module.forward
+
+    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type, dtype=dtype):
+            out = forward(*args, **kwargs)
+        return _cast(out, torch.float32)
+
+    module.forward = autocast_forward
+    return module
+
+
+def llm_in(llm: Any, dtype: Any) -> None:
+    """The LLM's weights in ``dtype`` (rotary frequencies fp32); its speech-token head hands fp32 logits to sampling.
 
     The embeddings it builds its input from are in ``dtype`` too, so its inner
     modules need no input casts (CosyVoice's ``inference`` and our batched forward
-    both concatenate embedding rows and run the backbone on them).
+    both concatenate embedding rows and run the backbone on them). Our batched
+    decoder's KV cache takes the head's dtype (``BatchedLM.dtype``).
     """
-    llm.to(dtype)
+    cast_module(llm, dtype)
 
     def to_fp32(_mod: Any, _args: tuple, out: Any) -> Any:
         return out.float()

@@ -27,7 +27,7 @@ def test_auto_and_fp32_run_fp32_everywhere():
 def test_bf16_on_a_cpu_with_native_bf16_is_quiet(caplog):
     with caplog.at_level(logging.WARNING, logger="cosyserve.engine"):
         p = resolve_precision("bf16", "cpu", native_bf16=True)
-    assert p.dtype == "bf16" and p.stages == DEFAULT_STAGES == ("llm", "flow") and p.reduced and not p.cuda_fp16
+    assert p.dtype == "bf16" and p.stages == DEFAULT_STAGES == ("llm", "flow") and p.reduced
     assert not caplog.records
 
 
@@ -38,8 +38,24 @@ def test_bf16_on_a_cpu_without_it_warns_that_it_is_slow(caplog):
     assert any("no native bf16" in r.getMessage() and "SLOWER" in r.getMessage() for r in caplog.records)
 
 
-def test_fp16_is_cudas_own_path_and_falls_back_on_a_cpu(caplog):
-    assert resolve_precision("fp16", "cuda") == Precision("fp16", stages=("llm", "flow"), cuda_fp16=True)
+def test_fp16_on_cuda_halves_the_llm_autocasts_the_flow_and_keeps_hift_fp32(caplog):
+    with caplog.at_level(logging.INFO, logger="cosyserve.engine"):
+        on_hopper = resolve_precision("fp16", "cuda", native_bf16=True)
+    assert on_hopper == Precision("fp16", stages=("llm", "flow"), llm_dtype="bf16")
+    assert on_hopper.stage_dtypes() == {"llm": "bf16", "flow": "fp16 autocast", "hift": "fp32"}
+    assert any("LLM runs in bf16" in r.getMessage() for r in caplog.records)  # the log says which half
+    older = resolve_precision("fp16", "cuda", native_bf16=False)
+    assert older.stage_dtypes() == {"llm": "fp16", "flow": "fp16 autocast", "hift": "fp32"}
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cosyserve.engine"):
+        with_hift = resolve_precision("fp16", "cuda", ["llm", "flow", "hift"], native_bf16=True)
+    assert with_hift.stages == ("llm", "flow") and with_hift.stage_dtypes()["hift"] == "fp32"
+    assert any("HiFT stays fp32" in r.getMessage() for r in caplog.records)
+    assert resolve_precision("fp16", "cuda", ["flow"], native_bf16=True).stage_dtypes() == {
+        "llm": "fp32", "flow": "fp16 autocast", "hift": "fp32"}
+
+
+def test_fp16_on_a_cpu_falls_back_to_fp32(caplog):
     with caplog.at_level(logging.WARNING, logger="cosyserve.engine"):
         assert resolve_precision("fp16", "cpu") == Precision("fp32")
     assert any("needs a CUDA device" in r.getMessage() for r in caplog.records)

@@ -23,6 +23,8 @@ path finishes with full attention; ``window_frames`` (optional) keeps only that 
 cached frames per layer, bounding memory (keys + values of every layer and ODE step:
 ~4.6 MB per frame at full size in fp32) at the price of exactness.
 Config: ``engine.flow_cache`` (off by default) and ``engine.flow_cache_window_frames``.
+All streams together hold at most ``engine.flow_cache_budget_mb`` (``flow_budget.py``): a
+stream that does not fit drops its cache and recomputes, as without this module.
 
 The prompt part (``PromptCache``, ``engine.flow_prompt_cache_mb``): the estimator frames
 of a prompt's complete chunks whose encoder input ends inside the prompt (chunk ``j``
@@ -75,6 +77,21 @@ class FlowStream:
     prompt_key: str | None = None  # content hash of the voice's flow inputs (None: not cached)
     prompt_frames_reused: int = 0  # estimator frames taken from the prompt cache
     first_call_frames: int | None = None  # estimator frames of the first call (the first hop's cost)
+    budget: Any = None  # flow_budget.FlowCacheBudget: the bytes all streams may hold (None: no limit)
+    recompute: bool = False  # the budget refused it: the rest of the stream recomputes its prefix
+
+    def close(self) -> None:
+        """The request ended: drop the caches and give their bytes back."""
+        if self.budget is not None:
+            self.budget.release(id(self))
+        self.conv, self.kv = {}, {}
+
+    def drop_cache(self) -> None:
+        """Stream on without a cache (refused by the budget)."""
+        if self.budget is not None:
+            self.budget.refuse(id(self))
+        self.recompute = True
+        self.conv, self.kv = {}, {}
 
     def nbytes(self) -> int:
         total = sum(t.numel() * t.element_size() for t in self.conv.values())
@@ -262,7 +279,15 @@ def install(flow: Any) -> None:
         stream = current_stream()
         if stream is None:
             return original(*args, **kw)
-        return incremental_inference(flow, stream, **kw)
+        if not stream.recompute and stream.budget is not None and not stream.budget.admit_hop(flow, stream, kw):
+            stream.drop_cache()
+        if stream.recompute:
+            with bound_stream(None):  # the estimator's hooks too: no cache from here on
+                return original(*args, **kw)
+        out = incremental_inference(flow, stream, **kw)
+        if stream.budget is not None:
+            stream.budget.settle(id(stream), stream.nbytes())
+        return out
 
     inference.__wrapped__ = original  # type: ignore[attr-defined]
     flow.inference = inference

@@ -69,15 +69,17 @@ class BatchedKV:
             new_pos *= 2
         shape = (new_rows, self.kv_heads, new_pos, self.head_dim)
         used_rows, used_pos = self.rows, max(self.lengths, default=0)
+        # all new tensors first, then swap: an out-of-memory error halfway leaves the old cache whole
+        grown = []
         for cache in (self.k, self.v):
+            fresh_layers = []
             for i in range(self.layers):
                 fresh = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 if cache and used_rows and used_pos:
                     fresh[:used_rows, :, :used_pos] = cache[i][:used_rows, :, :used_pos]
-                if len(cache) > i:
-                    cache[i] = fresh
-                else:
-                    cache.append(fresh)
+                fresh_layers.append(fresh)
+            grown.append(fresh_layers)
+        self.k, self.v = grown
 
     # -- rows ------------------------------------------------------------------------------------
     def add_row(self, length: int) -> int:
@@ -112,12 +114,15 @@ class BatchedKV:
         self.k[layer][row, :, :t] = k
         self.v[layer][row, :, :t] = v
 
-    def write_step(self, layer: int, positions: Any, k: Any, v: Any) -> None:
-        """Store one new position per running row: ``k``/``v`` are ``[n, kv_heads, head_dim]``."""
+    def write_step(self, layer: int, positions: Any, k: Any, v: Any, rows: Any = None) -> None:
+        """Store one new position per running row: ``k``/``v`` are ``[n, kv_heads, head_dim]``.
+
+        ``positions`` (and ``rows``, default 0..n-1) are device index tensors: no host sync.
+        """
         import torch
 
-        n = k.shape[0]
-        rows = torch.arange(n, device=k.device)
+        if rows is None:
+            rows = torch.arange(k.shape[0], device=k.device)
         self.k[layer][rows, :, positions] = k
         self.v[layer][rows, :, positions] = v
 

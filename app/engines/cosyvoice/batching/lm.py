@@ -14,6 +14,13 @@ serves every running sequence whatever its length:
 * ``decode`` runs one new token for every row, each at its own position, each
   attending to its own filled positions only (a length mask).
 
+Host and device: the lengths live on the host (``BatchedKV.lengths``); a step uploads
+its token ids and positions in one asynchronous copy (``StepIO.upload``) and reads
+nothing back: no ``int()``/``.item()``, no boolean-mask indexing on device tensors, so
+the step queues its kernels without waiting for the GPU. Its log-probs stay on the
+device; the scheduler downloads them once. In half precision (``engine.dtype``) the
+attention softmax and the log-probs are computed in fp32.
+
 The math is that of the transformers Qwen2 layer (RMSNorm, rotary embeddings
 from the backbone's own ``rotary_emb``, grouped-query attention, SwiGLU MLP),
 checked against CosyVoice's own ``llm.inference`` to 1e-4 in the tests.
@@ -26,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engines.cosyvoice.batching.kv import BatchedKV, SavedRow
+from app.engines.cosyvoice.device import StepIO, to_device
 from app.engines.cosyvoice.layout import ENDOFPROMPT_ID
 
 
@@ -118,6 +126,7 @@ class BatchedLM:
         self.layers = list(self.backbone.layers)
         weight = llm.llm_decoder.weight
         self.dtype, self.device = weight.dtype, weight.device
+        self.io = StepIO(self.device)  # the step's uploads/downloads and (CUDA) its own stream
 
     def new_cache(self) -> BatchedKV:
         return BatchedKV(len(self.layers), self.kv_heads, self.head_dim, self.dtype, self.device)
@@ -132,27 +141,35 @@ class BatchedLM:
         import torch
 
         spec = self.spec
-        text = text.to(self.device)
-        prompt_text = prompt_text.to(self.device)
-        tokens = torch.cat([prompt_text, text], dim=1)
-        if spec.needs_endofprompt and not bool((tokens == ENDOFPROMPT_ID).any()):
+        tokens = torch.cat([prompt_text.to(text.device), text], dim=1)
+        if spec.needs_endofprompt and not bool((tokens.cpu() == ENDOFPROMPT_ID).any()):  # a host check
             raise ValueError("CosyVoice3 needs <|endofprompt|> in the text or the prompt text")
-        text_emb = self.backbone.embed_tokens(tokens)
+        text_emb = self.backbone.embed_tokens(to_device(tokens, self.device))
         table = self.llm.speech_embedding.weight if spec.family == "CosyVoice3LM" else self.llm.llm_embedding.weight
         sos = table[spec.marker_ids[0]].reshape(1, 1, -1)
         task = table[spec.marker_ids[1]].reshape(1, 1, -1)
         parts = [sos, text_emb, task]
         if prompt_speech_token is not None and prompt_speech_token.shape[1] > 0:
-            parts.append(self.llm.speech_embedding(prompt_speech_token.to(self.device)))
+            parts.append(self.llm.speech_embedding(to_device(prompt_speech_token, self.device)))
         lm_input = torch.cat(parts, dim=1).to(self.dtype)
         n_text = int(text.shape[1])
         return lm_input, int(n_text * spec.min_token_text_ratio), int(n_text * spec.max_token_text_ratio)
 
-    def token_embeddings(self, tokens: list[int]) -> Any:
+    def token_embeddings(self, ids: Any) -> Any:
+        """Speech-token embeddings ``[n, 1, D]`` of ``ids`` (a device tensor of n ids)."""
+        return self.llm.speech_embedding.weight[ids].unsqueeze(1)
+
+    def resume_input(self, lm_input: Any, tokens: list[int]) -> Any:
+        """The input that rebuilds a sequence's cache after it was taken out of the batch.
+
+        ``lm_input`` and every decoded token but the last (the last one is fed by the next step).
+        """
         import torch
 
-        ids = torch.tensor(tokens, dtype=torch.long, device=self.device)
-        return self.llm.speech_embedding.weight[ids].unsqueeze(1)  # [n, 1, D]
+        if len(tokens) <= 1:
+            return lm_input
+        emb = self.token_embeddings(self.io.upload(tokens[:-1])).transpose(0, 1)  # [1, k, D]
+        return torch.cat([lm_input, emb.to(lm_input.dtype)], dim=1)
 
     # -- forward ---------------------------------------------------------------------------------
     def _qkv(self, layer: Any, x: Any, cos: Any, sin: Any) -> tuple[Any, Any, Any]:
@@ -169,11 +186,14 @@ class BatchedLM:
 
     def _attend(self, q: Any, k: Any, v: Any, bias: Any) -> Any:
         """Grouped-query attention: q [n, H, T, hd], k/v [n, KV, L, hd], bias [n, 1, T, L] -> [n, T, H*hd]."""
+        import torch
+
         n, _, t, _ = q.shape
         qg = q.reshape(n, self.kv_heads, self.groups * t, self.head_dim)
         scores = (qg @ k.transpose(-1, -2)) * self.scaling  # [n, KV, G*T, L]
         scores = scores.view(n, self.kv_heads, self.groups, t, -1) + bias.unsqueeze(1)
-        out = scores.softmax(dim=-1).view(n, self.kv_heads, self.groups * t, -1) @ v  # [n, KV, G*T, hd]
+        weights = scores.softmax(dim=-1) if scores.dtype == torch.float32 else scores.float().softmax(-1).to(v.dtype)
+        out = weights.view(n, self.kv_heads, self.groups * t, -1) @ v  # [n, KV, G*T, hd]
         return out.view(n, self.heads, t, self.head_dim).transpose(1, 2).reshape(n, t, self.heads * self.head_dim)
 
     def _block(self, layer: Any, x: Any, attn_out: Any) -> Any:
@@ -181,7 +201,7 @@ class BatchedLM:
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
     def _logp(self, h: Any) -> Any:
-        return self.llm.llm_decoder(self.backbone.norm(h)).log_softmax(dim=-1)
+        return self.llm.llm_decoder(self.backbone.norm(h)).float().log_softmax(dim=-1)
 
     def prefill(self, kv: BatchedKV, lm_input: Any, past: SavedRow | None = None) -> tuple[int, Any]:
         """Run one sequence's input (after ``past``, a saved cache row); returns its row and next log-probs [V]."""
@@ -219,30 +239,36 @@ class BatchedLM:
             if kind == "marker":
                 out.append(table[self.spec.marker_ids[value]].reshape(1, 1, -1))
             elif value:
-                ids = torch.tensor([value], dtype=torch.long, device=self.device)
+                ids = self.io.upload([value])
                 emb = self.backbone.embed_tokens(ids) if kind == "text" else self.llm.speech_embedding(ids)
                 out.append(emb)
         return torch.cat(out, dim=1).to(self.dtype)
 
     def decode(self, kv: BatchedKV, tokens: list[int]) -> Any:
-        """One step for every running row (``tokens[r]`` is row r's last token): log-probs [n, V]."""
+        """One step for every running row (``tokens[r]`` is row r's last token): log-probs [n, V] on the device.
+
+        Nothing is read back from the device here: the positions come from the host
+        lengths, and ids and positions go up in one asynchronous copy.
+        """
         import torch
 
         n = kv.rows
         if len(tokens) != n:
             raise ValueError(f"decode got {len(tokens)} tokens for {n} running sequences")
-        lengths = torch.tensor(kv.lengths, dtype=torch.long, device=self.device)
-        longest = int(lengths.max()) + 1
+        lengths = list(kv.lengths)
+        longest = max(lengths) + 1
         kv.reserve(n, longest)
-        x = self.token_embeddings(tokens).to(self.dtype)
-        cos, sin = self.backbone.rotary_emb(x, lengths.unsqueeze(1))
+        ids, positions = self.io.upload([list(tokens), lengths])  # one copy: [2, n]
+        x = self.token_embeddings(ids).to(self.dtype)
+        cos, sin = self.backbone.rotary_emb(x, positions.unsqueeze(1))
         span = torch.arange(longest, device=self.device).unsqueeze(0)
         bias = torch.zeros((n, longest), dtype=self.dtype, device=self.device)
-        bias.masked_fill_(span > lengths.unsqueeze(1), float("-inf"))
+        bias.masked_fill_(span > positions.unsqueeze(1), float("-inf"))
         bias = bias.view(n, 1, 1, longest)
+        rows = torch.arange(n, device=self.device)
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, layer.input_layernorm(x), cos, sin)
-            kv.write_step(i, lengths, k[:, :, 0], v[:, :, 0])
+            kv.write_step(i, positions, k[:, :, 0], v[:, :, 0], rows=rows)
             keys, values = kv.view(i, longest)
             x = self._block(layer, x, self._attend(q, keys, values, bias))
         for r in range(n):

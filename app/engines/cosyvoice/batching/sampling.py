@@ -11,6 +11,11 @@ We implement those rules ourselves so that each sequence draws from its own
 ``torch.Generator``: a request's output then depends on its seed only, not on
 which other requests share the batch or in which order they arrived.
 ``greedy`` (testing) takes the most likely allowed token instead.
+
+Sampling runs on the host, always: the scheduler copies each step's log-probs off
+the device once (fp32) and a :class:`Sampler` (a CPU generator) refuses any other
+tensor. So a seeded request draws the same numbers on a CPU and a GPU server, and
+the sampling code never makes the GPU wait (every ``int()`` here reads host memory).
 """
 
 from __future__ import annotations
@@ -53,27 +58,31 @@ def nucleus_support(probs: Any, top_p: float, top_k: int) -> tuple[Any, Any]:
     k = min(top_k, values.shape[0])
     values, order = values[:k], order[:k]
     before = torch.cumsum(values, 0) - values
-    keep = before < top_p
-    return order[keep], values[keep]
+    kept = max(1, int((before < top_p).sum()))  # ``before`` only grows: the kept tokens are a prefix
+    return order[:kept], values[:kept]
 
 
 class Sampler:
     """Samples one sequence's next token from its log-probabilities."""
 
-    def __init__(self, rules: SamplingRules, eos_token: int, seed: int | None = None, device: Any = "cpu") -> None:
+    def __init__(self, rules: SamplingRules, eos_token: int, seed: int | None = None) -> None:
         import torch
 
         self.rules = rules
         self.eos_token = eos_token
-        self.generator = torch.Generator(device=device)
+        self.generator = torch.Generator(device="cpu")
         if seed is None:
             self.generator.seed()
         else:
             self.generator.manual_seed(int(seed))
 
     def sample(self, logp: Any, decoded: list[int], ignore_eos: bool) -> int:
+        """The next token from ``logp``, a host (CPU) tensor of one sequence's log-probs ``[V]``."""
         import torch
 
+        if logp.device.type != "cpu":
+            raise ValueError(f"Sampler samples host tensors only; got one on {logp.device} "
+                             "(the scheduler copies each step's log-probs to the host once)")
         if ignore_eos:
             logp = logp.clone()
             logp[self.eos_token] = float("-inf")

@@ -10,26 +10,35 @@ Continuous (iteration-level) batching, in one process::
 
 A new sequence joins at the next step after its prefill; a finished, cancelled
 or failed one leaves at once and its cache row is freed. At most
-``max_batch_size`` sequences run; later ones wait (FIFO) for a row. Each
-sequence samples with its own generator (see ``sampling.py``).
+``max_batch_size`` sequences run; later ones wait (FIFO) for a row.
 
-Consumers read a sequence's tokens with :meth:`Sequence.wait_for`, which
-blocks until enough tokens are there or the sequence ended; it never busy-waits.
+Sampling runs on the host: each step's log-probs ``[n, V]`` come off the device in
+one copy (fp32), and every sequence samples from its row with its own CPU
+generator (see ``sampling.py``), so a seeded request gets the same tokens on any
+device, alone or in any batch. A failure while sampling one sequence ends that
+sequence only. An out-of-memory error in a step takes the newest sequence out of
+the batch (back to the head of the queue, its cache rebuilt when it rejoins) and
+the step runs again with the others; the batch then grows back one sequence per
+finished one. On CUDA the thread runs on its own stream (``device.StepIO``).
+
+Consumers read a sequence's tokens with :meth:`Sequence.wait_for` (``sequence.py``),
+which blocks until enough tokens are there or the sequence ended; it never busy-waits.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from app.engines.cosyvoice.batching.bistream import BistreamFeed
-from app.engines.cosyvoice.batching.kv import SavedRow
 from app.engines.cosyvoice.batching.lm import BatchedLM
 from app.engines.cosyvoice.batching.sampling import Sampler, SamplingRules
+from app.engines.cosyvoice.batching.sequence import Sequence
 
 log = logging.getLogger("cosyserve.engine.batch")
 
@@ -37,7 +46,11 @@ POLL_PARKED_S = 0.2  # while bistream sequences wait for text: how often to look
 
 
 class LLMObserver(Protocol):
-    """Receives scheduler measurements (the metrics layer implements it)."""
+    """Receives scheduler measurements (the metrics layer implements it).
+
+    It may also have ``on_flow_cache_recompute()``, which the batched runner calls when a
+    stream does not fit the flow cache budget (``flow_budget.py``).
+    """
 
     def on_step(self, batch_size: int, seconds: float) -> None: ...
 
@@ -56,79 +69,21 @@ class SchedulerClosed(RuntimeError):
     """The scheduler was stopped; no more sequences are decoded."""
 
 
-@dataclass(eq=False)
-class Sequence:
-    """One request's speech-token generation, shared by its consumer and the scheduler."""
-
-    lm_input: Any
-    min_len: int
-    max_len: int
-    sampler: Sampler
-    cancel_flag: threading.Event | None = None
-    request_id: str = ""
-    tokens: list[int] = field(default_factory=list)
-    done: bool = False
-    error: BaseException | None = None
-    cancelled: bool = False
-    logp_trace: list[Any] | None = None  # testing: every step's log-probs, when asked for
-    submitted_at: float = field(default_factory=time.perf_counter)
-    finished_at: float | None = None  # when it ended (done, cancelled or failed)
-    feed: BistreamFeed | None = None  # bistream: text arrives while it decodes (see bistream.py)
-    _cond: threading.Condition = field(default_factory=threading.Condition)
-    _row: int | None = None
-    _started: float = 0.0
-    _saved: SavedRow | None = None  # bistream: the cache while it waits out of the batch for text
-    _notify: Any = None  # wakes the scheduler (bistream: a waiting sequence may have to leave)
-
-    # -- consumer side -------------------------------------------------------------------------
-    def cancel(self) -> None:
-        """Leave the batch at the next step (idempotent, any thread)."""
-        with self._cond:
-            self.cancelled = True
-            self._cond.notify_all()
-        if self._notify is not None:
-            self._notify()
-
-    def wait_for(self, count: int, timeout: float | None = None) -> int:
-        """Block until at least ``count`` tokens exist or the sequence ended; returns how many exist."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            while len(self.tokens) < count and not self.done:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    break
-                self._cond.wait(left)
-            if self.error is not None:
-                raise self.error
-            return len(self.tokens)
-
-    @property
-    def should_stop(self) -> bool:
-        return self.cancelled or (self.cancel_flag is not None and self.cancel_flag.is_set())
-
-    # -- scheduler side -----------------------------------------------------------------------
-    def _push(self, token: int) -> None:
-        with self._cond:
-            self.tokens.append(token)
-            self._cond.notify_all()
-
-    def _finish(self, error: BaseException | None = None) -> None:
-        with self._cond:
-            self.finished_at = time.perf_counter()
-            self.done = True
-            self.error = error
-            self._cond.notify_all()
-
-
 class LLMScheduler:
     """Owns one BatchedLM; ``start()`` launches its thread, ``stop()`` ends it."""
 
     def __init__(self, lm: BatchedLM, max_batch_size: int = 16, rules: SamplingRules | None = None,
-                 observer: LLMObserver | None = None, trace_logp: bool = False) -> None:
+                 observer: LLMObserver | None = None, trace_logp: bool = False,
+                 step_probe: Callable[[], Any] | None = None) -> None:
+        """``step_probe`` (measurement): a context manager factory entered around each decode step,
+        in the scheduler thread (``bench/syncs.py`` counts host syncs with it)."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         self.lm = lm
+        self.io = lm.io
         self.max_batch_size = max_batch_size
+        self.step_probe = step_probe
+        self._cap = max_batch_size  # lowered after an out-of-memory step, regrown as sequences finish
         self.rules = rules or SamplingRules.from_llm(lm.llm)
         self.observer: LLMObserver = observer or _NullObserver()
         self.trace_logp = trace_logp
@@ -142,6 +97,7 @@ class LLMScheduler:
         # observable (tests, stats)
         self.steps = 0
         self.max_batch_seen = 0
+        self.oom_preemptions = 0  # sequences sent back to the queue by an out-of-memory step
 
     # -- public ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -163,10 +119,13 @@ class LLMScheduler:
             self._thread.join(timeout)
 
     def submit(self, lm_input: Any, min_len: int, max_len: int, *, seed: int | None = None,
-               cancel: threading.Event | None = None, request_id: str = "") -> Sequence:
+               cancel: threading.Event | None = None, request_id: str = "", ready: Any = None,
+               sampler: Sampler | None = None) -> Sequence:
+        """Queue one sequence. ``ready``: a CUDA event recorded after ``lm_input`` was made on the
+        caller's stream (``device.ready_event``); ``sampler``: its own sampler (default: the rules, ``seed``)."""
         seq = Sequence(lm_input=lm_input, min_len=min_len, max_len=max_len,
-                       sampler=Sampler(self.rules, self.lm.spec.eos_token, seed=seed),
-                       cancel_flag=cancel, request_id=request_id,
+                       sampler=sampler or Sampler(self.rules, self.lm.spec.eos_token, seed=seed),
+                       cancel_flag=cancel, request_id=request_id, ready=ready,
                        logp_trace=[] if self.trace_logp else None)
         with self._cond:
             if self._stopping:
@@ -181,7 +140,7 @@ class LLMScheduler:
         seq = Sequence(lm_input=None, min_len=0, max_len=1 << 30,
                        sampler=Sampler(self.rules, self.lm.spec.eos_token, seed=seed),
                        cancel_flag=cancel, request_id=request_id, feed=feed)
-        seq._notify = self._wake
+        seq.notify = self._wake
         feed.bind(self._wake)
         with self._cond:
             if self._stopping:
@@ -201,14 +160,14 @@ class LLMScheduler:
         rows, positions = self._kv.capacity
         return {"running": len(self._rows), "pending": pending, "waiting_for_text": parked, "steps": self.steps,
                 "max_batch_seen": self.max_batch_seen, "kv_rows": rows, "kv_positions": positions,
-                "kv_bytes": self._kv.nbytes()}
+                "kv_bytes": self._kv.nbytes(), "oom_preemptions": self.oom_preemptions}
 
     # -- the loop ------------------------------------------------------------------------------
     def _run(self) -> None:
         import torch
 
         try:
-            with torch.inference_mode():
+            with self.io.context(), torch.inference_mode():
                 while True:
                     joining = self._next_arrivals()
                     if joining is None:
@@ -234,7 +193,7 @@ class LLMScheduler:
                 self._cond.wait(POLL_PARKED_S if self._parked else None)
             if self._stopping:
                 return None
-            room = self.max_batch_size - len(self._rows)
+            room = min(self.max_batch_size, self._cap) - len(self._rows)
             joining = []
             while self._pending and len(joining) < room:
                 joining.append(self._pending.popleft())
@@ -242,19 +201,24 @@ class LLMScheduler:
 
     def _prefill(self, seq: Sequence) -> None:
         if seq.should_stop:
-            seq._finish()
+            seq.finish()
             return
-        seq._started = time.perf_counter()
+        seq.started = time.perf_counter()
+        resumed = bool(seq.tokens)  # back from an out-of-memory step: rebuild its cache, its next token is known
         try:
-            row, logp = self.lm.prefill(self._kv, seq.lm_input)
+            self.io.adopt(seq.lm_input, seq.ready)
+            seq.ready = None
+            lm_input = self.lm.resume_input(seq.lm_input, seq.tokens) if resumed else seq.lm_input
+            row, logp = self.lm.prefill(self._kv, lm_input)
+            host = None if resumed else self.io.download(logp)
         except Exception as exc:
             log.error("LLM prefill failed (request %s): %r", seq.request_id, exc)
-            seq._finish(exc)
+            seq.finish(exc)
             return
-        seq.lm_input = None  # the prompt now lives in the cache
-        seq._row = row
+        seq.row = row
         self._rows.append(seq)
-        self._accept(seq, logp)
+        if host is not None:
+            self._accept(seq, host)
 
     def _parked_due(self) -> bool:
         return any(s.feed.dirty or s.should_stop for s in self._parked)
@@ -272,20 +236,21 @@ class LLMScheduler:
             with self._cond:
                 self._parked.remove(seq)
             try:
-                row, logp = self.lm.prefill(self._kv, self.lm.embed(parts), past=seq._saved)
+                row, logp = self.lm.prefill(self._kv, self.lm.embed(parts), past=seq.saved)
+                logp = self.io.download(logp)
             except Exception as exc:  # noqa: BLE001 - fails this sequence only, as _prefill does
                 log.error("LLM bistream input failed (request %s): %r", seq.request_id, exc)
-                seq._saved = None
-                seq._finish(exc)
+                seq.saved = None
+                seq.finish(exc)
                 continue
-            seq._saved = None
-            seq._row = row
+            seq.saved = None
+            seq.row = row
             self._rows.append(seq)
             self._accept(seq, logp)
 
     def _park(self, seq: Sequence) -> None:
         """Take a bistream sequence out of the batch until its next text arrives (its cache kept)."""
-        seq._saved = self._kv.snapshot(seq._row)
+        seq.saved = self._kv.snapshot(seq.row)
         self._remove_row(seq)
         seq.feed.dirty = True  # text may already be waiting (or have ended): look again at the next turn
         with self._cond:
@@ -294,21 +259,65 @@ class LLMScheduler:
     def _step(self) -> None:
         t0 = time.perf_counter()
         n = len(self._rows)
-        try:
-            logp = self.lm.decode(self._kv, [seq.tokens[-1] for seq in self._rows])
-        except Exception as exc:
-            log.exception("batched LLM step failed with %d sequences", n)
-            for seq in list(self._rows):
-                self._leave(seq, exc)
-            return
-        for seq, row_logp in zip(list(self._rows), logp):
-            self._accept(seq, row_logp)
+        rows = list(self._rows)
+        probe = self.step_probe() if self.step_probe is not None else contextlib.nullcontext()
+        with probe:
+            try:
+                logp = self.io.download(self.lm.decode(self._kv, [seq.tokens[-1] for seq in rows]))
+            except Exception as exc:
+                if _out_of_memory(exc) and self._preempt_newest(exc):
+                    return
+                log.exception("batched LLM step failed with %d sequences", n)
+                for seq in rows:
+                    self._leave(seq, exc)
+                return
+            for seq, row_logp in zip(rows, logp):
+                self._accept(seq, row_logp)
         self.steps += 1
         self.max_batch_seen = max(self.max_batch_seen, n)
         self.observer.on_step(n, time.perf_counter() - t0)
 
+    def _preempt_newest(self, exc: BaseException) -> bool:
+        """After an out-of-memory step: take the newest sequence out of the batch (False: nothing to keep).
+
+        It goes back to the head of the queue (its cache is rebuilt from its input and
+        tokens when it rejoins); one that cannot be rebuilt (bistream) fails. The batch
+        may then grow again one sequence per finished one.
+        """
+        if len(self._rows) < 2:
+            return False  # alone: it fails (nothing else to make room for)
+        victim = max(self._rows, key=lambda s: s.started)
+        self._remove_row(victim)
+        self.io.release_cache()
+        self._cap = max(1, len(self._rows))
+        if victim.feed is not None or victim.lm_input is None:
+            log.warning("LLM step out of memory with %d sequences: request %s fails (its cache cannot be rebuilt)",
+                        len(self._rows) + 1, victim.request_id)
+            victim.finish(exc)
+            return True
+        self.oom_preemptions += 1
+        log.warning("LLM step out of memory with %d sequences: request %s waits for room (batch capped at %d)",
+                    len(self._rows) + 1, victim.request_id, self._cap)
+        with self._cond:
+            self._pending.appendleft(victim)
+        return True
+
     def _accept(self, seq: Sequence, logp: Any) -> None:
-        """Sample ``seq``'s next token from ``logp``; hand it out, or end the sequence."""
+        """Sample ``seq``'s next token from ``logp`` (a host row); hand it out, or end the sequence.
+
+        Any failure here (its sampler, its token rules) ends this sequence only.
+        """
+        try:
+            self._sample(seq, logp)
+        except Exception as exc:  # noqa: BLE001 - one request's failure, never the scheduler's
+            log.error("sampling failed (request %s): %r", seq.request_id, exc)
+            with self._cond:
+                if seq in self._parked:  # a bistream sequence that failed right after sitting out
+                    self._parked.remove(seq)
+            if not seq.done:
+                self._leave(seq, exc)
+
+    def _sample(self, seq: Sequence, logp: Any) -> None:
         step = len(seq.tokens)
         if seq.feed is not None:
             self._accept_bistream(seq, logp)
@@ -319,7 +328,7 @@ class LLMScheduler:
         if token in self.lm.spec.stop_tokens:
             self._leave(seq)
             return
-        seq._push(token)
+        seq.push(token)
         self.observer.on_tokens(1)
         if len(seq.tokens) >= seq.max_len:
             self._leave(seq)
@@ -333,7 +342,7 @@ class LLMScheduler:
         if token in self.lm.spec.stop_tokens or token >= self.lm.spec.speech_token_size:
             self._leave(seq)
             return
-        seq._push(token)
+        seq.push(token)
         self.observer.on_tokens(1)
         if feed.final and len(seq.tokens) >= feed.max_len:
             self._leave(seq)
@@ -346,23 +355,26 @@ class LLMScheduler:
             for seq in gone:
                 self._parked.remove(seq)
         for seq in gone:
-            seq._saved = None
-            seq._finish()
+            seq.saved = None
+            seq.finish()
 
     def _leave(self, seq: Sequence, error: BaseException | None = None) -> None:
         """Remove ``seq`` from the batch now and free its cache row."""
         self._remove_row(seq)
-        seq._finish(error)
+        seq.lm_input = None
+        seq.finish(error)
+        if self._cap < self.max_batch_size:
+            self._cap += 1  # after an out-of-memory step: grow back one finished sequence at a time
 
     def _remove_row(self, seq: Sequence) -> None:
-        if seq._row is not None:
-            row = seq._row
+        if seq.row is not None:
+            row = seq.row
             moved = self._kv.remove_row(row)
             last = self._rows.pop()
             if moved is not None:
                 self._rows[row] = last
-                last._row = row
-            seq._row = None
+                last.row = row
+            seq.row = None
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:
@@ -375,3 +387,10 @@ class LLMScheduler:
                 self._leave(seq, error)  # frees its row, if it has one
         self._rows.clear()
         self._kv.clear()
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    import torch
+
+    oom = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    return isinstance(exc, oom)

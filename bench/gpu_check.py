@@ -1,0 +1,529 @@
+"""The GPU check: does cosyserve's engine run right, and how fast, on this CUDA machine?
+
+    python -m bench.gpu_check                       # CUDA: full-size v2 built here, docs/benchmarks/gpu.{md,json}
+    python -m bench.gpu_check --device cpu --quick  # CI: tiny v2 on the CPU, reports/gpu_check_cpu.{md,json}
+    make gpu-check
+
+In-process (the engine, no HTTP server), so the machine needs torch and the CosyVoice
+runtime only (docs/gpu.md: carrying the wheels to a machine without network). It builds
+the full-size random-weight CosyVoice2 dir on the spot (``cosyserve make-tiny-model
+--full-size --version 2``; reused when already there) and, within ``--budget-s`` (480 s),
+reports:
+
+* parity: the batched LLM's tokens against CosyVoice's own ``llm.inference`` on this
+  device (greedy, fp32; log-prob differences too); seeded tokens on the CPU and on this
+  device; seeded alone and inside a batch; fp16/bf16 log-prob drift against fp32;
+* one request's time per stage (frontend, LLM, flow, HiFT; the device synchronised at
+  each boundary);
+* streaming time to first audio p50/p95 at concurrency 1, 4 and 16, audio seconds per
+  wall second, LLM step time and mean batch;
+* host syncs per decode step (``set_sync_debug_mode`` on CUDA, and the CPU proxy's
+  count), peak GPU memory.
+
+A phase that would overrun the budget is skipped and says so. Nothing here is a
+benchmark of the real model: random weights, a calibrated stop (docs/benchmarks/fullsize-model.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import os
+import platform
+import shutil
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.gpu_report import markdown, percentile
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = [
+    "Hello there, how are you today?",
+    "The quick brown fox jumps over the lazy dog near the quiet river bank.",
+    "Batching many requests together makes the language model far cheaper per token.",
+    "A sentence of middling length, spoken once and then forgotten.",
+]
+STREAM_TEXT = "The train to the city leaves at seven every morning, and the people who ride it read or sleep."
+log = logging.getLogger("cosyserve.gpu_check")
+
+
+class Deadline:
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+class Steps:
+    """The engine's LLM observer: step seconds and batch sizes while a phase runs."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[int, float]] = []
+        self.tokens = 0
+        self.recording = False
+
+    def on_step(self, batch_size: int, seconds: float) -> None:
+        if self.recording:
+            self.steps.append((batch_size, seconds))
+
+    def on_tokens(self, n: int) -> None:
+        self.tokens += n
+
+
+def say(msg: str) -> None:
+    print(f"[gpu_check {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# -- environment and model ----------------------------------------------------------------------------
+def environment(device: Any) -> dict:
+    import importlib.metadata as md
+
+    import torch
+
+    from app.engines.cosyvoice.device import describe_device
+
+    info = describe_device(device)
+    versions = {}
+    for dist in ("torch", "torchaudio", "transformers", "numpy", "onnxruntime", "cosyvoice-minicpmo", "diffusers"):
+        try:
+            versions[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            versions[dist] = None
+    info.update(python=platform.python_version(), platform=platform.platform(), versions=versions,
+                cpu_count=os.cpu_count(), torch_threads=torch.get_num_threads(),
+                alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+    return info
+
+
+def model_dir(args: argparse.Namespace) -> tuple[str, float]:
+    """The model dir to check and the seconds it took to build (0 when it was there)."""
+    if args.model_dir:
+        return args.model_dir, 0.0
+    if args.quick:
+        from app.devmodels.tiny import ensure_tiny_model
+
+        t0 = time.monotonic()
+        return str(ensure_tiny_model(ROOT / ".cache" / "models", 2)), time.monotonic() - t0
+    from app.devmodels.tiny import build_tiny_model
+
+    out = ROOT / ".cache" / "gpu_check" / "full2"
+    if (out / "cosyserve_tiny.json").is_file():
+        return str(out), 0.0
+    tmp = out.with_name("full2.building")
+    shutil.rmtree(tmp, ignore_errors=True)
+    say(f"building the full-size random-weight CosyVoice2 dir into {out.relative_to(ROOT)} ...")
+    t0 = time.monotonic()
+    build_tiny_model(tmp, 2, full_size=True)
+    tmp.rename(out)
+    return str(out), time.monotonic() - t0
+
+
+def load_engine(mdir: str, device: str, observer: Steps, threads: int) -> Any:
+    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+
+    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=mdir, device=device, batching=True, max_batch_size=16,
+                                          torch_threads=threads, text_normalization="off"), llm_observer=observer)
+    eng.load()
+    return eng
+
+
+def request(eng: Any, text: str, stream: bool = False, seed: int | None = None) -> Any:
+    from app.engines.base import SynthesisRequest
+
+    return SynthesisRequest(text=text, mode="sft", speaker=eng.voices()[0], stream=stream, seed=seed)
+
+
+def llm_input(eng: Any, text: str) -> dict:
+    (model_input,) = list(eng.inputs.for_request(request(eng, text), eng.sample_rate))
+    return model_input
+
+
+def scheduler(lm: Any, greedy: bool, trace: bool = False, probe: Any = None, max_batch: int = 16) -> Any:
+    from app.engines.cosyvoice.batching.sampling import SamplingRules
+    from app.engines.cosyvoice.batching.scheduler import LLMScheduler
+
+    sched = LLMScheduler(lm, max_batch_size=max_batch, rules=SamplingRules.from_llm(lm.llm, greedy=greedy),
+                         trace_logp=trace, step_probe=probe)
+    sched.start()
+    return sched
+
+
+def submit(lm: Any, sched: Any, model_input: dict, **kw: Any) -> Any:
+    import torch
+
+    from app.engines.cosyvoice.device import ready_event
+
+    empty = torch.zeros(1, 0, dtype=torch.int32)
+    with torch.inference_mode():
+        x, lo, hi = lm.prefix(model_input["text"], model_input.get("prompt_text", empty),
+                              model_input.get("llm_prompt_speech_token", empty))
+    return sched.submit(x, lo, hi, ready=ready_event(x.device), **kw)
+
+
+def finish(seqs: list, timeout: float = 300) -> None:
+    for seq in seqs:
+        seq.wait_for(1 << 30, timeout=timeout)
+
+
+# -- parity ---------------------------------------------------------------------------------------------
+def reference(llm: Any, model_input: dict) -> tuple[list[int], list]:
+    """CosyVoice's own ``llm.inference`` alone, greedy (ranked_greedy): tokens and each step's log-probs."""
+    import torch
+
+    from app.engines.cosyvoice.batching.sampling import ranked_greedy
+
+    steps: list = []
+    hook = llm.llm_decoder.register_forward_hook(lambda m, i, o: steps.append(o.float().log_softmax(-1)[0].cpu()))
+    empty = torch.zeros(1, 0, dtype=torch.int32)
+    saved, llm.sampling = llm.sampling, ranked_greedy()
+    text, prompt = model_input["text"], model_input.get("prompt_text", empty)
+    speech = model_input.get("llm_prompt_speech_token", empty)
+    n = lambda t: torch.tensor([t.shape[1]], dtype=torch.int32)  # noqa: E731
+    try:
+        with torch.inference_mode():
+            tokens = [int(t) for t in llm.inference(text=text, text_len=n(text), prompt_text=prompt,
+                                                    prompt_text_len=n(prompt), prompt_speech_token=speech,
+                                                    prompt_speech_token_len=n(speech),
+                                                    embedding=model_input.get("llm_embedding", torch.zeros(0, 192)))]
+    finally:
+        hook.remove()
+        llm.sampling = saved
+    return tokens, steps
+
+
+def parity(eng: Any, texts: list[str]) -> dict:
+    from app.engines.cosyvoice.batching.lm import BatchedLM
+
+    llm = eng.loaded.model.llm
+    inputs = [llm_input(eng, t) for t in texts]
+    refs = [reference(llm, mi) for mi in inputs]
+    lm = BatchedLM(llm)
+    sched = scheduler(lm, greedy=True, trace=True)
+    try:
+        seqs = [submit(lm, sched, mi) for mi in inputs]
+        finish(seqs)
+    finally:
+        sched.stop()
+    equal = [s.tokens == ref for s, (ref, _) in zip(seqs, refs)]
+    worst = 0.0
+    for seq, (_, steps) in zip(seqs, refs):
+        for a, b in zip(seq.logp_trace, steps):
+            live = b > -50.0
+            worst = max(worst, float((a[live] - b[live]).abs().max()))
+    return {"requests": len(texts), "tokens_equal": sum(equal), "tokens": [len(r) for r, _ in refs],
+            "max_logp_diff": worst, "batch": sched.max_batch_seen}
+
+
+def seeded(eng: Any, device: Any, texts: list[str], seed: int = 1234) -> dict:
+    """Seeded tokens: alone vs inside a batch on this device, and this device vs the CPU."""
+    import torch
+
+    from app.engines.cosyvoice.batching.lm import BatchedLM
+
+    llm = eng.loaded.model.llm
+    inputs = [llm_input(eng, t) for t in texts]
+    lm = BatchedLM(llm)
+    sched = scheduler(lm, greedy=False)
+    try:
+        alone = submit(lm, sched, inputs[1], seed=seed)
+        finish([alone])
+        batch = [submit(lm, sched, mi, seed=seed if i == 1 else 7 + i) for i, mi in enumerate(inputs)]
+        finish(batch)
+    finally:
+        sched.stop()
+    out = {"alone_equals_batched": alone.tokens == batch[1].tokens, "tokens": len(alone.tokens)}
+    if device.type == "cpu":
+        out["cpu_equals_device"] = None  # one device only
+        return out
+    cpu_llm = copy.deepcopy(llm).to("cpu")
+    cpu_lm = BatchedLM(cpu_llm)
+    cpu_sched = scheduler(cpu_lm, greedy=False)
+    try:
+        on_cpu = submit(cpu_lm, cpu_sched, {k: v.cpu() if isinstance(v, torch.Tensor) else v
+                                            for k, v in inputs[1].items()}, seed=seed)
+        finish([on_cpu], timeout=600)
+    finally:
+        cpu_sched.stop()
+    first_diff = next((i for i, (a, b) in enumerate(zip(on_cpu.tokens, alone.tokens)) if a != b), None)
+    out.update(cpu_equals_device=on_cpu.tokens == alone.tokens, cpu_tokens=len(on_cpu.tokens),
+               first_difference=first_diff)
+    del cpu_llm
+    return out
+
+
+def drift(eng: Any, device: Any, text: str, steps: int = 60) -> dict:
+    """Half-precision LLM log-probs against fp32, teacher-forced on fp32's greedy tokens."""
+    import torch
+
+    from app.engines.cosyvoice.batching.lm import BatchedLM
+    from app.engines.cosyvoice.precision import llm_in
+
+    llm = eng.loaded.model.llm
+    model_input = llm_input(eng, text)
+    empty = torch.zeros(1, 0, dtype=torch.int32)
+    names = ["fp16", "bf16"]
+    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        names = ["fp16"]
+    out = {}
+    ref = BatchedLM(llm)
+    for name in names:
+        half = copy.deepcopy(llm)
+        llm_in(half, torch.float16 if name == "fp16" else torch.bfloat16)
+        low = BatchedLM(half)
+        worst_rel, worst_abs, agree, n = 0.0, 0.0, 0, 0
+        with torch.inference_mode():
+            kv32, kvh = ref.new_cache(), low.new_cache()
+            args = (model_input["text"], model_input.get("prompt_text", empty),
+                    model_input.get("llm_prompt_speech_token", empty))
+            _, p32 = ref.prefill(kv32, ref.prefix(*args)[0])
+            _, ph = low.prefill(kvh, low.prefix(*args)[0])
+            for _ in range(steps):
+                a, b = ph.float().cpu(), p32.float().cpu()
+                live = b > -50.0
+                worst_abs = max(worst_abs, float((a[live] - b[live]).abs().max()))
+                worst_rel = max(worst_rel, float((a - b).norm() / b.norm()))
+                token = int(b.argmax())
+                agree += int(a.argmax()) == token
+                n += 1
+                p32, ph = ref.decode(kv32, [token])[0], low.decode(kvh, [token])[0]
+        out[name] = {"steps": n, "max_abs_live": worst_abs, "max_rel_l2": worst_rel, "top1_agree": agree / n,
+                     "kv_dtype": str(kvh.dtype).replace("torch.", "")}
+        del half, low
+    return out
+
+
+# -- time ----------------------------------------------------------------------------------------------
+def stages(eng: Any, device: Any, repeats: int = 3) -> dict:
+    """One non-streamed request's seconds per stage, the device synchronised at each boundary (median)."""
+    import torch
+
+    model = eng.loaded.model
+    rows = []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        model_input = llm_input(eng, TEXTS[1])
+        t1 = time.perf_counter()
+        seq = eng.runner.submit(model_input, threading.Event(), seed=i)
+        seq.wait_for(1 << 30, timeout=300)
+        t2 = time.perf_counter()
+        tokens = torch.tensor([seq.tokens], dtype=torch.int32, device=device)
+        n = lambda t: torch.tensor([t.shape[1]], dtype=torch.int32, device=device)  # noqa: E731
+        prompt = model_input.get("flow_prompt_speech_token", torch.zeros(1, 0, dtype=torch.int32)).to(device)
+        feat = model_input.get("prompt_speech_feat", torch.zeros(1, 0, 80)).to(device)
+        emb = model_input.get("flow_embedding", torch.zeros(0, 192)).to(device)
+        with torch.inference_mode():
+            sync(device)
+            t3 = time.perf_counter()
+            mel, _ = model.flow.inference(token=tokens, token_len=n(tokens), prompt_token=prompt,
+                                          prompt_token_len=n(prompt), prompt_feat=feat, prompt_feat_len=n(feat),
+                                          embedding=emb, streaming=False, finalize=True)
+            sync(device)
+            t4 = time.perf_counter()
+            speech, _ = model.hift.inference(speech_feat=mel)
+            sync(device)
+            t5 = time.perf_counter()
+        if i:  # the first is a warm-up
+            rows.append({"frontend": t1 - t0, "llm": t2 - t1, "flow": t4 - t3, "hift": t5 - t4,
+                         "tokens": len(seq.tokens), "audio_s": speech.shape[1] / eng.sample_rate})
+    out = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    out["tokens"] = int(out["tokens"])
+    return out
+
+
+def streaming(eng: Any, steps: Steps, concurrency: int, requests: int, deadline: Deadline) -> dict:
+    """Closed loop: ``concurrency`` threads stream ``requests`` requests in all."""
+    ttfa, audio, errors = [], [], []
+    todo = list(range(requests))
+    lock = threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not todo or deadline.left() < 0:
+                    return
+                i = todo.pop()
+            req = request(eng, STREAM_TEXT, stream=True, seed=i)
+            t0 = time.perf_counter()
+            first, seconds = None, 0.0
+            try:
+                for chunk in eng.synthesize(req, threading.Event()):
+                    first = first if first is not None else time.perf_counter() - t0
+                    seconds += chunk.duration_s
+            except Exception as exc:  # noqa: BLE001 - reported, not raised: the other points still run
+                with lock:
+                    errors.append(repr(exc))
+                continue
+            with lock:
+                ttfa.append(first if first is not None else float("nan"))
+                audio.append(seconds)
+
+    steps.steps.clear()
+    steps.recording = True
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    steps.recording = False
+    step_s = [s for _, s in steps.steps]
+    return {"concurrency": concurrency, "requests": len(ttfa), "errors": errors[:3], "error_count": len(errors),
+            "ttfa_p50_s": percentile(ttfa, 50), "ttfa_p95_s": percentile(ttfa, 95),
+            "audio_s_per_wall_s": sum(audio) / wall if wall > 0 else None, "wall_s": wall,
+            "llm_step_ms_p50": 1000 * statistics.median(step_s) if step_s else None,
+            "llm_mean_batch": statistics.mean(b for b, _ in steps.steps) if steps.steps else None,
+            "llm_steps": len(step_s)}
+
+
+def syncs(eng: Any, device: Any) -> dict:
+    """Host syncs per decode step of 4 sequences: the CPU proxy, and on CUDA the driver's own count."""
+    from app.engines.cosyvoice.batching.lm import BatchedLM
+    from bench.syncs import CudaSyncCounter, HostSyncCounter, summary
+
+    out = {}
+    counters: list[tuple[str, Any]] = [("proxy", HostSyncCounter())]
+    if device.type == "cuda":
+        counters.append(("cuda_flagged", CudaSyncCounter()))
+    inputs = [llm_input(eng, t) for t in TEXTS]
+    for name, counter in counters:
+        lm = BatchedLM(eng.loaded.model.llm)
+        sched = scheduler(lm, greedy=False, probe=counter.probe)
+        try:
+            finish([submit(lm, sched, mi, seed=i) for i, mi in enumerate(inputs)])
+        finally:
+            sched.stop()
+        out[name] = summary(counter.per_step[1:])  # the first step may include one-off setup
+        if name == "proxy":
+            out[name]["kinds"] = dict(counter.kinds)
+        else:
+            out[name]["messages"] = dict(counter.messages)
+    out["by_design"] = "one event wait per step (the log-prob download); not flagged by set_sync_debug_mode"
+    return out
+
+
+def gpu_memory(device: Any) -> dict | None:
+    """Peak GPU memory while streaming (the model, the KV cache, 16 requests' flow/HiFT)."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    return {"peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
+            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
+            "allocated_after_bytes": int(torch.cuda.memory_allocated(device))}
+
+
+# -- main ------------------------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> dict:
+    import torch
+
+    from app.engines.cosyvoice.device import resolve_device
+
+    deadline = Deadline(args.budget_s)
+    device = resolve_device(args.device)
+    torch.set_num_threads(args.threads)
+    doc: dict[str, Any] = {"mode": "quick" if args.quick else "full", "budget_s": args.budget_s,
+                           "started": time.strftime("%Y-%m-%d %H:%M:%S"), "environment": environment(device)}
+    say(f"device {device}: {doc['environment'].get('name')}")
+    mdir, built_s = model_dir(args)
+    doc["model"] = {"dir": os.path.relpath(mdir, ROOT) if mdir.startswith(str(ROOT)) else Path(mdir).name,
+                    "build_s": built_s, "full_size": not args.quick}
+    steps = Steps()
+    t0 = time.monotonic()
+    eng = load_engine(mdir, str(device), steps, args.threads)
+    doc["model"]["load_s"] = time.monotonic() - t0
+    doc["model"]["precision"] = eng.loaded.precision.stage_dtypes()
+    say(f"loaded in {doc['model']['load_s']:.1f} s")
+    phases = [
+        ("parity", lambda: parity(eng, TEXTS if not args.quick else TEXTS[:3]), 60),
+        ("seeded", lambda: seeded(eng, device, TEXTS[:3]), 60),
+        ("drift", lambda: drift(eng, device, TEXTS[1], steps=30 if args.quick else 60), 30),
+        ("stages", lambda: stages(eng, device, repeats=2 if args.quick else 3), 30),
+        ("syncs", lambda: syncs(eng, device), 20),
+    ]
+    levels = [(1, 2, 20), (4, 4, 30), (16, 16, 60)] if args.quick else [(1, 4, 30), (4, 12, 60), (16, 32, 90)]
+    try:
+        eng.warmup()
+        for name, fn, needs in phases:
+            if deadline.left() < needs:
+                doc[name] = {"skipped": f"time budget ({deadline.left():.0f} s left, needs ~{needs} s)"}
+                say(f"{name}: skipped (time budget)")
+                continue
+            t = time.monotonic()
+            try:
+                doc[name] = fn()
+            except Exception as exc:  # noqa: BLE001 - one failing phase is a finding, not the end of the check
+                log.exception("phase %s failed", name)
+                doc[name] = {"failed": repr(exc)}
+            doc[name + "_s"] = round(time.monotonic() - t, 1)
+            say(f"{name}: {json.dumps(doc[name], default=str)[:300]}")
+        doc["streaming"] = []
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)  # the peak below is the serving one
+        for c, n, needs in levels:
+            if deadline.left() < needs:
+                doc["streaming"].append({"concurrency": c, "skipped": "time budget"})
+                continue
+            point = streaming(eng, steps, c, n, deadline)
+            doc["streaming"].append(point)
+            say(f"concurrency {c}: {json.dumps(point, default=str)[:300]}")
+        doc["gpu_memory"] = gpu_memory(device)
+    finally:
+        eng.close()
+    doc["elapsed_s"] = round(args.budget_s - deadline.left(), 1)
+    return doc
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
+    ap.add_argument("--quick", action="store_true", help="the tiny v2 model and fewer requests (CI, ~1-2 min on a CPU)")
+    ap.add_argument("--model-dir", help="check this CosyVoice2 dir instead of building the full-size one")
+    ap.add_argument("--budget-s", type=float, default=None, help="time budget in seconds (default 480; quick 240)")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 4 on CUDA, 1 on a CPU)")
+    ap.add_argument("--out", help="output prefix (default docs/benchmarks/gpu on CUDA, reports/gpu_check_cpu on a CPU)")
+    args = ap.parse_args(argv)
+    cpu = args.device == "cpu"
+    args.budget_s = args.budget_s or (240.0 if args.quick else 480.0)
+    args.threads = args.threads or (1 if cpu else 4)
+    args.out = args.out or str(ROOT / ("reports/gpu_check_cpu" if cpu else "docs/benchmarks/gpu"))
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.device != "cpu":  # before torch starts CUDA: what the CUDA image sets (docs/gpu.md)
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from app.engines.cosyvoice.device import DeviceUnavailable
+
+    try:
+        doc = run(args)
+    except DeviceUnavailable as exc:
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
+    out.with_suffix(".md").write_text(markdown(doc), encoding="utf-8")
+    say(f"wrote {out.with_suffix('.md')} and .json in {doc['elapsed_s']} s")
+    failed = [k for k, v in doc.items() if isinstance(v, dict) and "failed" in v]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
