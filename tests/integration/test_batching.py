@@ -271,7 +271,19 @@ def test_concurrent_requests_get_the_audio_they_get_one_by_one(batched):
     assert stats["max_batch_seen"] >= 3 and stats["steps"] > steps_before
 
 
-def test_a_cancelled_engine_request_leaves_the_batch(batched_long):
+def test_a_cancelled_engine_request_leaves_the_batch(batched_long, monkeypatch):
+    # The LLM outruns token2wav on a tiny model: hold its decode steps after 80 tokens (past the first
+    # hop's) until the request is cancelled, so the sequence is surely still decoding when it is.
+    lm = batched_long.runner.lm
+    decode, steps, held = lm.decode, [0], threading.Event()
+
+    def paced(*args, **kwargs):
+        steps[0] += 1
+        if steps[0] > 80:
+            held.wait(30)
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(lm, "decode", paced)
     req = mixed_requests(batched_long)[1]
     req.stream = True
     cancel = threading.Event()
@@ -280,8 +292,10 @@ def test_a_cancelled_engine_request_leaves_the_batch(batched_long):
     assert batched_long.llm_stats()["running"] == 1
     cancel.set()
     gen.close()
+    held.set()
     wait_until(lambda: batched_long.llm_stats()["running"] == 0, timeout=5)
     assert batched_long.llm_stats()["kv_bytes"] == 0
+    assert steps[0] < 120  # it left at once: this request decodes 222 steps when left alone
 
 
 def test_no_cache_or_memory_growth_over_1000_mixed_sequences(v2):
