@@ -18,6 +18,12 @@ from typing import Any
 
 from app.engines.base import EngineFailure
 from app.engines.cosyvoice.compat import SafeMelExtractor, attach_llm, prepare_imports
+from app.engines.cosyvoice.levers import (
+    AppliedLevers,
+    LeverRefused,
+    Levers,
+    apply_levers,
+)
 from app.engines.cosyvoice.precision import (
     DEFAULT_STAGES,
     Precision,
@@ -48,6 +54,7 @@ class LoadedModel:
     model_dir: Path
     precision: Precision = field(default_factory=lambda: Precision("fp32"))
     code_dir: str = ""  # where the imported ``cosyvoice`` package lives (installed copy or a checkout)
+    levers: AppliedLevers = field(default_factory=AppliedLevers)  # int8 LLM, flow runtime, steps, CFG (levers.py)
 
 
 def detect_version(model_dir: Path) -> int:
@@ -78,17 +85,19 @@ def _torch_load(path: Path, device: Any) -> dict:
 
 
 def load_model_dir(model_dir: str | os.PathLike, *, dtype: str = "fp32", dtype_stages: tuple[str, ...] = DEFAULT_STAGES,
-                   cosyvoice_path: str | None = None) -> LoadedModel:
+                   cosyvoice_path: str | None = None, levers: Levers | None = None) -> LoadedModel:
     """Build frontend + model for the CosyVoice version found in ``model_dir`` (one thread at a time).
 
-    ``dtype`` is ``engine.dtype`` (auto | fp32 | bf16 | fp16, see ``app/engines/cosyvoice/precision.py``).
+    ``dtype`` is ``engine.dtype`` (auto | fp32 | bf16 | fp16, see ``app/engines/cosyvoice/precision.py``);
+    ``levers``: int8 LLM, flow runtime, steps, CFG (``app/engines/cosyvoice/levers.py``; None: none).
     """
     with _BUILD_LOCK:
-        return _load_model_dir(model_dir, dtype=dtype, dtype_stages=tuple(dtype_stages), cosyvoice_path=cosyvoice_path)
+        return _load_model_dir(model_dir, dtype=dtype, dtype_stages=tuple(dtype_stages), cosyvoice_path=cosyvoice_path,
+                               levers=levers)
 
 
 def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: tuple[str, ...],
-                    cosyvoice_path: str | None) -> LoadedModel:
+                    cosyvoice_path: str | None, levers: Levers | None = None) -> LoadedModel:
     prepare_imports(cosyvoice_path)
     import torch
     from hyperpyyaml import load_hyperpyyaml
@@ -125,6 +134,14 @@ def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: t
     for module in (llm, flow, hift):
         module.to(device).eval()
     apply_precision(precision, llm, flow, hift)
+    applied = AppliedLevers()
+    if levers is not None:
+        try:
+            applied = apply_levers(levers, llm=llm, flow=flow, version=version, device_type=device.type,
+                                   llm_dtype=_stage_dtype(precision, "llm"), flow_dtype=_stage_dtype(precision, "flow"),
+                                   model_dir=model_dir)
+        except LeverRefused as exc:
+            raise EngineFailure(str(exc)) from exc
 
     frontend = CosyVoiceFrontEnd(
         configs["get_tokenizer"],
@@ -148,4 +165,9 @@ def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: t
         model_dir=model_dir,
         precision=precision,
         code_dir=str(Path(cv_model.__file__).resolve().parent.parent),
+        levers=applied,
     )
+
+
+def _stage_dtype(precision: Precision, stage: str) -> str:
+    return precision.dtype if precision.reduced and stage in precision.stages else "fp32"
