@@ -121,6 +121,7 @@ class EngineSettings(_Section):
     flow_cache: bool = False  # batched v2 streaming: flow keeps per-request caches, a hop costs its own frames
     flow_cache_window_frames: int | None = Field(None, ge=1)  # cap on cached frames per layer (None: exact)
     flow_prompt_cache_mb: float = Field(1024, ge=0)  # with flow_cache: registered voices' prompt flow state (0: off)
+    llm_quantization: Literal["none", "int8"] = "none"  # int8: dynamic int8 LLM backbone on a CPU (approximate)
     flow_runtime: Literal["auto", "torch", "onnxruntime"] = "auto"  # flow estimator; auto: ORT on a CPU, torch on CUDA
     flow_steps: int | None = Field(None, ge=1, le=100)  # flow ODE steps (None: the model's, 10); changes the audio
     flow_cfg: bool = True  # flow classifier-free guidance; false halves the flow's work and changes the audio

@@ -92,14 +92,14 @@ def test_the_flow_cache_follows_the_knobs_exactly(tiny_models, steps, cfg):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-def test_engine_with_every_flow_lever_speaks(tiny_models, tmp_path, stream):
+def test_engine_with_every_lever_speaks(tiny_models, tmp_path, stream):
     eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
-                                          llm_greedy=True, flow_runtime="onnxruntime",
+                                          llm_greedy=True, llm_quantization="int8", flow_runtime="onnxruntime",
                                           flow_steps=5, flow_cfg=False, onnx_cache_dir=str(tmp_path)))
     eng.load()
     try:
         applied = eng.loaded.levers
-        assert applied.flow.runtime == "onnxruntime"
+        assert applied.llm_int8_layers > 0 and applied.flow.runtime == "onnxruntime"
         assert "5 flow steps" in applied.describe() and "CFG off" in applied.describe()
         req = SynthesisRequest(text="Hello there, this is a short test.", mode="sft", speaker=eng.voices()[0],
                                stream=stream, seed=3)

@@ -1,4 +1,4 @@
-"""Cost levers applied at load: the flow estimator's runtime, ODE steps and CFG.
+"""Cost levers applied at load: an int8 LLM, the flow estimator's runtime, ODE steps and CFG.
 
 ``apply_levers`` is called once per loaded model (``load.py``, after the weights and the
 precision): each setting is resolved for this device and model, refused with a clear
@@ -19,6 +19,11 @@ from app.engines.cosyvoice.flow_runtime import (
     install,
     resolve_flow_runtime,
 )
+from app.engines.cosyvoice.quantize import (
+    QuantizationRefused,
+    check_llm_quantization,
+    quantize_llm_int8,
+)
 
 log = logging.getLogger("cosyserve.engine")
 
@@ -29,8 +34,9 @@ class LeverRefused(ValueError):
 
 @dataclass(frozen=True)
 class Levers:
-    """The settings (``engine.flow_runtime``, ``flow_steps``, ``flow_cfg``)."""
+    """The settings (``engine.llm_quantization``, ``flow_runtime``, ``flow_steps``, ``flow_cfg``)."""
 
+    llm_quantization: str = "none"  # none | int8
     flow_runtime: str = "torch"  # auto | torch | onnxruntime
     flow_steps: int | None = None  # None: the model's (10)
     flow_cfg: bool = True
@@ -40,10 +46,11 @@ class Levers:
 
 @dataclass(frozen=True)
 class AppliedLevers:
+    llm_int8_layers: int = 0  # Linear layers now dynamic int8 (0: the LLM is as loaded)
     flow: FlowOptions = FlowOptions()
 
     def describe(self) -> str:
-        parts = []
+        parts = [f"LLM int8 ({self.llm_int8_layers} linear layers)" if self.llm_int8_layers else "LLM as loaded"]
         runtime = self.flow.runtime + (f" ({self.flow.onnx_source})" if self.flow.onnx_source else "")
         parts.append(f"flow estimator on {runtime}")
         if self.flow.steps is not None:
@@ -56,18 +63,20 @@ class AppliedLevers:
 def apply_levers(levers: Levers, *, llm: Any, flow: Any, version: int, device_type: str,
                  llm_dtype: str = "fp32", flow_dtype: str = "fp32", model_dir: Any = None) -> AppliedLevers:
     try:
+        check_llm_quantization(levers.llm_quantization, device_type=device_type, version=version, llm_dtype=llm_dtype)
         runtime = resolve_flow_runtime(levers.flow_runtime, device_type=device_type, flow_dtype=flow_dtype)
-    except FlowRuntimeRefused as exc:
+    except (QuantizationRefused, FlowRuntimeRefused) as exc:
         raise LeverRefused(str(exc)) from exc
     if levers.flow_steps is not None and levers.flow_steps < 1:
         raise LeverRefused(f"engine.flow_steps must be at least 1, not {levers.flow_steps}")
+    layers = quantize_llm_int8(llm) if levers.llm_quantization == "int8" else 0
     onnx_est, source = None, None
     if runtime == "onnxruntime":
         onnx_est, runtime = _onnx_estimator(levers, flow, model_dir, explicit=levers.flow_runtime == "onnxruntime")
         source = onnx_est.source if onnx_est is not None else None
     options = FlowOptions(runtime=runtime, steps=levers.flow_steps, cfg=levers.flow_cfg, onnx_source=source)
     install(flow, options, onnx_est)
-    return AppliedLevers(flow=options)
+    return AppliedLevers(llm_int8_layers=layers, flow=options)
 
 
 def _onnx_estimator(levers: Levers, flow: Any, model_dir: Any, *, explicit: bool) -> tuple[Any, str]:
