@@ -22,12 +22,13 @@ from app.engines.cosyvoice.levers import (
 from app.engines.cosyvoice.quantize import QuantizationRefused, check_llm_quantization
 
 
-def test_defaults_are_todays_behaviour_except_the_exact_cpu_runtime():
+def test_defaults_are_todays_behaviour_except_the_exact_cpu_runtime(monkeypatch):
+    monkeypatch.delenv("COSYSERVE_ENGINE__ONNX_CACHE_DIR", raising=False)  # the integration tests set it
     eng = EngineSettings()
     assert eng.llm_quantization == "none"  # approximate: the user's choice
     assert eng.flow_runtime == "auto"  # exact to float rounding: ONNX Runtime on a CPU
     assert eng.flow_steps is None and eng.flow_cfg is True  # the model's: they change the audio
-    assert eng.onnx_cache_dir.endswith("onnx") and "~" not in eng.onnx_cache_dir
+    assert eng.onnx_cache_dir.endswith("cosyserve/onnx") and "~" not in eng.onnx_cache_dir
 
 
 @pytest.mark.parametrize("bad", [{"llm_quantization": "int4"}, {"flow_runtime": "tensorrt"}, {"flow_steps": 0},
