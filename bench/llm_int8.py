@@ -8,9 +8,11 @@ sequences through the batched forward (``BatchedLM``), teacher-forced: both are 
 fp32 model's greedy token at every step, so each step compares the two distributions at
 the same history. Reported over all steps of all sequences: the largest absolute log-prob
 difference over the tokens fp32 gives at least 1e-4 probability, KL(fp32 || int8) (mean and
-largest), and greedy agreement (int8's most likely token is fp32's); and, to say how peaked
-the distributions compared were (random weights are flatter than a trained model's), fp32's
-mean entropy and mean top-1 probability. Then the decode step's
+largest), greedy agreement (int8's most likely token is fp32's), and the logits' relative error
+(the norm of the difference over the norm of fp32's, each centred per step: independent of how
+peaked the distribution is); and, to say how peaked the distributions compared were (random
+weights are flatter than a trained model's), fp32's mean entropy, top-1 probability and gap
+between its two most likely tokens. Then the decode step's
 time at batch 1, 8 and 16 over a 60-position cache for both. Prints one JSON line.
 """
 
@@ -38,7 +40,7 @@ def compare(ref_lm: Any, q_lm: Any, *, sequences: int, steps: int, text_tokens: 
         last_ref.append(ref_lm.prefill(kv_ref, x_ref)[1])
         last_q.append(q_lm.prefill(kv_q, x_q)[1])
     lp_ref, lp_q = torch.stack(last_ref), torch.stack(last_q)
-    max_abs, kls, agree, total, entropy, top1 = 0.0, [], 0, 0, 0.0, 0.0
+    max_abs, kls, agree, total, entropy, top1, rel, margin = 0.0, [], 0, 0, 0.0, 0.0, 0.0, 0.0
     speech = ref_lm.spec.speech_token_size
     for step in range(steps + 1):
         p = lp_ref.exp()
@@ -48,6 +50,11 @@ def compare(ref_lm: Any, q_lm: Any, *, sequences: int, steps: int, text_tokens: 
         agree += int((lp_q.argmax(-1) == lp_ref.argmax(-1)).sum())
         entropy += float(-(p * lp_ref).nan_to_num().sum(-1).sum())
         top1 += float(p.max(-1).values.sum())
+        centred = lp_ref - lp_ref.mean(-1, keepdim=True)  # logits up to a constant per row
+        diff = (lp_q - lp_ref) - (lp_q - lp_ref).mean(-1, keepdim=True)
+        rel += float((diff.norm(dim=-1) / centred.norm(dim=-1)).sum())
+        best = lp_ref.topk(2, dim=-1).values
+        margin += float((best[:, 0] - best[:, 1]).sum())
         total += lp_ref.shape[0]
         if step == steps:
             break
@@ -55,7 +62,8 @@ def compare(ref_lm: Any, q_lm: Any, *, sequences: int, steps: int, text_tokens: 
         lp_ref, lp_q = ref_lm.decode(kv_ref, tokens), q_lm.decode(kv_q, tokens)
     return {"steps": total, "max_abs_logprob_diff": max_abs, "kl_mean": sum(kls) / len(kls), "kl_max": max(kls),
             "greedy_agreement": agree / total,
-            "fp32_entropy_nats_mean": entropy / total, "fp32_top1_prob_mean": top1 / total}
+            "logit_rel_err_mean": rel / total, "fp32_entropy_nats_mean": entropy / total,
+            "fp32_top1_prob_mean": top1 / total, "fp32_top2_margin_nats_mean": margin / total}
 
 
 def step_ms(lm: Any, batch: int, positions: int = 60, repeats: int = 5, seed: int = 0) -> float:

@@ -8,6 +8,7 @@ One process. Reported (milliseconds, median of ``--repeats``):
   ONNX Runtime (our export, ``flow_onnx.py``), 1 thread each, and their largest difference;
 * throughput with two passes at once (two slot threads, as the token2wav gate allows on 2 cores):
   one shared session with 1 intra-op thread vs with 2, and eager torch with 1 thread per caller;
+* the export's time and size, and the RSS one session adds;
 * HiFT's convolution stacks (everything between its STFT and ISTFT; the rest stays torch either
   way) for 175 mel frames (3.5 s of audio), eager vs ONNX Runtime.
 """
@@ -80,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import numpy as np
+    import psutil
     import torch
 
     from app.engines.cosyvoice.flow_onnx import OnnxEstimator, _dummy, _session, export
@@ -89,12 +91,19 @@ def main(argv: list[str] | None = None) -> int:
     model = load_model_dir(args.model_dir).model
     est = model.flow.decoder.estimator
     buf = io.BytesIO()
+    t0 = time.perf_counter()
     export(est, buf)
+    export_s = time.perf_counter() - t0
     graph = buf.getvalue()
-    sessions = {n: OnnxEstimator(_session(graph, n), chunk=int(est.static_chunk_size), source="memory", chunked=True,
-                                 batch=None) for n in (1, 2)}
+    rss0 = psutil.Process().memory_info().rss
+    first = _session(graph, 1)
+    rss_mb = (psutil.Process().memory_info().rss - rss0) / 2**20
+    sessions = {1: first, 2: _session(graph, 2)}
+    sessions = {n: OnnxEstimator(s, chunk=int(est.static_chunk_size), source="memory", chunked=True, batch=None)
+                for n, s in sessions.items()}
     inputs = _dummy(est, 2, args.frames, seed=0)
-    out: dict = {"model_dir": Path(args.model_dir).name, "frames": args.frames}
+    out: dict = {"model_dir": Path(args.model_dir).name, "frames": args.frames, "export_s": export_s,
+                 "graph_mb": len(graph) / 2**20, "session_rss_mb": rss_mb}
     with torch.inference_mode():
         for streaming in (False, True):
             ref = est(*inputs, streaming=streaming)
