@@ -170,6 +170,18 @@ def test_a_damaged_cache_entry_is_exported_again(estimator, tmp_path):
     assert got.source == "exported" and path.stat().st_size > 1000
 
 
+def test_an_export_that_does_not_match_is_marked_and_not_tried_again(estimator, tmp_path, monkeypatch):
+    exports = counting_exports(monkeypatch)
+    monkeypatch.setattr(flow_onnx, "check", lambda onnx_est, est: 0.5)  # as CosyVoice3's DiT export measures
+    with pytest.raises(flow_onnx.OnnxUnavailable, match="differs from the loaded estimator by 5.0e-01"):
+        load_onnx_estimator(estimator, model_dir=None, cache_dir=tmp_path)
+    folder = tmp_path / weights_key(estimator)[:32]
+    assert sorted(os.listdir(folder)) == [flow_onnx.UNUSABLE_FILE] and len(exports) == 1  # no graph kept
+    with pytest.raises(flow_onnx.OnnxUnavailable, match="an earlier export of these weights did not match"):
+        load_onnx_estimator(estimator, model_dir=None, cache_dir=tmp_path)
+    assert len(exports) == 1  # not exported again
+
+
 def test_an_unwritable_cache_dir_keeps_the_graph_in_memory(estimator, tmp_path, monkeypatch):
     def refuse(path, est):
         raise PermissionError("read-only file system")

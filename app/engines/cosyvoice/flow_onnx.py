@@ -17,7 +17,9 @@ flow. Where the graph comes from, in order:
    is kept in memory for this process.
 
 Every graph is checked against the torch estimator at load (random inputs, each kind of call it
-will serve, within ``TOLERANCE`` of the output's scale); one that does not match is not used.
+will serve, within ``TOLERANCE`` of the output's scale); one that does not match is not used. An
+export that does not match (CosyVoice3's DiT: its rotary table is traced at the export's length)
+leaves a marker instead of the graph, so later loads go straight to torch without exporting again.
 One session per loaded model (with batching: one for all slots); ``session.run`` is thread-safe
 and releases the GIL. Intra-op threads: ``engine.torch_threads`` (one per concurrent call
 measured best on 2 cores, docs/cpu.md), without spin-waiting.
@@ -40,6 +42,7 @@ log = logging.getLogger("cosyserve.engine")
 
 MODEL_DIR_FILE = "flow.decoder.estimator.fp32.onnx"
 CACHE_FILE = "estimator.onnx"
+UNUSABLE_FILE = "estimator.unusable"  # an export of these weights that did not match torch: not tried again
 INPUTS = ("x", "mask", "mu", "t", "spks", "cond")
 EXPORT_VERSION = 1  # part of the cache key: bump when the exported graph's interface changes
 TOLERANCE = 1e-4  # largest |ORT - torch| accepted, relative to the largest |torch output|
@@ -228,6 +231,15 @@ def _write_atomically(path: Path, estimator: Any) -> None:
         raise
 
 
+def _mark_unusable(graph: Path, reason: str) -> None:
+    """Replace a graph that does not match torch by a marker saying why (best effort)."""
+    try:
+        graph.with_name(UNUSABLE_FILE).write_text(reason + "\n")
+        graph.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
 def load_onnx_estimator(estimator: Any, *, model_dir: str | os.PathLike | None, cache_dir: str | os.PathLike | None,
                         threads: int = 1) -> OnnxEstimator:
     """The estimator's ONNX Runtime stand-in (model dir file, else cache, else a fresh export); checked."""
@@ -248,12 +260,21 @@ def load_onnx_estimator(estimator: Any, *, model_dir: str | os.PathLike | None, 
         except Exception as exc:  # noqa: BLE001 - a stale or damaged cache entry: export again
             log.warning("engine.flow_runtime: cached graph %s unusable (%s); exporting again", cached, exc)
     if cached is not None:
+        unusable = cached.with_name(UNUSABLE_FILE)
+        if unusable.is_file():
+            raise OnnxUnavailable(f"an earlier export of these weights did not match torch ({unusable.read_text().strip()}; "
+                                  f"delete {unusable.parent} to try again)")
         try:
             _write_atomically(cached, estimator)
             log.info("engine.flow_runtime: exported the flow estimator to %s", cached)
-            return _checked(_wrap(_session(str(cached), threads), estimator, "exported"), estimator, "the export")
         except OSError as exc:
             log.warning("engine.flow_runtime: cannot write %s (%s); keeping the exported graph in memory", cached, exc)
+        else:
+            try:
+                return _checked(_wrap(_session(str(cached), threads), estimator, "exported"), estimator, "the export")
+            except OnnxUnavailable as exc:
+                _mark_unusable(cached, str(exc))
+                raise
     buf = io.BytesIO()
     export(estimator, buf)
     return _checked(_wrap(_session(buf.getvalue(), threads), estimator, "memory"), estimator, "the export")
