@@ -54,10 +54,13 @@ loadtest: setup
 bench: setup
 	$(PY) -m bench.run
 	$(PY) -m bench.cost
+	$(PY) -m bench.cost --plan levers
 
-# what one request costs: fp32 vs bf16, streamed vs whole, full-size and tiny v2 (~12 min)
+# what one request costs: fp32 vs bf16, streamed vs whole (~12 min); then the CPU cost levers
+# (int8 LLM, ONNX Runtime flow, flow steps, CFG; ~25 min), full-size and tiny v2
 bench-cost: setup
 	$(PY) -m bench.cost
+	$(PY) -m bench.cost --plan levers
 
 # per-request pool vs batched LLM, full-size (built once into .cache/full2) and tiny CosyVoice2; ~20 min
 bench-batching: setup

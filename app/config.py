@@ -126,6 +126,11 @@ class EngineSettings(_Section):
     flow_cache_window_frames: int | None = Field(None, ge=1)  # cap on cached frames per layer (None: exact)
     flow_prompt_cache_mb: float = Field(1024, ge=0)  # with flow_cache: registered voices' prompt flow state (0: off)
     flow_cache_budget_mb: float = Field(4096, ge=0)  # with flow_cache: all streams' caches together; beyond: recompute
+    llm_quantization: Literal["none", "int8"] = "none"  # int8: dynamic int8 LLM backbone on a CPU (approximate)
+    flow_runtime: Literal["auto", "torch", "onnxruntime"] = "auto"  # flow estimator; auto: ORT on a CPU, torch on CUDA
+    flow_steps: int | None = Field(None, ge=1, le=100)  # flow ODE steps (None: the model's, 10); changes the audio
+    flow_cfg: bool = True  # flow classifier-free guidance; false halves the flow's work and changes the audio
+    onnx_cache_dir: str = str(DEFAULT_CACHE / "onnx")  # exported ONNX graphs, one dir per weights hash
     llm_greedy: bool = False  # testing only: argmax instead of CosyVoice's sampling (deterministic output)
     text_normalization: Literal["auto", "off"] = "auto"  # auto: wetext (zh / en / ja, per sentence) before splitting
     tiny_version: Literal[1, 2, 3] = 2
@@ -141,7 +146,7 @@ class EngineSettings(_Section):
             self.dtype = "fp16"
         return self
 
-    @field_validator("tiny_cache_dir", "model_dir", "cosyvoice_path")
+    @field_validator("tiny_cache_dir", "model_dir", "cosyvoice_path", "onnx_cache_dir")
     @classmethod
     def _expand(cls, v: str | None) -> str | None:
         return os.path.expanduser(v) if v else v

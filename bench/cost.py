@@ -14,6 +14,15 @@ no HTTP), zero-shot requests with a 2 s prompt (50 prompt speech tokens):
 * concurrency 8, whole: 8 requests at once through the batched LLM; CPU seconds per
   request and audio seconds per wall second.
 
+``--plan levers`` (``make bench-cost`` runs both plans) measures the CPU cost levers instead,
+into ``docs/benchmarks/cost_cpu.*``: today's default (``fp32``: torch flow, fp32 LLM), each lever
+alone (``int8``: ``engine.llm_quantization``; ``ort``: ``engine.flow_runtime: onnxruntime``;
+``steps5``: ``engine.flow_steps: 5``; ``nocfg``: ``engine.flow_cfg: false``), ``int8-ort`` and
+``all`` (the four together), each at c=1 whole and streamed and c=8 whole (short text):
+
+    python -m bench.cost --plan levers                          # full-size + tiny (~25 min here)
+    python -m bench.cost --plan levers --models tiny --quick    # a smoke run
+
 Variants: ``fp32``, ``bf16`` (``engine.dtype``), ``fp32-cache`` (``engine.flow_cache``:
 streaming without recomputing the prefix) and ``fp32-cache-voice`` (also
 ``engine.flow_prompt_cache_mb``: the requests use a registered voice made from the same
@@ -31,6 +40,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -67,17 +77,44 @@ PLAN: dict[tuple[str, str], list[tuple[str, str, bool, int, int]]] = {
 }
 
 
+# --plan levers: the CPU cost levers (docs/cpu.md), short text: c=1 whole and streamed (first audio), c=8 whole
+LEVER_CASES = [("short-whole", SHORT, False, 1, 1), ("short-stream", SHORT, True, 1, 1),
+               ("short-c8", SHORT, False, CONCURRENT, 1)]
+LEVER_VARIANTS = ("fp32", "int8", "ort", "steps5", "nocfg", "int8-ort", "all")
+LEVER_PLAN: dict[tuple[str, str], list[tuple[str, str, bool, int, int]]] = {
+    **{("full", v): LEVER_CASES for v in LEVER_VARIANTS},
+    **{("tiny", v): [(n, t, st, c, 3 if c == 1 else 2) for n, t, st, c, _ in LEVER_CASES] for v in LEVER_VARIANTS},
+}
+PLANS = {"cost": PLAN, "levers": LEVER_PLAN}
+OUTPUTS = {"cost": "cost", "levers": "cost_cpu"}
+
+# variant -> engine settings (CosyVoiceConfig fields); "-voice": requests use a registered voice
+VARIANTS: dict[str, dict[str, Any]] = {
+    "fp32": {}, "bf16": {"dtype": "bf16"},
+    "fp32-cache": {"flow_cache": True}, "fp32-cache-voice": {"flow_cache": True, "flow_prompt_cache_mb": 1024},
+    "int8": {"llm_quantization": "int8"}, "ort": {"flow_runtime": "onnxruntime"},
+    "steps5": {"flow_steps": 5}, "nocfg": {"flow_cfg": False},
+    "int8-ort": {"llm_quantization": "int8", "flow_runtime": "onnxruntime"},
+    "all": {"llm_quantization": "int8", "flow_runtime": "onnxruntime", "flow_steps": 5, "flow_cfg": False},
+}
+
+
 def log(msg: str) -> None:
     print(f"[cost {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 # -- worker (one model, one variant, in its own process) -----------------------------------------------
 class FrameCounter:
-    """Counts the mel frames the flow estimator computes per request (its frames per call / ODE steps)."""
+    """Counts the mel frames the flow estimator computes per request (its frames per call / ODE steps),
+    in torch (a forward hook) and on ONNX Runtime (the session's own tally)."""
 
-    def __init__(self, flow: Any, steps: int = 10) -> None:
+    def __init__(self, flow: Any) -> None:
+        from app.engines.cosyvoice.flow_runtime import MODEL_STEPS, onnx_of, options_of
+
         self.frames = 0
-        self.steps = steps
+        self.steps = options_of(flow.decoder).steps or MODEL_STEPS
+        self.onnx = onnx_of(flow)
+        self._onnx_seen = self.onnx.frames if self.onnx is not None else 0
         self._lock = threading.Lock()
         flow.decoder.estimator.register_forward_pre_hook(self._count)
 
@@ -85,13 +122,18 @@ class FrameCounter:
         with self._lock:
             self.frames += int(args[0].shape[2])
 
+    def _onnx_new(self) -> int:
+        return self.onnx.frames - self._onnx_seen if self.onnx is not None else 0
+
     def peek(self) -> float:
         with self._lock:
-            return self.frames / self.steps
+            return (self.frames + self._onnx_new()) / self.steps
 
     def take(self) -> float:
         with self._lock:
-            n, self.frames = self.frames, 0
+            n = self.frames + self._onnx_new()
+            self.frames = 0
+            self._onnx_seen = self.onnx.frames if self.onnx is not None else 0
         return n / self.steps
 
 
@@ -153,20 +195,22 @@ def run_case(engine: Any, counter: FrameCounter, text: str, stream: bool, concur
             "stages_s_per_request": stages}
 
 
-def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | None = None) -> dict:
-    """One (model, variant) in this process: a dtype; ``-cache`` adds engine.flow_cache, ``-cache-voice``
-    also engine.flow_prompt_cache_mb with a registered voice."""
+def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | None = None,
+           plan: str = "cost") -> dict:
+    """One (model, variant) in this process, with the variant's engine settings (``VARIANTS``);
+    ``-voice`` variants use a registered voice whose prompt flow state is cached."""
+    import tempfile
+
     import torch
 
     from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    dtype, _, cache = variant.partition("-")
-    by_voice = cache == "cache-voice"
-    engine = CosyVoiceEngine(CosyVoiceConfig(model_dir=model_dir, dtype=dtype, torch_threads=1, batching=True,
-                                             max_batch_size=16, flow_cache=cache.startswith("cache"),
-                                             flow_prompt_cache_mb=1024 if by_voice else 0))
+    by_voice = variant.endswith("-voice")
+    onnx_dir = tempfile.mkdtemp(prefix="cosyserve-bench-onnx-")  # a fresh export: load_s includes it
+    engine = CosyVoiceEngine(CosyVoiceConfig(model_dir=model_dir, torch_threads=1, batching=True, max_batch_size=16,
+                                             onnx_cache_dir=onnx_dir, **VARIANTS[variant]))
     engine.load()
     load_s = time.perf_counter() - t0
     counter = FrameCounter(engine.loaded.model.flow)
@@ -179,7 +223,7 @@ def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | No
             f"flow frames {voice_fill['flow_frames_per_request']:.0f}, "
             f"first hop {voice_fill['first_hop_flow_frames']:.0f}")
     cases = {}
-    for name, text, stream, conc, reps in PLAN[(model, variant)]:
+    for name, text, stream, conc, reps in PLANS[plan][(model, variant)]:
         if quick and (conc > 1 or name.startswith("long")) and model == "full":
             continue
         if only and name not in only.split(","):
@@ -194,11 +238,13 @@ def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | No
     precision = engine.loaded.precision
     engine_cache = engine.runner is not None and engine.runner.flow_cache
     out = {"model": model, "variant": variant, "ran": precision.dtype, "stages_reduced": list(precision.stages),
-           "flow_cache": bool(engine_cache), "load_s": load_s, "cases": cases}
+           "flow_cache": bool(engine_cache), "levers": engine.loaded.levers.describe(), "load_s": load_s,
+           "cases": cases}
     pc = engine.runner.prompt_cache if engine.runner is not None else None
     if pc is not None:
         out["voice_cache"] = {"hits": pc.hits, "misses": pc.misses, "bytes": pc.bytes, "fill": voice_fill}
     engine.close()
+    shutil.rmtree(onnx_dir, ignore_errors=True)
     return out
 
 
@@ -286,7 +332,85 @@ def _frames(n: float | None) -> str:
     return "-" if n is None else f"{n:.0f}"
 
 
-def markdown(doc: dict) -> str:
+def lever_goals(results: dict) -> list[str]:
+    """The issue's goals for the CPU levers (full size), and tiny's no-regression check, from one run."""
+    out = []
+    for model, res in results.items():
+        base = res.get("fp32", {}).get("cases", {})
+        if not base:
+            continue
+        for variant, r in res.items():
+            c = r.get("cases", {})
+            if variant == "fp32" or not c:
+                continue
+            parts = []
+            if "short-whole" in c and "short-whole" in base:
+                parts.append(f"CPU s/req at c=1 {ratio(base['short-whole']['cpu_s_per_request'], c['short-whole']['cpu_s_per_request']):.2f}x lower")
+            if "short-stream" in c and "short-stream" in base:
+                parts.append(f"first audio (c=1 stream) {c['short-stream']['ttfa_s']:.2f} s vs {base['short-stream']['ttfa_s']:.2f} s")
+            if "short-c8" in c and "short-c8" in base:
+                parts.append(f"audio s per wall s at c=8 {ratio(c['short-c8']['audio_s_per_wall_s'], base['short-c8']['audio_s_per_wall_s']):.2f}x")
+            out.append(f"{model}, {variant} vs fp32: " + "; ".join(parts))
+        full = model == "full"
+
+        def cpu1(v: str) -> float | None:
+            return ratio(base.get("short-whole", {}).get("cpu_s_per_request"),
+                         res.get(v, {}).get("cases", {}).get("short-whole", {}).get("cpu_s_per_request"))
+
+        def wall8(v: str) -> float | None:
+            return ratio(res.get(v, {}).get("cases", {}).get("short-c8", {}).get("audio_s_per_wall_s"),
+                         base.get("short-c8", {}).get("audio_s_per_wall_s"))
+
+        if full:
+            for v, goal, what in (("int8-ort", 1.4, "int8 + ONNX Runtime"), ("ort", 1.2, "exact-only levers (ONNX Runtime)")):
+                r = cpu1(v)
+                if r is not None:
+                    out.append(f"GOAL full, {what}: CPU s/req at c=1 {r:.2f}x lower (goal >= {goal}x): "
+                               f"{'met' if r >= goal else 'MISSED'}")
+            for v in ("int8-ort", "all"):
+                r = wall8(v)
+                if r is not None:
+                    out.append(f"GOAL full, {v}: audio s per wall s at c=8 {r:.2f}x fp32's (goal >= 1.6x): "
+                               f"{'met' if r >= 1.6 else 'MISSED'}")
+        else:
+            worse = [f"{v} {case} {c['cpu_s_per_request']:.3f} vs {base[case]['cpu_s_per_request']:.3f} CPU s"
+                     for v, r in res.items() if v != "fp32" for case, c in r.get("cases", {}).items()
+                     if case in base and c["cpu_s_per_request"] > 1.05 * base[case]["cpu_s_per_request"]]
+            out.append(f"GOAL {model}: no regression (CPU s/req within 5% of fp32 or lower) in any case: "
+                       + ("met" if not worse else "MISSED: " + "; ".join(worse)))
+    return out
+
+
+def lever_markdown(doc: dict) -> str:
+    host = ", ".join(f"{k} {v}" for k, v in doc["host"].items())
+    cmds = " then ".join(f"`{c}`" for c in doc["commands"])
+    lines = ["# Request cost on a CPU: the cost levers", "",
+             f"Commands: {cmds}. Host: {host}. One torch thread, batched engine path, zero-shot with a 2 s prompt, "
+             "the short text (~38 speech tokens). `fp32`: today's default before this work (torch flow, fp32 LLM); "
+             "`int8`: `engine.llm_quantization: int8`; `ort`: `engine.flow_runtime: onnxruntime`; `steps5`: "
+             "`engine.flow_steps: 5`; `nocfg`: `engine.flow_cfg: false`; `int8-ort`: both; `all`: all four. "
+             "`steps5`, `nocfg` and `all` change the audio (docs/cpu.md).", "",
+             "| model | variant | case | c | CPU s/req | wall s | RTF | audio s / wall s | TTFA s | audio s/req | "
+             "flow frames/req | llm | flow | hift | load s |", "|" + "---|" * 15]
+    for model, by_variant in doc["results"].items():
+        for variant, res in by_variant.items():
+            for name, c in res["cases"].items():
+                st = c["stages_s_per_request"]
+                lines.append(f"| {model} | {variant} | {name} | {c['concurrency']} | {c['cpu_s_per_request']:.2f} | "
+                             f"{c['wall_s']:.2f} | {c['rtf']:.2f} | {c['audio_s_per_wall_s']:.3f} | {c['ttfa_s']:.2f} | "
+                             f"{c['audio_s_per_request']:.2f} | {c['flow_frames_per_request']:.0f} | "
+                             + " | ".join(f"{st.get(s, 0.0):.2f}" for s in ("llm", "flow", "hift"))
+                             + f" | {res.get('load_s', 0):.1f} |")
+    lines += ["", "Stage columns: seconds per request (`llm` is wall time from start to last token, waiting for "
+              "the batch included). `load s`: engine load, a fresh ONNX export included for `ort` variants.",
+              "", "## Goals", ""]
+    lines += [f"- {g}" for g in doc["goals"]]
+    return "\n".join(lines) + "\n"
+
+
+def markdown(doc: dict, plan: str = "cost") -> str:
+    if plan == "levers":
+        return lever_markdown(doc)
     host = ", ".join(f"{k} {v}" for k, v in doc["host"].items())
     cmds = " then ".join(f"`{c}`" for c in doc["commands"])
     intro = (f"Commands: {cmds}. Host: {host}. One torch thread, batched engine path, "
@@ -314,9 +438,12 @@ def markdown(doc: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--plan", choices=sorted(PLANS), default="cost",
+                    help="cost: fp32/bf16/flow cache (docs/benchmarks/cost.*); levers: the CPU cost levers (cost_cpu.*)")
     ap.add_argument("--models", default="full,tiny", help="comma list of full, tiny")
-    ap.add_argument("--variants", default="fp32,bf16,fp32-cache,fp32-cache-voice",
-                    help="dtypes, fp32-cache (engine.flow_cache on), fp32-cache-voice (+ the voice prompt cache)")
+    ap.add_argument("--variants", default=None,
+                    help="comma list from VARIANTS (default: the plan's: fp32,bf16,fp32-cache,fp32-cache-voice; "
+                         f"levers: {','.join(LEVER_VARIANTS)})")
     ap.add_argument("--cases", default=None, help="comma list: run only these cases (e.g. long-whole,long-stream)")
     ap.add_argument("--merge", action="store_true", help="update the existing cost.json instead of replacing it")
     ap.add_argument("--quick", action="store_true", help="one repeat, full size: short c=1 only")
@@ -324,19 +451,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker-timeout-s", type=float, default=900.0, help="most seconds per (model, dtype) run")
     ap.add_argument("--worker", nargs=3, metavar=("MODEL_DIR", "MODEL", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.variants is None:
+        args.variants = ",".join(LEVER_VARIANTS) if args.plan == "levers" else "fp32,bf16,fp32-cache,fp32-cache-voice"
     if args.worker:
-        print("RESULT " + json.dumps(worker(*args.worker, quick=args.quick, only=args.cases)), flush=True)
+        print("RESULT " + json.dumps(worker(*args.worker, quick=args.quick, only=args.cases, plan=args.plan)),
+              flush=True)
         return 0
+    plan, name = PLANS[args.plan], OUTPUTS[args.plan]
     results: dict[str, dict] = {}
     host = _host()
     log(f"host {host}")
     for model in args.models.split(","):
         model_dir = _model_dir(model)
         for dtype in args.variants.split(","):
-            if (model, dtype) not in PLAN:
+            if (model, dtype) not in plan:
                 continue
             log(f"{model} {dtype}: {_shown(model_dir)}")
-            cmd = [sys.executable, "-m", "bench.cost", "--worker", model_dir, model, dtype]
+            cmd = [sys.executable, "-m", "bench.cost", "--plan", args.plan, "--worker", model_dir, model, dtype]
             cmd += (["--quick"] if args.quick else []) + (["--cases", args.cases] if args.cases else [])
             try:
                 proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **THREAD_ENV}, stdout=subprocess.PIPE,
@@ -353,8 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     commands = [command]
-    if args.merge and (out / "cost.json").is_file():
-        old = json.loads((out / "cost.json").read_text())
+    if args.merge and (out / f"{name}.json").is_file():
+        old = json.loads((out / f"{name}.json").read_text())
         commands = [*old.get("commands", [old.get("command", "")]), command]
         merged = old["results"]
         for model, by_variant in results.items():
@@ -364,12 +495,13 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     merged.setdefault(model, {})[variant] = res
         results = merged
-    doc = {"commands": commands, "host": host, "results": results, "goals": goals(results)}
-    (out / "cost.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out / "cost.md").write_text(markdown(doc))
+    doc = {"commands": commands, "host": host, "results": results,
+           "goals": lever_goals(results) if args.plan == "levers" else goals(results)}
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / f"{name}.md").write_text(markdown(doc, args.plan))
     for g in doc["goals"]:
         log(g)
-    log(f"wrote {_shown(str(out / 'cost.md'))}")
+    log(f"wrote {_shown(str(out / f'{name}.md'))}")
     return 0
 
 

@@ -15,6 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("COSYSERVE_TEST_MODELS", ROOT / ".cache" / "models"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def onnx_cache():
+    """Exported ONNX graphs (engine.flow_runtime auto/onnxruntime) go beside the test models, not the home cache."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("COSYSERVE_ENGINE__ONNX_CACHE_DIR", str(CACHE.parent / "onnx"))
+        yield CACHE.parent / "onnx"
+
+
 @pytest.fixture(scope="session")
 def tiny_models():
     """``get(version, long=False, instruct=False) -> Path`` building each tiny model dir once."""

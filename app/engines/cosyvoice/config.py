@@ -26,6 +26,19 @@ class CosyVoiceConfig:
     flow_cache_window_frames: int | None = None  # keep at most this many cached frames per layer (inexact)
     flow_prompt_cache_mb: float = 0  # with flow_cache: registered voices' prompt flow state, LRU by bytes (0: off)
     flow_cache_budget_mb: float | None = None  # with flow_cache: all streams' caches together (None: no limit)
+    llm_quantization: str = "none"  # none | int8: dynamic int8 Qwen2 backbone on a CPU (quantize.py)
+    flow_runtime: str = "torch"  # auto | torch | onnxruntime: what runs the flow estimator (flow_runtime.py)
+    flow_steps: int | None = None  # the flow ODE's Euler steps (None: the model's, 10); fewer changes the audio
+    flow_cfg: bool = True  # classifier-free guidance in the flow; false halves its work and changes the audio
+    onnx_cache_dir: str | None = None  # where exported ONNX graphs are kept, keyed by weights (None: memory only)
+
+    def levers(self) -> Any:
+        """The cost levers as ``load_model_dir`` takes them."""
+        from app.engines.cosyvoice.levers import Levers
+
+        return Levers(llm_quantization=self.llm_quantization, flow_runtime=self.flow_runtime,
+                      flow_steps=self.flow_steps, flow_cfg=self.flow_cfg, onnx_cache_dir=self.onnx_cache_dir,
+                      threads=max(1, int(self.torch_threads)))
 
     @classmethod
     def from_settings(cls, engine: Any, model_dir: str) -> CosyVoiceConfig:

@@ -89,7 +89,7 @@ class CosyVoiceEngine:
         self.normalizer.load()
         lm = load_model_dir(self.config.model_dir, dtype=self.config.dtype,
                             dtype_stages=tuple(self.config.dtype_stages), cosyvoice_path=self.config.cosyvoice_path,
-                            device=self.config.device)
+                            device=self.config.device, levers=self.config.levers())
         if self.config.batching and lm.version < 2:
             raise EngineFailure(f"engine.batching needs a CosyVoice2/3 model; {lm.model_dir} is CosyVoice1")
         self.loaded = lm
@@ -125,10 +125,10 @@ class CosyVoiceEngine:
         self._info = EngineInfo(name=self.name, family=family, sample_rate=self.sample_rate, modes=self._modes(),
                                 tiny=lm.tiny, voice_family=self.prompts.family)
         log.info(
-            "loaded CosyVoice%d model %s in %.1fs on %s (rate %d Hz, %s, modes %s%s; CosyVoice code from %s; "
+            "loaded CosyVoice%d model %s in %.1fs on %s (rate %d Hz, %s, %s, modes %s%s; CosyVoice code from %s; "
             "text normalization %s)",
             lm.version, lm.model_dir, time.perf_counter() - t0, device_text(lm.device_info), self.sample_rate,
-            _precision_text(lm.precision),
+            _precision_text(lm.precision), lm.levers.describe(),
             ",".join(self._info.modes), ", random-weight test model" if lm.tiny else "",
             lm.code_dir, "on (wetext)" if self.normalizer.enabled else "off",
         )

@@ -29,6 +29,12 @@ from app.engines.cosyvoice.layout import (
     detect_version,
     read_tiny_marker,
 )
+from app.engines.cosyvoice.levers import (
+    AppliedLevers,
+    LeverRefused,
+    Levers,
+    apply_levers,
+)
 from app.engines.cosyvoice.precision import (
     DEFAULT_STAGES,
     Precision,
@@ -57,6 +63,7 @@ class LoadedModel:
     device: Any = "cpu"  # the torch.device every module and input lives on
     device_info: dict = field(default_factory=dict)  # name, compute capability, CUDA/driver versions (load log)
     code_dir: str = ""  # where the imported ``cosyvoice`` package lives (installed copy or a checkout)
+    levers: AppliedLevers = field(default_factory=AppliedLevers)  # int8 LLM, flow runtime, steps, CFG (levers.py)
 
 
 def _torch_load(path: Path, device: Any) -> dict:
@@ -68,20 +75,22 @@ def _torch_load(path: Path, device: Any) -> dict:
 
 
 def load_model_dir(model_dir: str | os.PathLike, *, dtype: str = "fp32", dtype_stages: tuple[str, ...] = DEFAULT_STAGES,
-                   cosyvoice_path: str | None = None, device: str = "auto") -> LoadedModel:
+                   cosyvoice_path: str | None = None, device: str = "auto",
+                   levers: Levers | None = None) -> LoadedModel:
     """Build frontend + model for the CosyVoice version found in ``model_dir`` (one thread at a time).
 
     ``dtype`` is ``engine.dtype`` (auto | fp32 | bf16 | fp16, see ``app/engines/cosyvoice/precision.py``);
-    ``device`` is ``engine.device`` (auto | cpu | cuda | cuda:N, see ``app/engines/cosyvoice/device.py``).
+    ``device`` is ``engine.device`` (auto | cpu | cuda | cuda:N, see ``app/engines/cosyvoice/device.py``);
+    ``levers``: int8 LLM, flow runtime, steps, CFG (``app/engines/cosyvoice/levers.py``; None: none).
     """
     target = resolve_device(device)  # before anything heavy: a missing GPU fails at once
     with _BUILD_LOCK:
         return _load_model_dir(model_dir, dtype=dtype, dtype_stages=tuple(dtype_stages), cosyvoice_path=cosyvoice_path,
-                               device=target)
+                               device=target, levers=levers)
 
 
 def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: tuple[str, ...],
-                    cosyvoice_path: str | None, device: Any) -> LoadedModel:
+                    cosyvoice_path: str | None, device: Any, levers: Levers | None = None) -> LoadedModel:
     prepare_imports(cosyvoice_path)
     from hyperpyyaml import load_hyperpyyaml
 
@@ -116,6 +125,14 @@ def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: t
     for module in (llm, flow, hift):
         module.to(device).eval()
     apply_precision(precision, llm, flow, hift)
+    applied = AppliedLevers()
+    if levers is not None:
+        try:
+            applied = apply_levers(levers, llm=llm, flow=flow, version=version, device_type=device.type,
+                                   llm_dtype=_stage_dtype(precision, "llm"), flow_dtype=_stage_dtype(precision, "flow"),
+                                   model_dir=model_dir)
+        except LeverRefused as exc:
+            raise EngineFailure(str(exc)) from exc
 
     frontend = CosyVoiceFrontEnd(
         configs["get_tokenizer"],
@@ -146,4 +163,9 @@ def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: t
         device=device,
         device_info=describe_device(device),
         code_dir=str(Path(cv_model.__file__).resolve().parent.parent),
+        levers=applied,
     )
+
+
+def _stage_dtype(precision: Precision, stage: str) -> str:
+    return precision.dtype if precision.reduced and stage in precision.stages else "fp32"

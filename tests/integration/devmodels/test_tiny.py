@@ -25,7 +25,7 @@ from app.devmodels import tiny
 from app.engines.cosyvoice import layout
 from app.engines.cosyvoice.compat import prepare_imports
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]  # the repo root: the subprocesses run this checkout's app, not the installed one
 
 SENTENCE = (  # 20 words
     "The quick brown fox jumps over the lazy dog while seven happy children sing loudly near the old wooden bridge."

@@ -46,6 +46,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.engines.cosyvoice.flow_runtime import MODEL_STEPS, options_of, time_grid
+
 _local = threading.local()
 
 
@@ -364,35 +366,35 @@ def _compact(t: Any) -> Any:
     return t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t
 
 
-def _solve(cfm: Any, mu: Any, cond: Any, spks: Any, start: int, stream: FlowStream, steps: int = 10) -> Any:
-    """CosyVoice's CFM Euler solve with classifier-free guidance, over frames ``start:`` only."""
-    import math
-
+def _solve(cfm: Any, mu: Any, cond: Any, spks: Any, start: int, stream: FlowStream) -> Any:
+    """CosyVoice's CFM Euler solve, over frames ``start:`` only, with the engine's steps and CFG
+    (``engine.flow_steps`` / ``engine.flow_cfg``, read from ``flow_runtime.options_of``)."""
     import torch
 
+    options = options_of(cfm)
+    rows = 2 if options.cfg else 1  # with CFG the second row is the unconditioned one
     t_len = mu.shape[2]
     x = cfm.rand_noise[:, :, start:start + t_len].to(mu.device).to(mu.dtype)
-    t_span = torch.linspace(0, 1, steps + 1, device=mu.device, dtype=mu.dtype)
-    if getattr(cfm, "t_scheduler", "") == "cosine":
-        t_span = 1 - torch.cos(t_span * 0.5 * math.pi)
+    t_span = time_grid(cfm, options.steps or MODEL_STEPS, mu.device, mu.dtype)
     rate = float(cfm.inference_cfg_rate)
-    x_in = torch.zeros(2, x.shape[1], t_len, dtype=x.dtype, device=x.device)
-    mask_in = torch.ones(2, 1, t_len, dtype=x.dtype, device=x.device)
+    x_in = torch.zeros(rows, x.shape[1], t_len, dtype=x.dtype, device=x.device)
+    mask_in = torch.ones(rows, 1, t_len, dtype=x.dtype, device=x.device)
     mu_in = torch.zeros_like(x_in)
     mu_in[0] = mu[0]
-    spks_in = torch.zeros(2, spks.shape[1], dtype=x.dtype, device=x.device)
+    spks_in = torch.zeros(rows, spks.shape[1], dtype=x.dtype, device=x.device)
     spks_in[0] = spks[0]
     cond_in = torch.zeros_like(x_in)
     cond_in[0] = cond[0]
     t, dt = t_span[0].reshape(1), t_span[1] - t_span[0]
-    t_in = torch.zeros(2, dtype=x.dtype, device=x.device)
+    t_in = torch.zeros(rows, dtype=x.dtype, device=x.device)
     for i in range(1, len(t_span)):
         x_in[:] = x
         t_in[:] = t
         stream.step = i - 1
         d = cfm.estimator(x_in, mask_in, mu_in, t_in, spks_in, cond_in, streaming=True)
-        d, d_cfg = d[:1], d[1:]
-        x = x + dt * ((1.0 + rate) * d - rate * d_cfg)
+        if options.cfg:
+            d = (1.0 + rate) * d[:1] - rate * d[1:]
+        x = x + dt * d
         t = t + dt
         if i < len(t_span) - 1:
             dt = t_span[i + 1] - t
