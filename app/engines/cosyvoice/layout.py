@@ -42,6 +42,12 @@ SPK2INFO = "spk2info.pt"
 QWEN_DIR = "CosyVoice-BlankEN"  # v2/v3: the config's qwen_pretrain_path points here
 TINY_MARKER = "cosyserve_tiny.json"
 
+# -- the config's entries ----------------------------------------------------------------------
+QWEN_PATH_ENTRY = "qwen_pretrain_path"  # v2/v3: '' in released configs; the loader points it at QWEN_DIR
+# Built by a released config only for training: the GAN wrapper around HiFT (a ~41 M-parameter
+# discriminator). The loader replaces them with null before anything is built (model_config.py).
+TRAINING_ONLY_ENTRIES = ("hifigan",)
+
 # -- text ids ----------------------------------------------------------------------------------
 ENDOFPROMPT = "<|endofprompt|>"
 ENDOFPROMPT_ID = 151646  # CosyVoice3's LLM asserts this text id is in the text or the prompt text

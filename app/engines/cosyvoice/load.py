@@ -22,7 +22,6 @@ from app.engines.cosyvoice.layout import (
     CAMPPLUS,
     CONFIG_FILES,
     MODEL_CLASSES,
-    QWEN_DIR,
     SPEECH_TOKENIZER_FILES,
     SPK2INFO,
     WEIGHT_FILES,
@@ -35,6 +34,7 @@ from app.engines.cosyvoice.levers import (
     Levers,
     apply_levers,
 )
+from app.engines.cosyvoice.model_config import read_model_config
 from app.engines.cosyvoice.precision import (
     DEFAULT_STAGES,
     Precision,
@@ -92,7 +92,6 @@ def load_model_dir(model_dir: str | os.PathLike, *, dtype: str = "fp32", dtype_s
 def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: tuple[str, ...],
                     cosyvoice_path: str | None, device: Any, levers: Levers | None = None) -> LoadedModel:
     prepare_imports(cosyvoice_path)
-    from hyperpyyaml import load_hyperpyyaml
 
     from cosyvoice.cli import model as cv_model
     from cosyvoice.cli.frontend import CosyVoiceFrontEnd
@@ -108,11 +107,9 @@ def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: t
             f"({Path(cv_model.__file__).parent.parent}) has no {MODEL_CLASSES[version]}; "
             "set engine.cosyvoice_path to an upstream CosyVoice checkout"
         )
-    overrides = {}
-    if version >= 2:
-        overrides["qwen_pretrain_path"] = str(model_dir / QWEN_DIR)
-    with open(model_dir / CONFIG_FILES[version], encoding="utf-8") as f:
-        configs = load_hyperpyyaml(f, overrides=overrides or None)
+    config_path = model_dir / CONFIG_FILES[version]
+    with open(config_path, encoding="utf-8") as f:
+        configs = read_model_config(f, model_dir=model_dir, version=version, name=str(config_path))
 
     precision = resolve_precision(dtype, device.type, dtype_stages)
     llm, flow, hift = configs["llm"], configs["flow"], configs["hift"]
