@@ -44,7 +44,7 @@ from app.engines.cosyvoice.model_config import read_model_config
 log = logging.getLogger("cosyserve.engine.tiny")
 
 SPEAKERS: tuple[str, ...] = ("tiny_female", "tiny_male")
-BUILDER = 3  # bump whenever the files written here change
+BUILDER = 4  # bump whenever the files written here change
 _TOKEN_STRIDE = {1: 2, 2: 4, 3: 4}  # mel frames (100 Hz) per speech token
 # long=True: the LLM stops once context length / prefix length passes this. A 20-word
 # English sentence is 21 whisper tokens (v1) / ~37 tiny-BPE tokens (v2): ~336 / ~320

@@ -40,6 +40,10 @@ WEIGHT_FILES = {"llm": "llm.pt", "flow": "flow.pt", "hift": "hift.pt"}  # keyed 
 CAMPPLUS = "campplus.onnx"
 SPK2INFO = "spk2info.pt"
 QWEN_DIR = "CosyVoice-BlankEN"  # v2/v3: the config's qwen_pretrain_path points here
+# What a released QWEN_DIR holds for its text tokenizer (Qwen2's files, read by transformers'
+# AutoTokenizer inside CosyVoice's tokenizer; no tokenizer.json), next to config.json,
+# generation_config.json and model.safetensors.
+QWEN_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
 TINY_MARKER = "cosyserve_tiny.json"
 
 # -- the config's entries ----------------------------------------------------------------------

@@ -193,7 +193,13 @@ def test_model_dir_loads_with_the_real_classes(tiny_model, version):
         assert tuple(info["embedding"].shape) == (1, 192)
     if version == 2:
         blank = m.dir / layout.QWEN_DIR
-        assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in blank.iterdir()}
+        # the files a released CosyVoice-BlankEN holds (Qwen2's tokenizer files, no tokenizer.json)
+        assert {p.name for p in blank.iterdir()} == {"config.json", "generation_config.json", "model.safetensors",
+                                                     *layout.QWEN_TOKENIZER_FILES}
+        tok_config = json.loads((blank / "tokenizer_config.json").read_text())
+        assert tok_config["tokenizer_class"] == "Qwen2Tokenizer"
+        assert [t["content"] for t in tok_config["added_tokens_decoder"].values()] == list(layout.QWEN_SPECIALS[:3])
+        assert type(m.frontend.tokenizer.tokenizer).__name__ == "Qwen2Tokenizer"
         assert 3000 <= len(m.frontend.tokenizer.tokenizer) <= 5000
         # the special tokens QwenTokenizer adds are single in-vocabulary tokens
         assert len(m.frontend.tokenizer.encode("<|endofprompt|>")) == 1
