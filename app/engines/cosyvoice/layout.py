@@ -11,7 +11,9 @@ A released dir (e.g. ``FunAudioLLM/CosyVoice2-0.5B``) holds::
     spk2info.pt                        {speaker id: {"embedding": [1, 192], ...}}
     CosyVoice-BlankEN/                 v2/v3: the Qwen2 config, weights and text tokenizer
 
-plus files cosyserve does not read. A dir built by ``cosyserve make-tiny-model`` also holds
+plus files cosyserve does not read unless asked (``llm.rl.pt``: :data:`LLM_WEIGHTS`) or at all
+(``flow.decoder.estimator.fp32.onnx``, the flow estimator for upstream's TensorRT path;
+``speech_tokenizer_v3.batch.onnx``; model-card files). A dir built by ``cosyserve make-tiny-model`` also holds
 ``cosyserve_tiny.json`` (:data:`TINY_MARKER`), written last, which says how it was built.
 
 Pure Python (no torch, no CosyVoice): the config and the CLI may import it.
@@ -37,6 +39,9 @@ MODEL_CLASSES = {1: "CosyVoiceModel", 2: "CosyVoice2Model", 3: "CosyVoice3Model"
 
 # -- every version -----------------------------------------------------------------------------
 WEIGHT_FILES = {"llm": "llm.pt", "flow": "flow.pt", "hift": "hift.pt"}  # keyed by the config's module
+# Fun-CosyVoice3-0.5B-2512 also ships llm.rl.pt: its RL-tuned LLM, the same shapes as llm.pt.
+# Upstream's loader reads llm.pt only; engine.llm_weights picks one (base: llm.pt).
+LLM_WEIGHTS = {"base": WEIGHT_FILES["llm"], "rl": "llm.rl.pt"}
 CAMPPLUS = "campplus.onnx"
 SPK2INFO = "spk2info.pt"
 QWEN_DIR = "CosyVoice-BlankEN"  # v2/v3: the config's qwen_pretrain_path points here
