@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import pydoc
+import re
 from pathlib import Path
 from typing import IO, Any
 
@@ -53,6 +54,29 @@ def read_model_config(source: str | IO[str], *, model_dir: Path, version: int, n
             f"{name} names something the CosyVoice in use ({_cosyvoice_dir()}) does not have: {exc}. "
             "A config written for another CosyVoice needs that one: set engine.cosyvoice_path to an upstream checkout"
         ) from exc
+
+
+_TAGGED = re.compile(r"!(?:new|name|apply|applyref|module):([A-Za-z_][\w.]*)")
+
+
+def named_objects(text: str) -> list[str]:
+    """Every Python name a config's HyperPyYAML tags (``!new:``, ``!name:``, ``!apply:``, ...) refer to, once each."""
+    return list(dict.fromkeys(_TAGGED.findall(text)))
+
+
+def unresolved_names(text: str) -> dict[str, str]:
+    """The names of :func:`named_objects` that do not import here, each with why (call ``prepare_imports`` first).
+
+    What HyperPyYAML needs to load the config, without building anything (no weights, no Qwen2 dir).
+    """
+    missing: dict[str, str] = {}
+    for name in named_objects(text):
+        try:
+            if pydoc.locate(name) is None:
+                missing[name] = "no such name"
+        except pydoc.ErrorDuringImport as exc:
+            missing[name] = f"importing {exc.filename} failed: {exc.exc.__name__}: {exc.value}"
+    return missing
 
 
 def _cosyvoice_dir() -> str:
