@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shlex
 import shutil
 
 import pytest
@@ -51,3 +52,13 @@ def test_nothing_to_check_is_a_usage_error(tmp_path, capsys):
     assert main(["check-config", str(tmp_path)]) == 2  # no config in it
     err = capsys.readouterr().err
     assert "nothing to check" in err and "is not a CosyVoice model dir" in err
+
+
+def test_the_cpu_images_build_step_passes_here(capsys):
+    """The very command the CPU Dockerfile runs at build (tests/unit/test_images.py checks it is there)."""
+    from tests.unit.test_images import CHECK_CONFIG, runs
+
+    command = CHECK_CONFIG["Dockerfile"]
+    assert command in runs("Dockerfile")
+    assert main(shlex.split(command)[1:]) == 0
+    assert "FAILED" not in capsys.readouterr().out

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -188,3 +189,15 @@ def test_upstream_v3_config_over_its_own_weights_loads(upstream, full_dir, tmp_p
             (model_dir / name).unlink(missing_ok=True)
     assert (version, cls, endofprompt, tiny) == ("3", "CosyVoice3Model", "True", "False")
     assert int(llm) > 490e6 and int(flow) > 250e6, (llm, flow)  # Qwen2.5-0.5B; the 22-layer DiT
+
+
+def test_the_cuda_images_build_step_passes_on_the_checkout(upstream):
+    """The command Dockerfile.cuda runs at build, with this checkout in place of the image's /opt/CosyVoice."""
+    from tests.unit.test_images import CHECK_CONFIG
+
+    command = shlex.split(CHECK_CONFIG["Dockerfile.cuda"].replace("/opt/CosyVoice", upstream))
+    out = subprocess.run([sys.executable, "-m", "app.cli", *command[1:]], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert f"CosyVoice code from {upstream}" in out.stdout
+    assert all(f"ok: cosyserve's CosyVoice{v} config" in out.stdout for v in (1, 2, 3)), out.stdout
