@@ -11,9 +11,10 @@ A released dir (e.g. ``FunAudioLLM/CosyVoice2-0.5B``) holds::
     spk2info.pt                        {speaker id: {"embedding": [1, 192], ...}}
     CosyVoice-BlankEN/                 v2/v3: the Qwen2 config, weights and text tokenizer
 
-plus files cosyserve does not read unless asked (``llm.rl.pt``: :data:`LLM_WEIGHTS`) or at all
-(``flow.decoder.estimator.fp32.onnx``, the flow estimator for upstream's TensorRT path;
-``speech_tokenizer_v3.batch.onnx``; model-card files). A dir built by ``cosyserve make-tiny-model`` also holds
+plus files cosyserve reads only when asked (``llm.rl.pt``: :data:`LLM_WEIGHTS`) or not at all
+(``flow.decoder.estimator.fp32.onnx``, the flow estimator upstream turns into a TensorRT
+engine; ``speech_tokenizer_v3.batch.onnx``; model-card files). The ONNX files' inputs are fed
+by position, whatever their names. A dir built by ``cosyserve make-tiny-model`` also holds
 ``cosyserve_tiny.json`` (:data:`TINY_MARKER`), written last, which says how it was built.
 
 Pure Python (no torch, no CosyVoice): the config and the CLI may import it.
