@@ -6,9 +6,10 @@ read: the config (the data pipeline included: ``tests/integration/devmodels``), 
 POSITION, ``session.get_inputs()[i].name``: the names are whatever the export chose),
 ``spk2info.pt`` (``{speaker: {"embedding": [1, 192]}}``, plus entries ``save_spkinfo`` adds for
 zero-shot speakers) and ``CosyVoice-BlankEN/`` (the builders write its released file set).
-``flow.decoder.estimator.fp32.onnx`` is read only by upstream's TensorRT path, and ``llm.rl.pt``
-(Fun-CosyVoice3's RL-tuned LLM) by nothing upstream: cosyserve loads it when
-``engine.llm_weights: rl`` says so.
+``flow.decoder.estimator.fp32.onnx`` is read only by upstream's TensorRT path (cosyserve's
+``engine.flow_runtime: onnxruntime`` tries it: tests/integration/test_flow_onnx.py; the engines
+here run the flow in torch), and ``llm.rl.pt`` (Fun-CosyVoice3's RL-tuned LLM) by nothing
+upstream: cosyserve loads it when ``engine.llm_weights: rl`` says so.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def released(tiny_models, tmp_path_factory) -> Path:
     llm = torch.load(model_dir / layout.WEIGHT_FILES["llm"], map_location="cpu", weights_only=True)
     llm["llm_decoder.bias"] = llm["llm_decoder.bias"] + 0.5  # a different LLM of the same shapes
     torch.save(llm, model_dir / layout.LLM_WEIGHTS["rl"])
-    for extra in ("flow.decoder.estimator.fp32.onnx", "speech_tokenizer_v2.batch.onnx", "configuration.json"):
+    for extra in (layout.FLOW_ESTIMATOR_ONNX, "speech_tokenizer_v2.batch.onnx", "configuration.json"):
         (model_dir / extra).write_bytes(b"not read by cosyserve")
     return model_dir
 

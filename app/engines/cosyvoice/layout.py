@@ -11,10 +11,11 @@ A released dir (e.g. ``FunAudioLLM/CosyVoice2-0.5B``) holds::
     spk2info.pt                        {speaker id: {"embedding": [1, 192], ...}}
     CosyVoice-BlankEN/                 v2/v3: the Qwen2 config, weights and text tokenizer
 
-plus files cosyserve reads only when asked (``llm.rl.pt``: :data:`LLM_WEIGHTS`) or not at all
-(``flow.decoder.estimator.fp32.onnx``, the flow estimator upstream turns into a TensorRT
-engine; ``speech_tokenizer_v3.batch.onnx``; model-card files). The ONNX files' inputs are fed
-by position, whatever their names. A dir built by ``cosyserve make-tiny-model`` also holds
+plus files cosyserve reads only when asked: ``llm.rl.pt`` (:data:`LLM_WEIGHTS`) and
+``flow.decoder.estimator.fp32.onnx`` (:data:`FLOW_ESTIMATOR_ONNX`, the flow estimator upstream
+turns into a TensorRT engine; ``engine.flow_runtime: onnxruntime`` runs it if it matches the
+loaded weights), or not at all (``speech_tokenizer_v3.batch.onnx``, model-card files). The
+front-end ONNX files' inputs are fed by position, whatever their names. A dir built by ``cosyserve make-tiny-model`` also holds
 ``cosyserve_tiny.json`` (:data:`TINY_MARKER`), written last, which says how it was built.
 
 Pure Python (no torch, no CosyVoice): the config and the CLI may import it.
@@ -43,6 +44,9 @@ WEIGHT_FILES = {"llm": "llm.pt", "flow": "flow.pt", "hift": "hift.pt"}  # keyed 
 # Fun-CosyVoice3-0.5B-2512 also ships llm.rl.pt: its RL-tuned LLM, the same shapes as llm.pt.
 # Upstream's loader reads llm.pt only; engine.llm_weights picks one (base: llm.pt).
 LLM_WEIGHTS = {"base": WEIGHT_FILES["llm"], "rl": "llm.rl.pt"}
+# The flow's estimator exported by upstream (inputs x, mask, mu, t, spks, cond; batch 2) for its
+# TensorRT path; flow_onnx.py serves it on ONNX Runtime when it matches the loaded weights.
+FLOW_ESTIMATOR_ONNX = "flow.decoder.estimator.fp32.onnx"
 CAMPPLUS = "campplus.onnx"
 SPK2INFO = "spk2info.pt"
 QWEN_DIR = "CosyVoice-BlankEN"  # v2/v3: the config's qwen_pretrain_path points here

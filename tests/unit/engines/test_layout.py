@@ -42,6 +42,7 @@ def test_names_match_the_released_dirs():
     assert layout.QWEN_TOKENIZER_FILES == ("vocab.json", "merges.txt", "tokenizer_config.json")
     # Fun-CosyVoice3-0.5B-2512's RL-tuned LLM next to llm.pt; llm.pt is the default, as upstream loads it
     assert layout.LLM_WEIGHTS == {"base": "llm.pt", "rl": "llm.rl.pt"}
+    assert layout.FLOW_ESTIMATOR_ONNX == "flow.decoder.estimator.fp32.onnx"  # upstream's export for TensorRT
     assert layout.QWEN_PATH_ENTRY == "qwen_pretrain_path" and layout.TRAINING_ONLY_ENTRIES == ("hifigan",)
 
 
