@@ -166,6 +166,9 @@ def export(estimator: Any, target: Any) -> None:
         # the TorchScript exporter (no onnxscript needed) warns that it is legacy, and traces with warnings
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        # and that it cannot fold the chunk mask's strided Slice into a constant (it stays a node)
+        warnings.filterwarnings("ignore", message="Constant folding - Only steps=1 can be constant folded",
+                                category=UserWarning)
         torch.onnx.export(module, args, target, dynamo=False, opset_version=18, do_constant_folding=True,
                           input_names=names, output_names=["estimator_out"], dynamic_axes=axes)
 
