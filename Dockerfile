@@ -29,9 +29,14 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH
 COPY pyproject.toml README.md ./
 COPY app ./app
 COPY config.yaml ./
+# The build proves it got the CPU torch, and that every name a released config refers to imports
+# (the installed CosyVoice has v1 and v2 classes), its training data pipeline included
+# (cosyvoice.dataset.processor: a training-only stand-in, as pyarrow/pyworld are not installed,
+# see docs/install.md).
 RUN pip install --no-deps . \
  && pip install . \
- && python -c "import torch, torchaudio, cosyvoice, matcha, whisper, av, fastapi, app; assert torch.version.cuda is None, torch.version.cuda; print('torch', torch.__version__)"
+ && python -c "import torch, torchaudio, cosyvoice, matcha, whisper, av, fastapi, app; assert torch.version.cuda is None, torch.version.cuda; print('torch', torch.__version__)" \
+ && cosyserve check-config --version 1 --version 2
 
 # Non-root; runs with a read-only root filesystem (caches and temp files under /tmp).
 RUN useradd --system --uid 10001 --gid 0 --no-create-home --home-dir /tmp cosyserve

@@ -43,10 +43,13 @@ test-integration: setup test-deps
 test-cluster: setup test-deps
 	$(PY) -m pytest -q -s -m cluster tests/cluster
 
-# every mode of v1/v2/v3 on an upstream CosyVoice checkout (adapter + live server); not in CI:
+# every mode of v1/v2/v3 on an upstream CosyVoice checkout (adapter + live server), and upstream's own
+# example configs over real-dimension weights (the full-size v2 dir: COSYSERVE_FULLSIZE_DIR, else
+# .cache/full2, built there if missing); not in CI:
 #   git clone --recursive https://github.com/FunAudioLLM/CosyVoice ../CosyVoice && make test-upstream UPSTREAM=../CosyVoice
 test-upstream: setup
-	COSYSERVE_TEST_UPSTREAM=$(UPSTREAM) $(PY) -m pytest -q -m upstream tests/integration/test_upstream_checkout.py
+	COSYSERVE_TEST_UPSTREAM=$(UPSTREAM) $(PY) -m pytest -q -m upstream tests/integration/test_upstream_checkout.py \
+		tests/integration/test_upstream_configs.py
 
 loadtest: setup
 	$(PY) -m bench.loadtest

@@ -1,10 +1,11 @@
-"""The ``cosyserve`` command: serve, make-tiny-model."""
+"""The ``cosyserve`` command: serve, make-tiny-model, check-config."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 
 def _setup_logging(level: str) -> None:
@@ -69,6 +70,53 @@ def cmd_make_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """Import every name the given configs refer to, as loading them would (the images run it at build)."""
+    from app.config import ConfigError, load_settings
+
+    try:
+        cosyvoice_path = args.cosyvoice_path or load_settings(args.config).engine.cosyvoice_path
+    except ConfigError as exc:
+        print(f"cosyserve: {exc}", file=sys.stderr)
+        return 2
+    from app.engines.base import EngineFailure
+    from app.engines.cosyvoice.compat import TrainingOnlyModule, prepare_imports
+    from app.engines.cosyvoice.layout import CONFIG_FILES, detect_version
+    from app.engines.cosyvoice.model_config import named_objects, unresolved_names
+
+    sources: list[tuple[str, str]] = []
+    try:
+        if args.version:
+            from app.devmodels.configs import render_yaml
+
+            sources += [(f"cosyserve's CosyVoice{v} config", render_yaml(v)) for v in args.version]
+        for given in args.files:
+            path = Path(given)
+            if path.is_dir():
+                path = path / CONFIG_FILES[detect_version(path)]
+            sources.append((str(path), path.read_text(encoding="utf-8")))
+        if not sources:
+            raise ValueError("nothing to check: give --version N or model configs / model dirs")
+        prepare_imports(cosyvoice_path)
+    except (EngineFailure, OSError, ImportError, ValueError) as exc:
+        print(f"cosyserve: {exc}", file=sys.stderr)
+        return 2
+    import cosyvoice
+
+    processor = sys.modules.get("cosyvoice.dataset.processor")
+    kind = "training-only stand-in" if isinstance(processor, TrainingOnlyModule) else "the real module"
+    print(f"CosyVoice code from {Path(cosyvoice.__file__).parent.parent}; cosyvoice.dataset.processor: {kind}")
+    failed = 0
+    for label, text in sources:
+        missing = unresolved_names(text)
+        print(f"{'FAILED' if missing else 'ok'}: {label}: {len(named_objects(text)) - len(missing)} of "
+              f"{len(named_objects(text))} names import")
+        for name, why in missing.items():
+            print(f"  {name}: {why}")
+        failed += bool(missing)
+    return 1 if failed else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cosyserve", description="A production inference server for CosyVoice TTS.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -90,6 +138,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="config.yaml to read engine.cosyvoice_path from (default: $COSYSERVE_CONFIG)")
     t.add_argument("out", help="output dir (must not exist or be empty)")
     t.set_defaults(func=cmd_make_tiny_model)
+    c = sub.add_parser("check-config", help="import every name model configs refer to, as loading them would")
+    c.add_argument("files", nargs="*", help="model configs (cosyvoice*.yaml) or model dirs")
+    c.add_argument("--version", type=int, choices=(1, 2, 3), action="append",
+                   help="also check cosyserve's own CosyVoice<N> config (it carries a released config's data "
+                   "pipeline); repeatable")
+    c.add_argument("--cosyvoice-path", help="CosyVoice checkout to import from (default: engine.cosyvoice_path)")
+    c.add_argument("--config", help="config.yaml to read engine.cosyvoice_path from (default: $COSYSERVE_CONFIG)")
+    c.set_defaults(func=cmd_check_config)
     return parser
 
 

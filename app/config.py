@@ -115,6 +115,7 @@ class EngineSettings(_Section):
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # see app/engines/cosyvoice/precision.py
     dtype_stages: list[Literal["llm", "flow", "hift"]] = ["llm", "flow"]  # what runs in a reduced dtype
+    llm_weights: Literal["base", "rl"] = "base"  # base: llm.pt (what upstream loads); rl: llm.rl.pt (Fun-CosyVoice3)
     fp16: bool = False  # old name: true means dtype fp16
     torch_threads: int = Field(1, ge=1, le=256)
     prompt_cache_size: int = Field(32, ge=0)

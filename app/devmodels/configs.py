@@ -4,7 +4,10 @@ The config text lives in ``templates/`` (package data, shipped in the wheel), on
 CosyVoice version named as the file it becomes (``layout.CONFIG_FILES``), plus partials
 shared between them (``_name.yaml``). The classes are the ones CosyVoice itself instantiates
 for each model family; the sizes are ours: deliberately small (tiny), or CosyVoice2-0.5B's
-(``full_size``, v2 only). This module holds only those values and a small renderer.
+(``full_size``, v2 only). Like a released config, each also carries what only training reads:
+the global seeds, HiFT's GAN wrapper, the data pipeline (``cosyvoice.dataset.processor``) and
+the optimiser settings, so every test loads what a real dir holds. This module holds only
+those values and a small renderer.
 """
 
 from __future__ import annotations
@@ -71,12 +74,25 @@ V2_SIZES: dict[str, dict[str, Any]] = {
     },
 }
 
+# The training-only part every released config carries (data pipeline, HiFT's GAN, optimiser):
+# the mel frame of each family, how many samples the GAN runs cut (a whole number of frames),
+# the utterance lengths the data filter keeps (in frames), and whether the pipeline has the
+# whisper log-mel step (upstream's CosyVoice3 config; ``""`` leaves it out).
+_TRAINING: dict[int, dict[str, Any]] = {
+    1: {"mel_fft": 1024, "mel_hop": 256, "truncate_samples": 96 * 256, "filter_max_frames": 40960,
+        "filter_min_frames": 0, "whisper_fbank": "", "whisper_fbank_step": ""},
+    2: {"mel_fft": 1920, "mel_hop": 480, "truncate_samples": 51 * 480, "filter_max_frames": 6000,
+        "filter_min_frames": 100, "whisper_fbank": "", "whisper_fbank_step": ""},
+    3: {"mel_fft": 1920, "mel_hop": 480, "truncate_samples": 52 * 480, "filter_max_frames": 6000,
+        "filter_min_frames": 100},
+}
+
 _PER_VERSION: dict[int, dict[str, Any]] = {
-    1: {"text_dim": V1_TEXT_DIM, "text_vocab": V1_TEXT_VOCAB},
+    1: {"text_dim": V1_TEXT_DIM, "text_vocab": V1_TEXT_VOCAB, **_TRAINING[1]},
     2: {"flow_dim": V2_FLOW_DIM, "hift_generator": "HiFTGenerator", "hift_f0_predictor": "ConvRNNF0Predictor",
-        "hift_causal": ""},
+        "hift_causal": "", **_TRAINING[2]},
     3: {"hift_generator": "CausalHiFTGenerator", "hift_f0_predictor": "CausalConvRNNF0Predictor",
-        "hift_causal": "conv_pre_look_right: 4"},
+        "hift_causal": "conv_pre_look_right: 4", **_TRAINING[3]},
 }
 
 

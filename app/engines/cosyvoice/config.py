@@ -13,6 +13,7 @@ class CosyVoiceConfig:
     device: str = "auto"  # engine.device: auto | cpu | cuda | cuda:N (app/engines/cosyvoice/device.py)
     dtype: str = "fp32"  # engine.dtype: auto | fp32 | bf16 | fp16 (app/engines/cosyvoice/precision.py)
     dtype_stages: tuple[str, ...] = ("llm", "flow")  # which stages run in a reduced dtype
+    llm_weights: str = "base"  # engine.llm_weights: base (llm.pt) | rl (llm.rl.pt), layout.LLM_WEIGHTS
     torch_threads: int = 1
     prompt_cache_size: int = 32
     max_segment_chars: int = 240

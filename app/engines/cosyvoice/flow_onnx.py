@@ -38,9 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.engines.cosyvoice.layout import FLOW_ESTIMATOR_ONNX
+
 log = logging.getLogger("cosyserve.engine")
 
-MODEL_DIR_FILE = "flow.decoder.estimator.fp32.onnx"
+MODEL_DIR_FILE = FLOW_ESTIMATOR_ONNX  # the name is the model-dir contract's (layout.py)
 CACHE_FILE = "estimator.onnx"
 UNUSABLE_FILE = "estimator.unusable"  # an export of these weights that did not match torch: not tried again
 INPUTS = ("x", "mask", "mu", "t", "spks", "cond")

@@ -11,7 +11,11 @@ A released dir (e.g. ``FunAudioLLM/CosyVoice2-0.5B``) holds::
     spk2info.pt                        {speaker id: {"embedding": [1, 192], ...}}
     CosyVoice-BlankEN/                 v2/v3: the Qwen2 config, weights and text tokenizer
 
-plus files cosyserve does not read. A dir built by ``cosyserve make-tiny-model`` also holds
+plus files cosyserve reads only when asked: ``llm.rl.pt`` (:data:`LLM_WEIGHTS`) and
+``flow.decoder.estimator.fp32.onnx`` (:data:`FLOW_ESTIMATOR_ONNX`, the flow estimator upstream
+turns into a TensorRT engine; ``engine.flow_runtime: onnxruntime`` runs it if it matches the
+loaded weights), or not at all (``speech_tokenizer_v3.batch.onnx``, model-card files). The
+front-end ONNX files' inputs are fed by position, whatever their names. A dir built by ``cosyserve make-tiny-model`` also holds
 ``cosyserve_tiny.json`` (:data:`TINY_MARKER`), written last, which says how it was built.
 
 Pure Python (no torch, no CosyVoice): the config and the CLI may import it.
@@ -37,10 +41,26 @@ MODEL_CLASSES = {1: "CosyVoiceModel", 2: "CosyVoice2Model", 3: "CosyVoice3Model"
 
 # -- every version -----------------------------------------------------------------------------
 WEIGHT_FILES = {"llm": "llm.pt", "flow": "flow.pt", "hift": "hift.pt"}  # keyed by the config's module
+# Fun-CosyVoice3-0.5B-2512 also ships llm.rl.pt: its RL-tuned LLM, the same shapes as llm.pt.
+# Upstream's loader reads llm.pt only; engine.llm_weights picks one (base: llm.pt).
+LLM_WEIGHTS = {"base": WEIGHT_FILES["llm"], "rl": "llm.rl.pt"}
+# The flow's estimator exported by upstream (inputs x, mask, mu, t, spks, cond; batch 2) for its
+# TensorRT path; flow_onnx.py serves it on ONNX Runtime when it matches the loaded weights.
+FLOW_ESTIMATOR_ONNX = "flow.decoder.estimator.fp32.onnx"
 CAMPPLUS = "campplus.onnx"
 SPK2INFO = "spk2info.pt"
 QWEN_DIR = "CosyVoice-BlankEN"  # v2/v3: the config's qwen_pretrain_path points here
+# What a released QWEN_DIR holds for its text tokenizer (Qwen2's files, read by transformers'
+# AutoTokenizer inside CosyVoice's tokenizer; no tokenizer.json), next to config.json,
+# generation_config.json and model.safetensors.
+QWEN_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
 TINY_MARKER = "cosyserve_tiny.json"
+
+# -- the config's entries ----------------------------------------------------------------------
+QWEN_PATH_ENTRY = "qwen_pretrain_path"  # v2/v3: '' in released configs; the loader points it at QWEN_DIR
+# Built by a released config only for training: the GAN wrapper around HiFT (a ~41 M-parameter
+# discriminator). The loader replaces them with null before anything is built (model_config.py).
+TRAINING_ONLY_ENTRIES = ("hifigan",)
 
 # -- text ids ----------------------------------------------------------------------------------
 ENDOFPROMPT = "<|endofprompt|>"

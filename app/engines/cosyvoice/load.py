@@ -21,8 +21,8 @@ from app.engines.cosyvoice.device import describe_device, resolve_device
 from app.engines.cosyvoice.layout import (
     CAMPPLUS,
     CONFIG_FILES,
+    LLM_WEIGHTS,
     MODEL_CLASSES,
-    QWEN_DIR,
     SPEECH_TOKENIZER_FILES,
     SPK2INFO,
     WEIGHT_FILES,
@@ -35,6 +35,7 @@ from app.engines.cosyvoice.levers import (
     Levers,
     apply_levers,
 )
+from app.engines.cosyvoice.model_config import read_model_config
 from app.engines.cosyvoice.precision import (
     DEFAULT_STAGES,
     Precision,
@@ -76,23 +77,34 @@ def _torch_load(path: Path, device: Any) -> dict:
 
 def load_model_dir(model_dir: str | os.PathLike, *, dtype: str = "fp32", dtype_stages: tuple[str, ...] = DEFAULT_STAGES,
                    cosyvoice_path: str | None = None, device: str = "auto",
-                   levers: Levers | None = None) -> LoadedModel:
+                   levers: Levers | None = None, llm_weights: str = "base") -> LoadedModel:
     """Build frontend + model for the CosyVoice version found in ``model_dir`` (one thread at a time).
 
     ``dtype`` is ``engine.dtype`` (auto | fp32 | bf16 | fp16, see ``app/engines/cosyvoice/precision.py``);
     ``device`` is ``engine.device`` (auto | cpu | cuda | cuda:N, see ``app/engines/cosyvoice/device.py``);
-    ``levers``: int8 LLM, flow runtime, steps, CFG (``app/engines/cosyvoice/levers.py``; None: none).
+    ``levers``: int8 LLM, flow runtime, steps, CFG (``app/engines/cosyvoice/levers.py``; None: none);
+    ``llm_weights`` is ``engine.llm_weights`` (base: ``llm.pt``; rl: ``llm.rl.pt``, ``layout.LLM_WEIGHTS``).
     """
     target = resolve_device(device)  # before anything heavy: a missing GPU fails at once
     with _BUILD_LOCK:
         return _load_model_dir(model_dir, dtype=dtype, dtype_stages=tuple(dtype_stages), cosyvoice_path=cosyvoice_path,
-                               device=target, levers=levers)
+                               device=target, levers=levers, llm_weights=llm_weights)
+
+
+def _llm_weights_file(model_dir: Path, llm_weights: str) -> Path:
+    if llm_weights not in LLM_WEIGHTS:
+        raise EngineFailure(f"engine.llm_weights must be one of {', '.join(LLM_WEIGHTS)}, not {llm_weights!r}")
+    path = model_dir / LLM_WEIGHTS[llm_weights]
+    if llm_weights != "base" and not path.is_file():
+        raise EngineFailure(f"engine.llm_weights is {llm_weights!r}, but {model_dir} has no {path.name} "
+                            f"(Fun-CosyVoice3-0.5B-2512 ships one; set engine.llm_weights: base for {LLM_WEIGHTS['base']})")
+    return path
 
 
 def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: tuple[str, ...],
-                    cosyvoice_path: str | None, device: Any, levers: Levers | None = None) -> LoadedModel:
+                    cosyvoice_path: str | None, device: Any, levers: Levers | None = None,
+                    llm_weights: str = "base") -> LoadedModel:
     prepare_imports(cosyvoice_path)
-    from hyperpyyaml import load_hyperpyyaml
 
     from cosyvoice.cli import model as cv_model
     from cosyvoice.cli.frontend import CosyVoiceFrontEnd
@@ -101,6 +113,7 @@ def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: t
     if not model_dir.is_dir():
         raise EngineFailure(f"model dir {model_dir} does not exist")
     version = detect_version(model_dir)
+    llm_path = _llm_weights_file(model_dir, llm_weights)  # before anything heavy: a missing file fails at once
     model_cls = getattr(cv_model, MODEL_CLASSES[version], None)
     if model_cls is None:
         raise EngineFailure(
@@ -108,17 +121,17 @@ def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: t
             f"({Path(cv_model.__file__).parent.parent}) has no {MODEL_CLASSES[version]}; "
             "set engine.cosyvoice_path to an upstream CosyVoice checkout"
         )
-    overrides = {}
-    if version >= 2:
-        overrides["qwen_pretrain_path"] = str(model_dir / QWEN_DIR)
-    with open(model_dir / CONFIG_FILES[version], encoding="utf-8") as f:
-        configs = load_hyperpyyaml(f, overrides=overrides or None)
+    config_path = model_dir / CONFIG_FILES[version]
+    with open(config_path, encoding="utf-8") as f:
+        configs = read_model_config(f, model_dir=model_dir, version=version, name=str(config_path))
 
     precision = resolve_precision(dtype, device.type, dtype_stages)
     llm, flow, hift = configs["llm"], configs["flow"], configs["hift"]
     # transformers 5 loads Qwen2 with dtype="auto" (bf16 for the real BlankEN config); pin fp32.
     llm.float()
-    llm.load_state_dict(_torch_load(model_dir / WEIGHT_FILES["llm"], device), strict=True)
+    llm.load_state_dict(_torch_load(llm_path, device), strict=True)
+    if llm_weights != "base":
+        log.info("LLM weights from %s (engine.llm_weights: %s)", llm_path.name, llm_weights)
     flow.load_state_dict(_torch_load(model_dir / WEIGHT_FILES["flow"], device), strict=True)
     hift_state = _torch_load(model_dir / WEIGHT_FILES["hift"], device)
     hift.load_state_dict({k.replace("generator.", ""): v for k, v in hift_state.items()}, strict=True)

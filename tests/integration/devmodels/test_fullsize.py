@@ -21,6 +21,7 @@ import torch
 from app.devmodels import configs, fullsize, tiny
 from app.engines.cosyvoice import layout
 from app.engines.cosyvoice.compat import prepare_imports
+from app.engines.cosyvoice.model_config import read_model_config
 
 TEXTS = ("Hello there, how are you?", "The quick brown fox jumps over the lazy dog near the quiet river bank today.")
 
@@ -33,15 +34,13 @@ def _n_params(module: torch.nn.Module) -> int:
 def full_configs():
     """flow and hift of the full-size yaml (the LLM is checked separately: it needs a Qwen dir)."""
     prepare_imports()
-    from hyperpyyaml import load_hyperpyyaml
-
     text = configs.render_yaml(2, full_size=True)
     # keep the llm out: Qwen2Encoder loads a pretrained dir at construction
     head, rest = text.split("\nllm: ", 1)
     _, tail = rest.split("\nflow: ", 1)
     _import_named_modules(text)
     with tiny.preserved_rng(), torch.device("meta"):  # shapes only: nothing allocated
-        return load_hyperpyyaml(head + "\nflow: " + tail), text
+        return read_model_config(head + "\nflow: " + tail, model_dir=Path("unused"), version=2, name="full"), text
 
 
 def _import_named_modules(yaml_text: str) -> None:

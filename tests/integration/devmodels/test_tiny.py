@@ -6,12 +6,14 @@ session, so these tests always exercise the current builder.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,12 @@ import torch
 
 from app.devmodels import tiny
 from app.engines.cosyvoice import layout
-from app.engines.cosyvoice.compat import prepare_imports
+from app.engines.cosyvoice.compat import (
+    TrainingOnlyError,
+    TrainingOnlyModule,
+    prepare_imports,
+)
+from app.engines.cosyvoice.model_config import read_model_config
 
 ROOT = Path(__file__).resolve().parents[3]  # the repo root: the subprocesses run this checkout's app, not the installed one
 
@@ -58,12 +65,11 @@ class Loaded:
     def __init__(self, model_dir: Path, version: int) -> None:
         prepare_imports()
         from cosyvoice.cli.frontend import CosyVoiceFrontEnd
-        from hyperpyyaml import load_hyperpyyaml
 
         self.dir, self.version = model_dir, version
-        overrides = {"qwen_pretrain_path": str(model_dir / layout.QWEN_DIR)} if version == 2 else None
-        with open(model_dir / layout.CONFIG_FILES[version], encoding="utf-8") as f:
-            self.configs = load_hyperpyyaml(f, overrides=overrides)
+        path = model_dir / layout.CONFIG_FILES[version]
+        self.configs = read_model_config(path.read_text(encoding="utf-8"), model_dir=model_dir, version=version,
+                                         name=str(path))
         self.frontend = CosyVoiceFrontEnd(
             self.configs["get_tokenizer"],
             self.configs["feat_extractor"],
@@ -187,7 +193,13 @@ def test_model_dir_loads_with_the_real_classes(tiny_model, version):
         assert tuple(info["embedding"].shape) == (1, 192)
     if version == 2:
         blank = m.dir / layout.QWEN_DIR
-        assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in blank.iterdir()}
+        # the files a released CosyVoice-BlankEN holds (Qwen2's tokenizer files, no tokenizer.json)
+        assert {p.name for p in blank.iterdir()} == {"config.json", "generation_config.json", "model.safetensors",
+                                                     *layout.QWEN_TOKENIZER_FILES}
+        tok_config = json.loads((blank / "tokenizer_config.json").read_text())
+        assert tok_config["tokenizer_class"] == "Qwen2Tokenizer"
+        assert [t["content"] for t in tok_config["added_tokens_decoder"].values()] == list(layout.QWEN_SPECIALS[:3])
+        assert type(m.frontend.tokenizer.tokenizer).__name__ == "Qwen2Tokenizer"
         assert 3000 <= len(m.frontend.tokenizer.tokenizer) <= 5000
         # the special tokens QwenTokenizer adds are single in-vocabulary tokens
         assert len(m.frontend.tokenizer.encode("<|endofprompt|>")) == 1
@@ -200,8 +212,45 @@ def test_v1_yaml_needs_no_qwen_override(tiny_model):
     from hyperpyyaml import load_hyperpyyaml
 
     m = tiny_model(1)
-    with open(m.dir / layout.CONFIG_FILES[1], encoding="utf-8") as f:
+    with _training_warnings_ignored(), open(m.dir / layout.CONFIG_FILES[1], encoding="utf-8") as f:
         assert "llm" in load_hyperpyyaml(f)
+
+
+@contextlib.contextmanager
+def _training_warnings_ignored():
+    """A plain HyperPyYAML load builds HiFT's GAN discriminators (the loader never does): matcha's use torch's
+    deprecated ``weight_norm``."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.nn\.utils\.weight_norm` is deprecated",
+                                category=FutureWarning)
+        yield
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_whole_config_builds_with_the_default_install(tiny_model, version):
+    """As CosyVoice itself reads it: the GAN wrapper is built, the data pipeline resolves (without pyarrow/pyworld)."""
+    import functools
+    import importlib.util
+    import sys
+
+    from cosyvoice.hifigan.hifigan import HiFiGan
+    from hyperpyyaml import load_hyperpyyaml
+
+    m = tiny_model(version)
+    overrides = {"qwen_pretrain_path": str(m.dir / layout.QWEN_DIR)} if version == 2 else None
+    with tiny.preserved_rng(), _training_warnings_ignored(), open(m.dir / layout.CONFIG_FILES[version],
+                                                                  encoding="utf-8") as f:
+        configs = load_hyperpyyaml(f, overrides=overrides)
+    assert isinstance(configs["hifigan"], HiFiGan) and configs["hifigan"].generator is configs["hift"]
+    assert m.configs["hifigan"] is None  # what the loader reads: never built
+    assert len(configs["data_pipeline"]) >= 10 and configs["train_conf"]["optim"] == "adam"
+    tokenize = configs["tokenize"]
+    assert isinstance(tokenize, functools.partial) and tokenize.keywords["get_tokenizer"] is configs["get_tokenizer"]
+    if importlib.util.find_spec("pyarrow") is None:  # the default install: the training-only stand-in
+        assert isinstance(sys.modules["cosyvoice.dataset.processor"], TrainingOnlyModule)
+        for step in configs["data_pipeline"]:
+            with pytest.raises(TrainingOnlyError, match="training data pipeline"):
+                step([])
 
 
 @pytest.mark.parametrize("version", [1, 2])
@@ -227,6 +276,9 @@ def test_weights_are_a_function_of_the_seed(tiny_model, cache_root, tmp_path, ve
     base = tiny_model(version).dir
     again = tiny.build_tiny_model(tmp_path / "again", version)
     other = tiny.ensure_tiny_model(cache_root, version, seed=1)
+    files = sorted(str(p.relative_to(base)) for p in base.rglob("*") if p.is_file())
+    assert files == sorted(str(p.relative_to(again)) for p in again.rglob("*") if p.is_file())
+    assert [f for f in files if (base / f).read_bytes() != (again / f).read_bytes()] == []  # byte for byte
     for name in layout.WEIGHT_FILES.values():
         a, b, c = (torch.load(d / name, map_location="cpu") for d in (base, again, other))
         assert a.keys() == b.keys() == c.keys()

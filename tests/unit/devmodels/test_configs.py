@@ -14,7 +14,11 @@ from app.devmodels import configs
 from app.engines.cosyvoice.layout import CONFIG_FILES
 
 ROOT = Path(__file__).resolve().parents[3]
-PARTIALS = {"_sampling.yaml", "_cfm.yaml", "_hift.yaml"}
+PARTIALS = {"_sampling.yaml", "_cfm.yaml", "_hift.yaml", "_seeds.yaml", "_gan.yaml", "_data_pipeline.yaml",
+            "_whisper_fbank.yaml", "_whisper_fbank_step.yaml", "_training.yaml"}
+# What a released config carries for training only (upstream's configs are its training configs).
+PROCESSOR_STEPS = ("parquet_opener", "tokenize", "filter", "resample", "truncate", "compute_fbank", "compute_f0",
+                   "parse_embedding", "shuffle", "sort", "batch", "padding")
 
 
 def _template_names() -> set[str]:
@@ -63,6 +67,32 @@ def test_every_config_renders_to_yaml_with_the_keys_cosyvoice_reads(version, ful
     assert hift["base_channels"] == (512 if full_size else configs.HIFT_BASE)
     assert ("conv_pre_look_right" in hift) == (version == 3)  # only v3's CausalHiFTGenerator takes it
     assert hift["f0_predictor"]["cond_channels"] == hift["base_channels"]
+
+
+@pytest.mark.parametrize("version, full_size", [(1, False), (2, False), (2, True), (3, False)],
+                         ids=["v1", "v2", "v2-full", "v3"])
+def test_every_config_carries_the_training_part_of_a_released_one(version, full_size):
+    text = configs.render_yaml(version, full_size=full_size)
+    parsed = _hyperpyyaml(text)
+    assert [k for k in parsed if k.startswith("__set_seed")] == [f"__set_seed{i}" for i in range(1, 5)]
+    assert "__set_seed4: !apply:torch.cuda.manual_seed_all [1986]" in text
+    for step in PROCESSOR_STEPS:
+        assert f"{step}: !name:cosyvoice.dataset.processor.{step}\n" in text, step
+    whisper = version == 3  # upstream's CosyVoice3 pipeline has the whisper log-mel step
+    assert ("compute_whisper_fbank: !name:cosyvoice.dataset.processor.compute_whisper_fbank" in text) == whisper
+    pipeline = [ref.strip("<>") for ref in parsed["data_pipeline"]]
+    expected = ["parquet_opener", "tokenize", "filter", "resample", "compute_fbank", "parse_embedding",
+                *(["compute_whisper_fbank"] if whisper else []), "shuffle", "sort", "batch", "padding"]
+    assert pipeline == expected
+    gan = [ref.strip("<>") for ref in parsed["data_pipeline_gan"]]
+    assert gan[:4] == expected[:4] and "truncate" in gan and "compute_f0" in gan
+    assert parsed["tokenize"] == {"get_tokenizer": "<get_tokenizer>", "allowed_special": "<allowed_special>"}
+    hop = parsed["feat_extractor"]["hop_size"]
+    assert parsed["compute_f0"]["hop_size"] == hop and parsed["truncate"]["truncate_length"] % hop == 0
+    assert "hifigan: !new:cosyvoice.hifigan.hifigan.HiFiGan" in text
+    assert parsed["hifigan"]["generator"] == "<hift>"
+    assert parsed["mel_spec_transform1"]["hop_size"] == hop
+    assert parsed["train_conf"]["optim"] == "adam" and parsed["train_conf_gan"]["accum_grad"] == 1
 
 
 def test_v2_and_v3_share_one_hift_block():

@@ -38,6 +38,12 @@ def test_names_match_the_released_dirs():
     assert (*layout.WEIGHT_FILES.values(), layout.CAMPPLUS, layout.SPK2INFO) == EVERY_RELEASE
     assert list(layout.WEIGHT_FILES) == ["llm", "flow", "hift"]  # the config's module keys
     assert layout.QWEN_DIR == "CosyVoice-BlankEN"
+    # Qwen2's tokenizer files, as CosyVoice-BlankEN ships them (no tokenizer.json)
+    assert layout.QWEN_TOKENIZER_FILES == ("vocab.json", "merges.txt", "tokenizer_config.json")
+    # Fun-CosyVoice3-0.5B-2512's RL-tuned LLM next to llm.pt; llm.pt is the default, as upstream loads it
+    assert layout.LLM_WEIGHTS == {"base": "llm.pt", "rl": "llm.rl.pt"}
+    assert layout.FLOW_ESTIMATOR_ONNX == "flow.decoder.estimator.fp32.onnx"  # upstream's export for TensorRT
+    assert layout.QWEN_PATH_ENTRY == "qwen_pretrain_path" and layout.TRAINING_ONLY_ENTRIES == ("hifigan",)
 
 
 def test_endofprompt_follows_qwens_specials():
