@@ -9,8 +9,9 @@ those modules and their weights as they are, and run the decoder layers
 ourselves over a :class:`~app.engines.cosyvoice.batching.kv.BatchedKV`, so one step
 serves every running sequence whatever its length:
 
-* ``prefill`` runs one sequence's prompt (causal attention over itself) and
-  stores its keys/values in a cache row;
+* ``prefill_many`` runs several sequences' inputs in one forward (right-padded,
+  causal and padding masks, each at its own positions, after its own saved past
+  if it has one) and stores each one's keys/values in a new cache row;
 * ``decode`` runs one new token for every row, each at its own position, each
   attending to its own filled positions only (a length mask).
 
@@ -120,6 +121,7 @@ class BatchedLM:
         cfg = llm.llm.model.config
         self.heads = int(cfg.num_attention_heads)
         self.kv_heads = int(cfg.num_key_value_heads)
+        self.hidden = int(cfg.hidden_size)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         self.groups = self.heads // self.kv_heads
         self.scaling = self.head_dim ** -0.5
@@ -203,31 +205,81 @@ class BatchedLM:
     def _logp(self, h: Any) -> Any:
         return self.llm.llm_decoder(self.backbone.norm(h)).float().log_softmax(dim=-1)
 
+    def check_input(self, lm_input: Any) -> None:
+        """Refuse an input that cannot join a prefill (shape, device): a host check, no sync."""
+        shape = tuple(getattr(lm_input, "shape", ()))
+        if len(shape) != 3 or shape[0] != 1 or shape[1] < 1 or shape[2] != self.hidden:
+            raise ValueError(f"an LLM input must be [1, T >= 1, {self.hidden}], not {list(shape)}")
+        if lm_input.device != self.device:
+            raise ValueError(f"an LLM input on {lm_input.device} for an LLM on {self.device}")
+
     def prefill(self, kv: BatchedKV, lm_input: Any, past: SavedRow | None = None) -> tuple[int, Any]:
         """Run one sequence's input (after ``past``, a saved cache row); returns its row and next log-probs [V]."""
+        rows, logp = self.prefill_many(kv, [(lm_input, past)])
+        return rows[0], logp[0]
+
+    def prefill_many(self, kv: BatchedKV, items: list[tuple[Any, SavedRow | None]]) -> tuple[list[int], Any]:
+        """Several sequences' inputs in ONE forward: their new cache rows and next log-probs ``[n, V]`` (device).
+
+        ``items``: per sequence its input ``[1, T_i, D]`` and ``past``, a saved cache row the input
+        follows (a bistream sequence back with more text: positions ``past.length`` on), or None.
+        The inputs are right-padded to the longest; row i sits at its own rotary positions and
+        each real position attends to its own past and its own earlier positions only (causal +
+        padding mask: padded queries see the row's real keys, so nothing is all-masked). Only
+        real positions are written to the new rows (appended after the running ones, in order).
+        The log-probs are each row's at its last real position. On an error the new rows are
+        removed again: the cache is as before and the ``past`` rows are untouched.
+        """
         import torch
 
-        t = lm_input.shape[1]
-        start = past.length if past is not None else 0
-        row = kv.add_row(start + t)
+        if not items:
+            raise ValueError("prefill_many needs at least one input")
+        n = len(items)
+        inputs = [x.to(self.dtype) for x, _ in items]
+        lengths = [int(x.shape[1]) for x in inputs]
+        starts = [past.length if past is not None else 0 for _, past in items]
+        ends = [s + t for s, t in zip(starts, lengths)]
+        width, span = max(lengths), max(ends)  # padded queries; keys each row may see at most
+        rows = kv.add_rows(ends)
         try:
-            if past is not None:
-                kv.restore(row, past)
-            positions = torch.arange(start, start + t, device=self.device).unsqueeze(0)
-            cos, sin = self.backbone.rotary_emb(lm_input, positions)
-            causal = torch.full((t, start + t), float("-inf"), dtype=self.dtype, device=self.device).triu(start + 1)
-            bias = causal.view(1, 1, t, start + t)
-            x = lm_input
+            for row, (_, past) in zip(rows, items):
+                if past is not None:
+                    kv.restore(row, past)
+            x = torch.cat([x if t == width else torch.nn.functional.pad(x, (0, 0, 0, width - t))
+                           for x, t in zip(inputs, lengths)], dim=0)  # [n, width, D]
+            # host-made indices, uploaded in ONE copy: rotary positions and the last key each query may
+            # see [n, width] each, then per real token its place in the flat [n * width] and its cache slot
+            positions = [s + j for s in starts for j in range(width)]
+            sees = [min(s + j, e - 1) for s, e in zip(starts, ends) for j in range(width)]
+            src = [i * width + j for i, t in enumerate(lengths) for j in range(t)]
+            dst_row = [r for r, t in zip(rows, lengths) for _ in range(t)]
+            dst_pos = [s + j for s, t in zip(starts, lengths) for j in range(t)]
+            last = [i * width + t - 1 for i, t in enumerate(lengths)]
+            flat = self.io.upload(positions + sees + src + dst_row + dst_pos + last)
+            cut = [n * width, n * width, len(src), len(src), len(src), n]
+            pos, sees_t, src_t, row_t, slot_t, last_t = flat.split(cut)
+            pos, sees_t = pos.view(n, width), sees_t.view(n, width)
+            cos, sin = self.backbone.rotary_emb(x, pos)
+            keys_at = torch.arange(span, device=self.device)
+            bias = torch.zeros((n, width, span), dtype=self.dtype, device=self.device)
+            bias.masked_fill_(keys_at > sees_t.unsqueeze(-1), float("-inf"))
+            bias = bias.view(n, 1, width, span)
             for i, layer in enumerate(self.layers):
                 q, k, v = self._qkv(layer, layer.input_layernorm(x), cos, sin)
-                kv.write_span(i, row, start, k[0], v[0])
-                if past is not None:
-                    k, v = kv.row_view(i, row, start + t)
-                x = self._block(layer, x, self._attend(q, k, v, bias))
-            return row, self._logp(x[:, -1])[0]
+                kv.write_step(i, slot_t, self._tokens(k)[src_t], self._tokens(v)[src_t], rows=row_t)
+                keys, values = kv.rows_view(i, rows[0], n, span)
+                x = self._block(layer, x, self._attend(q, keys, values, bias))
+            return rows, self._logp(x.reshape(n * width, -1)[last_t])
         except BaseException:
-            kv.remove_row(row)
+            for row in reversed(rows):  # the last rows: nothing moves
+                kv.remove_row(row)
             raise
+
+    @staticmethod
+    def _tokens(k: Any) -> Any:
+        """``[n, KV, T, hd]`` -> ``[n * T, KV, hd]`` (token-major, as the cache slots are listed)."""
+        n, heads, t, hd = k.shape
+        return k.transpose(1, 2).reshape(n * t, heads, hd)
 
     def embed(self, parts: list[tuple]) -> Any:
         """Embeddings ``[1, T, D]`` of bistream input parts: markers, text ids, speech ids."""
