@@ -9,9 +9,10 @@ those modules and their weights as they are, and run the decoder layers
 ourselves over a :class:`~app.engines.cosyvoice.batching.kv.BatchedKV`, so one step
 serves every running sequence whatever its length:
 
-* ``prefill_many`` runs several sequences' inputs in one forward (right-padded,
-  causal and padding masks, each at its own positions, after its own saved past
-  if it has one) and stores each one's keys/values in a new cache row;
+* ``prefill_many`` runs several sequences' inputs in one forward (their real
+  tokens packed for the projections and MLPs, attention per row right-padded
+  with a causal mask, each at its own positions, after its own saved past if it
+  has one) and stores each one's keys/values in a new cache row;
 * ``decode`` runs one new token for every row, each at its own position, each
   attending to its own filled positions only (a length mask).
 
@@ -223,12 +224,14 @@ class BatchedLM:
 
         ``items``: per sequence its input ``[1, T_i, D]`` and ``past``, a saved cache row the input
         follows (a bistream sequence back with more text: positions ``past.length`` on), or None.
-        The inputs are right-padded to the longest; row i sits at its own rotary positions and
-        each real position attends to its own past and its own earlier positions only (causal +
-        padding mask: padded queries see the row's real keys, so nothing is all-masked). Only
-        real positions are written to the new rows (appended after the running ones, in order).
-        The log-probs are each row's at its last real position. On an error the new rows are
-        removed again: the cache is as before and the ``past`` rows are untouched.
+        The projections, norms and MLPs run over the real tokens only, packed ``[1, sum T_i, D]``
+        (no padding to compute); attention runs per row, right-padded to the longest input: row i
+        at its own rotary positions, each real position attending to its own past and its own
+        earlier positions only (causal mask per row; padded queries see the row's real keys, so
+        nothing is all-masked, and are dropped). Only real positions are written to the new rows
+        (appended after the running ones, in order). The log-probs are each row's after its last
+        real position. On an error the new rows are removed again: the cache is as before and
+        the ``past`` rows are untouched.
         """
         import torch
 
@@ -239,47 +242,49 @@ class BatchedLM:
         lengths = [int(x.shape[1]) for x in inputs]
         starts = [past.length if past is not None else 0 for _, past in items]
         ends = [s + t for s, t in zip(starts, lengths)]
-        width, span = max(lengths), max(ends)  # padded queries; keys each row may see at most
+        total, width, span = sum(lengths), max(lengths), max(ends)  # real tokens; padded queries; keys at most
         rows = kv.add_rows(ends)
         try:
             for row, (_, past) in zip(rows, items):
                 if past is not None:
                     kv.restore(row, past)
-            x = torch.cat([x if t == width else torch.nn.functional.pad(x, (0, 0, 0, width - t))
-                           for x, t in zip(inputs, lengths)], dim=0)  # [n, width, D]
-            # host-made indices, uploaded in ONE copy: rotary positions and the last key each query may
-            # see [n, width] each, then per real token its place in the flat [n * width] and its cache slot
-            positions = [s + j for s in starts for j in range(width)]
-            sees = [min(s + j, e - 1) for s, e in zip(starts, ends) for j in range(width)]
-            src = [i * width + j for i, t in enumerate(lengths) for j in range(t)]
-            dst_row = [r for r, t in zip(rows, lengths) for _ in range(t)]
-            dst_pos = [s + j for s, t in zip(starts, lengths) for j in range(t)]
-            last = [i * width + t - 1 for i, t in enumerate(lengths)]
-            flat = self.io.upload(positions + sees + src + dst_row + dst_pos + last)
-            cut = [n * width, n * width, len(src), len(src), len(src), n]
-            pos, sees_t, src_t, row_t, slot_t, last_t = flat.split(cut)
-            pos, sees_t = pos.view(n, width), sees_t.view(n, width)
-            cos, sin = self.backbone.rotary_emb(x, pos)
-            keys_at = torch.arange(span, device=self.device)
+            x = torch.cat(inputs, dim=1) if n > 1 else inputs[0]  # [1, total, D]
+            # host-made indices, ONE upload: per real token its position (rotary and cache slot), its cache
+            # row and its place among the padded queries [n * width]; per padded query the last key it may
+            # see; per input its last real token
+            ends_packed = [sum(lengths[:i + 1]) - 1 for i in range(n)]
+            flat = self.io.upload([s + j for s, t in zip(starts, lengths) for j in range(t)]
+                                  + [r for r, t in zip(rows, lengths) for _ in range(t)]
+                                  + [i * width + j for i, t in enumerate(lengths) for j in range(t)]
+                                  + [min(s + j, e - 1) for s, e in zip(starts, ends) for j in range(width)]
+                                  + ends_packed)
+            pos, row_t, query_t, sees, last_t = flat.split([total, total, total, n * width, n])
+            cos, sin = self.backbone.rotary_emb(x, pos.unsqueeze(0))
             bias = torch.zeros((n, width, span), dtype=self.dtype, device=self.device)
-            bias.masked_fill_(keys_at > sees_t.unsqueeze(-1), float("-inf"))
+            bias.masked_fill_(torch.arange(span, device=self.device) > sees.view(n, width, 1), float("-inf"))
             bias = bias.view(n, 1, width, span)
+            padded = any(t != width for t in lengths)
             for i, layer in enumerate(self.layers):
-                q, k, v = self._qkv(layer, layer.input_layernorm(x), cos, sin)
-                kv.write_step(i, slot_t, self._tokens(k)[src_t], self._tokens(v)[src_t], rows=row_t)
+                q, k, v = self._qkv(layer, layer.input_layernorm(x), cos, sin)  # q [1, H, total, hd]
+                kv.write_step(i, pos, k[0].transpose(0, 1), v[0].transpose(0, 1), rows=row_t)
                 keys, values = kv.rows_view(i, rows[0], n, span)
-                x = self._block(layer, x, self._attend(q, keys, values, bias))
-            return rows, self._logp(x.reshape(n * width, -1)[last_t])
+                out = self._attend(self._rows_of(q, n, width, query_t, padded), keys, values, bias)
+                out = out.reshape(n * width, -1)
+                x = self._block(layer, x, (out[query_t] if padded else out).unsqueeze(0))
+            return rows, self._logp(x[0, last_t])
         except BaseException:
             for row in reversed(rows):  # the last rows: nothing moves
                 kv.remove_row(row)
             raise
 
     @staticmethod
-    def _tokens(k: Any) -> Any:
-        """``[n, KV, T, hd]`` -> ``[n * T, KV, hd]`` (token-major, as the cache slots are listed)."""
-        n, heads, t, hd = k.shape
-        return k.transpose(1, 2).reshape(n * t, heads, hd)
+    def _rows_of(q: Any, n: int, width: int, places: Any, padded: bool) -> Any:
+        """Packed queries ``[1, H, total, hd]`` -> per row, right-padded ``[n, H, width, hd]`` (zeros at the pads)."""
+        _, heads, total, hd = q.shape
+        tokens = q[0].transpose(0, 1)  # [total, H, hd]
+        if padded:
+            tokens = tokens.new_zeros(n * width, heads, hd).index_copy_(0, places, tokens)
+        return tokens.reshape(n, width, heads, hd).transpose(1, 2)
 
     def embed(self, parts: list[tuple]) -> Any:
         """Embeddings ``[1, T, D]`` of bistream input parts: markers, text ids, speech ids."""
