@@ -7,7 +7,9 @@ new input after it). :class:`GroupPrefill` runs them in as few forwards as their
 allow (``BatchedLM.prefill_many``): longest input first, a forward holds joiners while
 ``joiners x longest input <= max_tokens`` (one longer input runs alone) and at most
 ``max_batch`` of them. So 16 arrivals stall the running batch for one forward instead
-of 16, and one huge prompt does not pad everyone else's.
+of 16, and a forward's memory stays bounded: its MLPs see only the real tokens, but its
+attention is per joiner, padded to the longest input (scores ~ joiners x longest x keys),
+so one huge prompt runs alone rather than padding everyone else's.
 
 Each forward's log-probs come off the device in ONE copy and every joiner samples its
 first token on the host, as in a decode step. A forward that fails is split in halves and
