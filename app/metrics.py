@@ -55,6 +55,7 @@ WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+PREFILL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 STREAM_TIMEOUT_ERRORS = frozenset({"DeadlineExceeded"})
 ENGINE_ERROR_CODES = frozenset({"engine_failure"})
 
@@ -190,11 +191,17 @@ class _LLMObserver:
         self._batch = metrics.llm_batch_size
         self._step = metrics.llm_step
         self._tokens = metrics.llm_tokens
+        self._prefill_batch = metrics.llm_prefill_batch_size
+        self._prefill = metrics.llm_prefill
         self._flow_recomputed = metrics.flow_cache_recomputed
 
     def on_step(self, batch_size: int, seconds: float) -> None:
         self._batch.observe(batch_size)
         self._step.observe(seconds)
+
+    def on_prefill(self, joiners: int, seconds: float) -> None:
+        self._prefill_batch.observe(joiners)
+        self._prefill.observe(seconds)
 
     def on_tokens(self, n: int) -> None:
         self._tokens.inc(n)
@@ -238,6 +245,12 @@ class Metrics:
         self.llm_step = Histogram("tts_llm_step_seconds", "Duration of one LLM decode step (all its sequences)",
                                   buckets=STEP_BUCKETS, registry=r)
         self.llm_tokens = Counter("tts_llm_tokens", "Speech tokens produced by the LLM", registry=r)
+        self.llm_prefill_batch_size = Histogram("tts_llm_prefill_batch_size", "Sequences prefilled together in "
+                                                "one batched LLM prefill forward (joiners of one step)",
+                                                buckets=BATCH_BUCKETS, registry=r)
+        self.llm_prefill = Histogram("tts_llm_prefill_seconds", "Duration of one batched LLM prefill forward, "
+                                     "its log-prob download included (the running batch waits for it)",
+                                     buckets=PREFILL_BUCKETS, registry=r)
         self.flow_cache_recomputed = Counter("tts_flow_cache_recomputed_streams", "Streams that recompute their "
                                              "flow prefix because the flow cache budget "
                                              "(engine.flow_cache_budget_mb) was full", registry=r)

@@ -18,7 +18,9 @@ reports:
 * streaming time to first audio p50/p95 at concurrency 1, 4 and 16, audio seconds per
   wall second, LLM step time and mean batch;
 * host syncs per decode step (``set_sync_debug_mode`` on CUDA, and the CPU proxy's
-  count), peak GPU memory.
+  count), peak GPU memory;
+* prefill: the running batch's stall when 16 requests join it at once, one-by-one vs
+  batched prefill (``bench/prefill_stall.py``).
 
 A phase that would overrun the budget is skipped and says so. Nothing here is a
 benchmark of the real model: random weights, a calibrated stop (docs/benchmarks/fullsize-model.md).
@@ -416,6 +418,15 @@ def syncs(eng: Any, device: Any) -> dict:
     return out
 
 
+def prefill(eng: Any, quick: bool) -> dict:
+    """16 requests joining 4 running ones at once: the running batch's token gap, one-by-one vs batched prefill."""
+    from app.engines.cosyvoice.batching.lm import BatchedLM
+    from bench.prefill_stall import compare
+
+    lm = BatchedLM(eng.loaded.model.llm)
+    return compare(lm, joiners=16, running=4, rounds=1 if quick else 3, prompt=(50, 150) if quick else (100, 300))
+
+
 def gpu_memory(device: Any) -> dict | None:
     """Peak GPU memory while streaming (the model, the KV cache, 16 requests' flow/HiFT)."""
     import torch
@@ -454,6 +465,7 @@ def run(args: argparse.Namespace) -> dict:
         ("drift", lambda: drift(eng, device, TEXTS[1], steps=30 if args.quick else 60), 30),
         ("stages", lambda: stages(eng, device, repeats=2 if args.quick else 3), 30),
         ("syncs", lambda: syncs(eng, device), 20),
+        ("prefill", lambda: prefill(eng, args.quick), 30),
     ]
     levels = [(1, 2, 20), (4, 4, 30), (16, 16, 60)] if args.quick else [(1, 4, 30), (4, 12, 60), (16, 32, 90)]
     try:

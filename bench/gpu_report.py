@@ -120,6 +120,20 @@ def markdown(doc: dict) -> str:
             lines.append("- `torch.cuda.set_sync_debug_mode`: not run (no CUDA device).")
     else:
         lines.append(f"{_why(doc, 'syncs')}.")
+    lines += ["", "## Prefill: 16 requests join a running batch of 4 at once", ""]
+    pf = _phase(doc, "prefill")
+    if pf:
+        lines += ["| prefill | forwards | running batch's token gap ms | usual gap ms | prefill ms | "
+                  "all 16 joined at one step |", "|---|---:|---:|---:|---:|---|"]
+        for mode in ("one_by_one", "batched"):
+            r = pf[mode]
+            lines.append(f"| {mode.replace('_', ' ')} | {r['prefill_forwards']} | {_f(r['gap_ms'], 1)} | "
+                         f"{_f(r['usual_gap_ms'], 1)} | {_f(r['prefill_ms'], 1)} | {r['all_joined_at_once']} |")
+        lines.append(f"\nInputs of {pf['prompt_tokens'][0]}-{pf['prompt_tokens'][1]} tokens ({pf['input_tokens']} in "
+                     f"all), median of {pf['rounds']} round(s); batched prefill {_f(pf['speedup'], 1)}x faster; the "
+                     f"joiners' first tokens {'equal' if pf['first_tokens_equal'] else 'DIFFER'} between the modes.")
+    else:
+        lines.append(f"{_why(doc, 'prefill')}.")
     mem = doc.get("gpu_memory")
     lines += ["", "## GPU memory", ""]
     if mem:

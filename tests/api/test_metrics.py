@@ -294,3 +294,18 @@ def test_gpu_memory_gauges_come_from_the_reader_and_are_absent_without_a_gpu():
 
     metrics.watch_gpu_memory(broken)
     assert families() == {} and b"tts_slots" in metrics.render()  # the scrape still works
+
+
+def test_llm_prefill_forwards_observe_their_joiners_and_seconds():
+    metrics = Metrics(process=False)
+    observer = metrics.llm_observer()
+    observer.on_prefill(16, 0.04)
+    observer.on_prefill(3, 0.01)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(metrics.render().decode()) for s in f.samples}
+    assert value(samples, "tts_llm_prefill_batch_size_count") == 2
+    assert value(samples, "tts_llm_prefill_batch_size_sum") == 19
+    assert value(samples, "tts_llm_prefill_batch_size_bucket", le="4.0") == 1
+    assert value(samples, "tts_llm_prefill_seconds_count") == 2
+    assert value(samples, "tts_llm_prefill_seconds_sum") == pytest.approx(0.05)
+    assert value(samples, "tts_llm_prefill_seconds_bucket", le="0.025") == 1

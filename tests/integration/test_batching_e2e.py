@@ -79,6 +79,10 @@ def test_default_config_batches_concurrent_requests_and_each_gets_its_own_audio(
     assert steps > 0 and seqs / steps > 1.5, "the concurrent requests should have shared LLM steps"
     assert tokens >= seqs - len(TEXTS)  # a token per row and step, less the stops, plus the prefills
     assert metric(after, "tts_llm_step_seconds_count") == metric(after, "tts_llm_batch_size_count")
+    forwards = metric(after, "tts_llm_prefill_batch_size_count") - metric(before, "tts_llm_prefill_batch_size_count")
+    joined = metric(after, "tts_llm_prefill_batch_size_sum") - metric(before, "tts_llm_prefill_batch_size_sum")
+    assert joined == len(TEXTS) and 1 <= forwards <= len(TEXTS)  # each request prefilled once, some together
+    assert metric(after, "tts_llm_prefill_seconds_count") == metric(after, "tts_llm_prefill_batch_size_count")
     for stage in ("frontend", "llm", "flow", "hift", "encode"):  # every request timed every stage
         name = f'tts_stage_seconds_count{{stage="{stage}"}}'
         assert metric(after, name) - metric(before, name) == len(TEXTS), stage

@@ -1,7 +1,8 @@
 """The GPU check ships working: `python -m bench.gpu_check --device cpu --quick`, exactly as CI runs it.
 
 On a CPU it builds nothing (the tiny v2 model), checks parity, seeded sampling, half-precision
-drift, per-stage time, streaming at concurrency 1/4/16 and host syncs per step, and writes
+drift, per-stage time, streaming at concurrency 1/4/16, host syncs per step and the running
+batch's stall when 16 requests join at once (one-by-one vs batched prefill), and writes
 its markdown and JSON report. The GPU figures need a GPU (docs/gpu.md).
 """
 
@@ -39,8 +40,13 @@ def test_the_gpu_check_runs_on_a_cpu_and_writes_its_report(tiny_models, tmp_path
         assert point["error_count"] == 0 and point["requests"] >= 1 and point["ttfa_p50_s"] > 0
     assert levels[16]["llm_mean_batch"] > 1
     assert doc["gpu_memory"] is None
+    pf = doc["prefill"]
+    assert pf["first_tokens_equal"] is True
+    assert pf["one_by_one"]["prefill_forwards"] == 16 and pf["batched"]["prefill_forwards"] == 1
+    assert pf["one_by_one"]["all_joined_at_once"] and pf["batched"]["all_joined_at_once"]
+    assert pf["batched"]["gap_ms"] > pf["batched"]["prefill_ms"] > 0
     md = out.with_suffix(".md").read_text()
-    assert "none of these numbers is a GPU figure" in md and "## Streaming" in md
+    assert "none of these numbers is a GPU figure" in md and "## Streaming" in md and "## Prefill" in md
 
 
 def test_its_cpu_against_device_comparison_runs_where_both_are_the_cpu(engines):

@@ -84,9 +84,14 @@ class BatchedKV:
     # -- rows ------------------------------------------------------------------------------------
     def add_row(self, length: int) -> int:
         """Append a row that will hold ``length`` positions; returns its index."""
-        self.reserve(self.rows + 1, length + 1)
-        self.lengths.append(length)
-        return self.rows - 1
+        return self.add_rows([length])[0]
+
+    def add_rows(self, lengths: list[int]) -> list[int]:
+        """Append one row per entry of ``lengths`` (its positions), growing the storage once; their indices."""
+        self.reserve(self.rows + len(lengths), max(lengths) + 1)  # raises before anything is added
+        first = self.rows
+        self.lengths.extend(int(n) for n in lengths)
+        return list(range(first, self.rows))
 
     def remove_row(self, row: int) -> int | None:
         """Drop ``row``; the last row moves into its place. Returns the index that moved (or None)."""
@@ -115,9 +120,11 @@ class BatchedKV:
         self.v[layer][row, :, :t] = v
 
     def write_step(self, layer: int, positions: Any, k: Any, v: Any, rows: Any = None) -> None:
-        """Store one new position per running row: ``k``/``v`` are ``[n, kv_heads, head_dim]``.
+        """Store ``k``/``v`` ``[n, kv_heads, head_dim]``: entry j at row ``rows[j]``, position ``positions[j]``.
 
-        ``positions`` (and ``rows``, default 0..n-1) are device index tensors: no host sync.
+        A decode step writes one new position per running row (``rows`` default 0..n-1); a
+        batched prefill writes every real position of its new rows. ``positions`` and ``rows``
+        are device index tensors: no host sync.
         """
         import torch
 
@@ -132,8 +139,10 @@ class BatchedKV:
         self.k[layer][row, :, start:start + t] = k
         self.v[layer][row, :, start:start + t] = v
 
-    def row_view(self, layer: int, row: int, length: int) -> tuple[Any, Any]:
-        return self.k[layer][row:row + 1, :, :length], self.v[layer][row:row + 1, :, :length]
+    def rows_view(self, layer: int, first: int, count: int, length: int) -> tuple[Any, Any]:
+        """Rows ``first..first+count-1``, positions ``0..length-1`` (views, no copy)."""
+        end = first + count
+        return self.k[layer][first:end, :, :length], self.v[layer][first:end, :, :length]
 
     def snapshot(self, row: int) -> SavedRow:
         """A copy of ``row``'s filled keys/values, to take it out of the batch and restore it later."""

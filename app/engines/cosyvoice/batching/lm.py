@@ -9,8 +9,10 @@ those modules and their weights as they are, and run the decoder layers
 ourselves over a :class:`~app.engines.cosyvoice.batching.kv.BatchedKV`, so one step
 serves every running sequence whatever its length:
 
-* ``prefill`` runs one sequence's prompt (causal attention over itself) and
-  stores its keys/values in a cache row;
+* ``prefill_many`` runs several sequences' inputs in one forward (their real
+  tokens packed for the projections and MLPs, attention per row right-padded
+  with a causal mask, each at its own positions, after its own saved past if it
+  has one) and stores each one's keys/values in a new cache row;
 * ``decode`` runs one new token for every row, each at its own position, each
   attending to its own filled positions only (a length mask).
 
@@ -120,6 +122,7 @@ class BatchedLM:
         cfg = llm.llm.model.config
         self.heads = int(cfg.num_attention_heads)
         self.kv_heads = int(cfg.num_key_value_heads)
+        self.hidden = int(cfg.hidden_size)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         self.groups = self.heads // self.kv_heads
         self.scaling = self.head_dim ** -0.5
@@ -203,31 +206,85 @@ class BatchedLM:
     def _logp(self, h: Any) -> Any:
         return self.llm.llm_decoder(self.backbone.norm(h)).float().log_softmax(dim=-1)
 
+    def check_input(self, lm_input: Any) -> None:
+        """Refuse an input that cannot join a prefill (shape, device): a host check, no sync."""
+        shape = tuple(getattr(lm_input, "shape", ()))
+        if len(shape) != 3 or shape[0] != 1 or shape[1] < 1 or shape[2] != self.hidden:
+            raise ValueError(f"an LLM input must be [1, T >= 1, {self.hidden}], not {list(shape)}")
+        if lm_input.device != self.device:
+            raise ValueError(f"an LLM input on {lm_input.device} for an LLM on {self.device}")
+
     def prefill(self, kv: BatchedKV, lm_input: Any, past: SavedRow | None = None) -> tuple[int, Any]:
         """Run one sequence's input (after ``past``, a saved cache row); returns its row and next log-probs [V]."""
+        rows, logp = self.prefill_many(kv, [(lm_input, past)])
+        return rows[0], logp[0]
+
+    def prefill_many(self, kv: BatchedKV, items: list[tuple[Any, SavedRow | None]]) -> tuple[list[int], Any]:
+        """Several sequences' inputs in ONE forward: their new cache rows and next log-probs ``[n, V]`` (device).
+
+        ``items``: per sequence its input ``[1, T_i, D]`` and ``past``, a saved cache row the input
+        follows (a bistream sequence back with more text: positions ``past.length`` on), or None.
+        The projections, norms and MLPs run over the real tokens only, packed ``[1, sum T_i, D]``
+        (no padding to compute); attention runs per row, right-padded to the longest input: row i
+        at its own rotary positions, each real position attending to its own past and its own
+        earlier positions only (causal mask per row; padded queries see the row's real keys, so
+        nothing is all-masked, and are dropped). Only real positions are written to the new rows
+        (appended after the running ones, in order). The log-probs are each row's after its last
+        real position. On an error the new rows are removed again: the cache is as before and
+        the ``past`` rows are untouched.
+        """
         import torch
 
-        t = lm_input.shape[1]
-        start = past.length if past is not None else 0
-        row = kv.add_row(start + t)
+        if not items:
+            raise ValueError("prefill_many needs at least one input")
+        n = len(items)
+        inputs = [x.to(self.dtype) for x, _ in items]
+        lengths = [int(x.shape[1]) for x in inputs]
+        starts = [past.length if past is not None else 0 for _, past in items]
+        ends = [s + t for s, t in zip(starts, lengths)]
+        total, width, span = sum(lengths), max(lengths), max(ends)  # real tokens; padded queries; keys at most
+        rows = kv.add_rows(ends)
         try:
-            if past is not None:
-                kv.restore(row, past)
-            positions = torch.arange(start, start + t, device=self.device).unsqueeze(0)
-            cos, sin = self.backbone.rotary_emb(lm_input, positions)
-            causal = torch.full((t, start + t), float("-inf"), dtype=self.dtype, device=self.device).triu(start + 1)
-            bias = causal.view(1, 1, t, start + t)
-            x = lm_input
-            for i, layer in enumerate(self.layers):
-                q, k, v = self._qkv(layer, layer.input_layernorm(x), cos, sin)
-                kv.write_span(i, row, start, k[0], v[0])
+            for row, (_, past) in zip(rows, items):
                 if past is not None:
-                    k, v = kv.row_view(i, row, start + t)
-                x = self._block(layer, x, self._attend(q, k, v, bias))
-            return row, self._logp(x[:, -1])[0]
+                    kv.restore(row, past)
+            x = torch.cat(inputs, dim=1) if n > 1 else inputs[0]  # [1, total, D]
+            # host-made indices, ONE upload: per real token its position (rotary and cache slot), its cache
+            # row and its place among the padded queries [n * width]; per padded query the last key it may
+            # see; per input its last real token
+            ends_packed = [sum(lengths[:i + 1]) - 1 for i in range(n)]
+            flat = self.io.upload([s + j for s, t in zip(starts, lengths) for j in range(t)]
+                                  + [r for r, t in zip(rows, lengths) for _ in range(t)]
+                                  + [i * width + j for i, t in enumerate(lengths) for j in range(t)]
+                                  + [min(s + j, e - 1) for s, e in zip(starts, ends) for j in range(width)]
+                                  + ends_packed)
+            pos, row_t, query_t, sees, last_t = flat.split([total, total, total, n * width, n])
+            cos, sin = self.backbone.rotary_emb(x, pos.unsqueeze(0))
+            bias = torch.zeros((n, width, span), dtype=self.dtype, device=self.device)
+            bias.masked_fill_(torch.arange(span, device=self.device) > sees.view(n, width, 1), float("-inf"))
+            bias = bias.view(n, 1, width, span)
+            padded = any(t != width for t in lengths)
+            for i, layer in enumerate(self.layers):
+                q, k, v = self._qkv(layer, layer.input_layernorm(x), cos, sin)  # q [1, H, total, hd]
+                kv.write_step(i, pos, k[0].transpose(0, 1), v[0].transpose(0, 1), rows=row_t)
+                keys, values = kv.rows_view(i, rows[0], n, span)
+                out = self._attend(self._rows_of(q, n, width, query_t, padded), keys, values, bias)
+                out = out.reshape(n * width, -1)
+                x = self._block(layer, x, (out[query_t] if padded else out).unsqueeze(0))
+            return rows, self._logp(x[0, last_t])
         except BaseException:
-            kv.remove_row(row)
+            for row in reversed(rows):  # the last rows: nothing moves
+                kv.remove_row(row)
             raise
+
+    @staticmethod
+    def _rows_of(q: Any, n: int, width: int, places: Any, padded: bool) -> Any:
+        """Packed queries ``[1, H, total, hd]`` -> per row, right-padded ``[n, H, width, hd]`` (zeros at the pads)."""
+        _, heads, total, hd = q.shape
+        tokens = q[0].transpose(0, 1)  # [total, H, hd]
+        if padded:
+            tokens = tokens.new_zeros(n * width, heads, hd).index_copy_(0, places, tokens)
+        return tokens.reshape(n, width, heads, hd).transpose(1, 2)
 
     def embed(self, parts: list[tuple]) -> Any:
         """Embeddings ``[1, T, D]`` of bistream input parts: markers, text ids, speech ids."""

@@ -10,7 +10,10 @@ Continuous (iteration-level) batching, in one process::
 
 A new sequence joins at the next step after its prefill; a finished, cancelled
 or failed one leaves at once and its cache row is freed. At most
-``max_batch_size`` sequences run; later ones wait (FIFO) for a row.
+``max_batch_size`` sequences run; later ones wait (FIFO) for a row. The sequences
+that join at one step (new ones, and bistream ones back with more text) are
+prefilled together, in as few forwards as ``max_prefill_tokens`` allows
+(``prefill.py``), so a burst of arrivals stalls the running batch once.
 
 Sampling runs on the host: each step's log-probs ``[n, V]`` come off the device in
 one copy (fp32), and every sequence samples from its row with its own CPU
@@ -37,6 +40,12 @@ from typing import Any, Protocol
 
 from app.engines.cosyvoice.batching.bistream import BistreamFeed
 from app.engines.cosyvoice.batching.lm import BatchedLM
+from app.engines.cosyvoice.batching.prefill import (
+    GroupPrefill,
+    Joiner,
+    arrival,
+    out_of_memory,
+)
 from app.engines.cosyvoice.batching.sampling import Sampler, SamplingRules
 from app.engines.cosyvoice.batching.sequence import Sequence
 
@@ -48,8 +57,10 @@ POLL_PARKED_S = 0.2  # while bistream sequences wait for text: how often to look
 class LLMObserver(Protocol):
     """Receives scheduler measurements (the metrics layer implements it).
 
-    It may also have ``on_flow_cache_recompute()``, which the batched runner calls when a
-    stream does not fit the flow cache budget (``flow_budget.py``).
+    It may also have ``on_prefill(joiners, seconds)``, called after each prefill forward
+    (how many sequences joined in it, its seconds with the log-prob download), and
+    ``on_flow_cache_recompute()``, which the batched runner calls when a stream does not
+    fit the flow cache budget (``flow_budget.py``).
     """
 
     def on_step(self, batch_size: int, seconds: float) -> None: ...
@@ -74,9 +85,12 @@ class LLMScheduler:
 
     def __init__(self, lm: BatchedLM, max_batch_size: int = 16, rules: SamplingRules | None = None,
                  observer: LLMObserver | None = None, trace_logp: bool = False,
-                 step_probe: Callable[[], Any] | None = None) -> None:
+                 step_probe: Callable[[], Any] | None = None, max_prefill_tokens: int | None = None,
+                 max_prefill_batch: int | None = None) -> None:
         """``step_probe`` (measurement): a context manager factory entered around each decode step,
-        in the scheduler thread (``bench/syncs.py`` counts host syncs with it)."""
+        in the scheduler thread (``bench/syncs.py`` counts host syncs with it). ``max_prefill_tokens``:
+        padded input tokens per prefill forward (None: ``prefill.MAX_PREFILL_TOKENS``); ``max_prefill_batch``:
+        joiners per prefill forward (None: as many as join; 1: one by one)."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         self.lm = lm
@@ -88,9 +102,13 @@ class LLMScheduler:
         self.observer: LLMObserver = observer or _NullObserver()
         self.trace_logp = trace_logp
         self._kv = lm.new_cache()
+        self._joins = GroupPrefill(lm, self._kv, max_tokens=max_prefill_tokens,
+                                   max_batch=max_prefill_batch or max_batch_size,
+                                   on_forward=getattr(self.observer, "on_prefill", None))
         self._rows: list[Sequence] = []  # _rows[r] decodes in cache row r
         self._pending: deque[Sequence] = deque()
         self._parked: list[Sequence] = []  # bistream sequences waiting for text, out of the batch
+        self._joining: list[Sequence] = []  # being prefilled now
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -160,7 +178,9 @@ class LLMScheduler:
         rows, positions = self._kv.capacity
         return {"running": len(self._rows), "pending": pending, "waiting_for_text": parked, "steps": self.steps,
                 "max_batch_seen": self.max_batch_seen, "kv_rows": rows, "kv_positions": positions,
-                "kv_bytes": self._kv.nbytes(), "oom_preemptions": self.oom_preemptions}
+                "kv_bytes": self._kv.nbytes(), "oom_preemptions": self.oom_preemptions,
+                "prefill_forwards": self._joins.forwards, "prefill_max_joiners": self._joins.largest,
+                "prefill_splits": self._joins.splits}
 
     # -- the loop ------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -172,10 +192,14 @@ class LLMScheduler:
                     joining = self._next_arrivals()
                     if joining is None:
                         break
-                    for seq in joining:
-                        self._prefill(seq)
                     self._drop_stopped()
-                    self._resume_parked()
+                    joiners = [j for j in (arrival(self.lm, seq) for seq in joining) if j is not None]
+                    joiners += self._returning(self.max_batch_size - len(self._rows) - len(joiners))
+                    if joiners:
+                        self._joining = [j.seq for j in joiners]  # failed too, should the loop crash meanwhile
+                        self._joins.run(joiners, self._admit, self._join_failed)
+                        self._joining = []
+                        self._drop_stopped()
                     if self._rows:
                         self._step()
         except BaseException as exc:  # a bug in the loop: fail everyone rather than hang them
@@ -199,35 +223,32 @@ class LLMScheduler:
                 joining.append(self._pending.popleft())
             return joining
 
-    def _prefill(self, seq: Sequence) -> None:
-        if seq.should_stop:
-            seq.finish()
-            return
-        seq.started = time.perf_counter()
-        resumed = bool(seq.tokens)  # back from an out-of-memory step: rebuild its cache, its next token is known
-        try:
-            self.io.adopt(seq.lm_input, seq.ready)
-            seq.ready = None
-            lm_input = self.lm.resume_input(seq.lm_input, seq.tokens) if resumed else seq.lm_input
-            row, logp = self.lm.prefill(self._kv, lm_input)
-            host = None if resumed else self.io.download(logp)
-        except Exception as exc:
+    def _admit(self, group: list[Joiner], rows: list[int], logp: Any) -> None:
+        """A prefill forward worked: its sequences take their rows, then each samples its next token."""
+        for j, row in zip(group, rows):
+            j.seq.saved = None
+            j.seq.row = row
+            self._rows.append(j.seq)
+        for i, j in enumerate(group):
+            if j.sample:
+                self._accept(j.seq, logp[i])
+
+    def _join_failed(self, joiner: Joiner, exc: BaseException | None) -> None:
+        seq = joiner.seq
+        seq.saved = None
+        if exc is not None:
             log.error("LLM prefill failed (request %s): %r", seq.request_id, exc)
-            seq.finish(exc)
-            return
-        seq.row = row
-        self._rows.append(seq)
-        if host is not None:
-            self._accept(seq, host)
+        seq.finish(exc)
 
     def _parked_due(self) -> bool:
         return any(s.feed.dirty or s.should_stop for s in self._parked)
 
-    def _resume_parked(self) -> None:
-        """Bistream sequences with new text (or at its end) rejoin the batch, room permitting."""
+    def _returning(self, room: int) -> list[Joiner]:
+        """Bistream sequences with new text (or at its end), as joiners after their saved cache, room permitting."""
+        out: list[Joiner] = []
         for seq in list(self._parked):
-            if len(self._rows) >= self.max_batch_size:
-                return
+            if len(out) >= room:
+                break
             if not seq.feed.dirty or seq.should_stop:
                 continue
             parts = seq.feed.next_input()
@@ -236,17 +257,12 @@ class LLMScheduler:
             with self._cond:
                 self._parked.remove(seq)
             try:
-                row, logp = self.lm.prefill(self._kv, self.lm.embed(parts), past=seq.saved)
-                logp = self.io.download(logp)
-            except Exception as exc:  # noqa: BLE001 - fails this sequence only, as _prefill does
+                out.append(Joiner(seq, self.lm.embed(parts), past=seq.saved))
+            except Exception as exc:  # noqa: BLE001 - fails this sequence only, as a bad arrival does
                 log.error("LLM bistream input failed (request %s): %r", seq.request_id, exc)
                 seq.saved = None
                 seq.finish(exc)
-                continue
-            seq.saved = None
-            seq.row = row
-            self._rows.append(seq)
-            self._accept(seq, logp)
+        return out
 
     def _park(self, seq: Sequence) -> None:
         """Take a bistream sequence out of the batch until its next text arrives (its cache kept)."""
@@ -265,7 +281,7 @@ class LLMScheduler:
             try:
                 logp = self.io.download(self.lm.decode(self._kv, [seq.tokens[-1] for seq in rows]))
             except Exception as exc:
-                if _out_of_memory(exc) and self._preempt_newest(exc):
+                if out_of_memory(exc) and self._preempt_newest(exc):
                     return
                 log.exception("batched LLM step failed with %d sequences", n)
                 for seq in rows:
@@ -382,15 +398,9 @@ class LLMScheduler:
             pending = list(self._pending) + list(self._parked)
             self._pending.clear()
             self._parked.clear()
-        for seq in list(self._rows) + pending:
+        for seq in list(self._rows) + pending + self._joining:
             if not seq.done:
                 self._leave(seq, error)  # frees its row, if it has one
         self._rows.clear()
         self._kv.clear()
 
-
-def _out_of_memory(exc: BaseException) -> bool:
-    import torch
-
-    oom = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
-    return isinstance(exc, oom)
