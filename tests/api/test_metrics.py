@@ -266,3 +266,18 @@ def test_stage_seconds_and_the_access_log_show_where_time_went(client, caplog):
     assert ("tts_stage_seconds_bucket", (("le", "+Inf"), ("stage", "llm"))) in samples  # every stage is listed
     lines = [r.getMessage() for r in caplog.records if r.name == "cosyserve.access" and "/v1/tts" in r.getMessage()]
     assert len(lines) == 2 and all(" stages=encode=" in line for line in lines), lines
+
+
+def test_flow_rounds_are_observed_as_token2wav_batch_size_and_round_seconds():
+    metrics = Metrics(process=False)
+    observer = metrics.llm_observer()  # the engines' observer: LLM steps and, with token2wav batching, flow rounds
+    observer.on_flow_round(3, 0.2)
+    observer.on_flow_round(1, 0.05)
+    samples = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    assert value(samples, "tts_token2wav_batch_size_count") == 2 and value(samples, "tts_token2wav_batch_size_sum") == 4
+    assert value(samples, "tts_token2wav_batch_size_bucket", le="2.0") == 1
+    assert value(samples, "tts_token2wav_round_seconds_count") == 2
+    assert abs(value(samples, "tts_token2wav_round_seconds_sum") - 0.25) < 1e-9

@@ -5,6 +5,8 @@ turns one request's model inputs into audio in the calling slot thread:
 prompt -> LLM input (here) -> scheduler (shared, batched) -> tokens ->
 token2wav with CosyVoice's streaming schedule (here, per request).
 Voice conversion has no LLM: its source tokens go straight to token2wav.
+With ``token2wav_batch`` the flow of every request's token2wav calls runs in a second
+shared thread, in batched rounds (``batching/flow_scheduler.py``); HiFT stays per request.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from app.engines.base import InvalidInput
 from app.engines.cosyvoice.batching.bistream import BistreamFeed
+from app.engines.cosyvoice.batching.flow_batch import BatchedFlow
 from app.engines.cosyvoice.batching.flow_cache import (
     FlowStream,
     PromptCache,
@@ -23,6 +27,8 @@ from app.engines.cosyvoice.batching.flow_cache import (
     supports_flow_cache,
 )
 from app.engines.cosyvoice.batching.flow_cache import install as install_flow_cache
+from app.engines.cosyvoice.batching.flow_scheduler import FlowObserver, FlowScheduler
+from app.engines.cosyvoice.batching.flow_scheduler import install as install_flow_rounds
 from app.engines.cosyvoice.batching.gate import PriorityGate
 from app.engines.cosyvoice.batching.lm import (
     ENDOFPROMPT_ID,
@@ -34,6 +40,7 @@ from app.engines.cosyvoice.batching.scheduler import LLMObserver, LLMScheduler
 from app.engines.cosyvoice.batching.token2wav import (
     FixedTokens,
     HopSchedule,
+    first_hop_bounds,
     synthesize_tokens,
 )
 from app.engines.timings import current
@@ -49,12 +56,16 @@ class BatchedRunner:
                  observer: LLMObserver | None = None, initial_hop: int | None = None,
                  token2wav_workers: int | None = None,
                  flow_cache: bool = False, flow_cache_window_frames: int | None = None,
-                 flow_prompt_cache_mb: float = 0) -> None:
+                 flow_prompt_cache_mb: float = 0, token2wav_batch: bool = False,
+                 token2wav_max_batch: int | None = None, flow_observer: FlowObserver | None = None) -> None:
         if not supports_batching(getattr(model, "llm", None)):
             raise TypeError("this CosyVoice model's LLM cannot be batched")
+        if token2wav_batch and flow_cache:
+            raise ValueError("engine.token2wav_batch cannot be combined with engine.flow_cache")
         self.model = model
         self.lm = BatchedLM(model.llm)
         self.schedule = HopSchedule.of(model, initial_hop)
+        self.first_hop_bounds = first_hop_bounds(model, self.schedule)
         self.flow_cache = flow_cache and self._can_cache_flow()
         self.flow_cache_window_frames = flow_cache_window_frames
         self.prompt_cache: PromptCache | None = None
@@ -68,8 +79,16 @@ class BatchedRunner:
         self.scheduler = LLMScheduler(self.lm, max_batch_size=max_batch_size,
                                       rules=SamplingRules.from_llm(model.llm, greedy=greedy),
                                       observer=observer)
-        self.gate = PriorityGate(token2wav_workers) if token2wav_workers else None
+        self.flow_rounds: FlowScheduler | None = None
+        if token2wav_batch:
+            self.flow_rounds = FlowScheduler(BatchedFlow(model.flow), max_batch=token2wav_max_batch or max_batch_size,
+                                             observer=flow_observer, autocast=_autocast(model))
+            install_flow_rounds(model.flow, self.flow_rounds)
+        # one flow thread bounds the flow itself; HiFT then runs in the slot threads, ungated
+        self.gate = PriorityGate(token2wav_workers) if token2wav_workers and not token2wav_batch else None
         self.scheduler.start()
+        if self.flow_rounds is not None:
+            self.flow_rounds.start()
 
     def _can_cache_flow(self) -> bool:
         """The flow is chunk-causal and every hop starts on a chunk boundary (hops are whole chunks)."""
@@ -88,7 +107,10 @@ class BatchedRunner:
             if hop in hops:
                 break
             hops.add(hop)
-        return all(h % chunk == 0 for h in hops)
+        if not all(h % chunk == 0 for h in hops):
+            return False
+        self.schedule = replace(s, chunk=chunk)  # a request's own first hop is rounded up to a chunk end
+        return True
 
     def _flow_stream(self, model_input: dict, cache_prompt: bool) -> FlowStream | None:
         """A request's own flow state between hops, when the flow cache is on.
@@ -108,10 +130,21 @@ class BatchedRunner:
 
     @property
     def alive(self) -> bool:
-        return self.scheduler.alive
+        return self.scheduler.alive and (self.flow_rounds is None or self.flow_rounds.alive)
 
     def close(self) -> None:
         self.scheduler.stop()
+        if self.flow_rounds is not None:
+            self.flow_rounds.stop()
+
+    def check_first_hop(self, first_hop: int | None) -> None:
+        low, high = self.first_hop_bounds
+        if first_hop is not None and not low <= first_hop <= high:
+            raise InvalidInput(f"first_chunk_tokens must be between {low} and {high} on this model; got {first_hop}")
+
+    def _stream_kw(self, cancel: threading.Event, request_id: str, first_hop: int | None = None) -> dict:
+        return dict(cancel=cancel, schedule=self.schedule.with_first(first_hop), gate=self.gate,
+                    batched_flow=self.flow_rounds is not None, request_id=request_id)
 
     def submit(self, model_input: dict, cancel: threading.Event, seed: int | None = None,
                request_id: str = "") -> Any:
@@ -129,16 +162,21 @@ class BatchedRunner:
         return self.scheduler.submit(lm_input, min_len, max_len, seed=seed, cancel=cancel, request_id=request_id)
 
     def run(self, model_input: dict, *, stream: bool, speed: float, cancel: threading.Event,
-            seed: int | None = None, request_id: str = "", cache_prompt: bool = False) -> Iterator[Any]:
-        """Speech tensors ``[1, n]`` for one segment, as token2wav produces them."""
+            seed: int | None = None, request_id: str = "", cache_prompt: bool = False,
+            first_hop: int | None = None) -> Iterator[Any]:
+        """Speech tensors ``[1, n]`` for one segment, as token2wav produces them.
+
+        ``first_hop``: the request's own first streamed hop in tokens (``first_hop_bounds``).
+        """
+        self.check_first_hop(first_hop)
         if model_input.get("source_speech_token") is not None and model_input["source_speech_token"].shape[1] > 0:
             source: Any = FixedTokens(model_input["source_speech_token"].flatten().tolist())
         else:
             source = self.submit(model_input, cancel, seed=seed, request_id=request_id)
         try:
             yield from synthesize_tokens(self.model, source, model_input, stream=stream, speed=speed,
-                                         cancel=cancel, schedule=self.schedule, gate=self.gate,
-                                         flow_stream=self._flow_stream(model_input, cache_prompt))
+                                         flow_stream=self._flow_stream(model_input, cache_prompt),
+                                         **self._stream_kw(cancel, request_id, first_hop))
         finally:
             if hasattr(source, "cancel"):
                 source.cancel()  # leaves the batch at the next step (no-op once done)
@@ -171,9 +209,9 @@ class BatchedRunner:
         thread = threading.Thread(target=fed.run, name="cosyserve-bistream-feed", daemon=True)
         thread.start()
         try:
-            yield from synthesize_tokens(self.model, seq, model_input, stream=True, speed=1.0, cancel=cancel,
-                                         schedule=self.schedule, gate=self.gate,
-                                         flow_stream=self._flow_stream(model_input, cache_prompt))
+            yield from synthesize_tokens(self.model, seq, model_input, stream=True, speed=1.0,
+                                         flow_stream=self._flow_stream(model_input, cache_prompt),
+                                         **self._stream_kw(cancel, request_id))
         except RuntimeError:
             if fed.empty:
                 raise InvalidInput("the utterance has no text to speak") from None
@@ -185,6 +223,15 @@ class BatchedRunner:
             _add_llm_time(seq)
         if fed.error is not None:
             raise fed.error
+
+
+def _autocast(model: Any) -> Any:
+    """CosyVoice's fp16 on CUDA is autocast around its token2wav; the flow thread needs its own."""
+    if not getattr(model, "fp16", False) or not str(getattr(model, "device", "cpu")).startswith("cuda"):
+        return None
+    import torch
+
+    return lambda: torch.autocast("cuda", dtype=torch.float16)
 
 
 def _add_llm_time(source: Any) -> None:
