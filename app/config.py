@@ -122,7 +122,7 @@ class EngineSettings(_Section):
     token2wav_workers: int | None = Field(None, ge=1, le=256)  # batched: flow+HiFT calls at once (None: auto)
     flow_cache: bool = False  # batched v2 streaming: flow keeps per-request caches, a hop costs its own frames
     flow_cache_window_frames: int | None = Field(None, ge=1)  # cap on cached frames per layer (None: exact)
-    flow_prompt_cache_mb: float = Field(1024, ge=0)  # with flow_cache: registered voices' prompt flow state (0: off)
+    flow_prompt_cache_mb: float = Field(1024, ge=0)  # flow_cache or token2wav_batch: registered voices' prompt flow state (0: off)
     # batched v2/v3: every request's flow runs in one thread, in batched rounds (auto: on for CUDA, off on a CPU)
     token2wav_batch: Literal["auto", "on", "off"] = "auto"
     token2wav_max_batch: int | None = Field(None, ge=1, le=256)  # flow calls per round (None: max_batch_size)

@@ -105,6 +105,29 @@ def test_a_row_cancelled_mid_round_leaves_it_and_the_others_are_unchanged(flow):
         assert_exact(got[i], reference(flow, items[i]))
 
 
+def test_registered_voices_start_after_their_cached_prompt_frames(flow):
+    from app.engines.cosyvoice.batching.flow_cache import PromptCache
+    from app.engines.cosyvoice.batching.flow_prefix import PromptRef
+
+    cache = PromptCache(2**30)
+    items = [item(28, 75, streaming=True, finalize=False, seed=40),  # 75 prompt tokens: 2 whole chunks cacheable
+             item(53, 60, streaming=True, finalize=False, seed=41),  # another voice, 2 chunks
+             item(40, 30, streaming=True, finalize=False, seed=42),  # an uploaded prompt: no cache
+             item(20, 20, streaming=True, finalize=False, seed=43),  # a voice too short to cache (0 frames)
+             item(45, 80, streaming=False, finalize=True, seed=44)]  # a final call: full attention, no cache
+    for i in (0, 1, 3, 4):
+        items[i].prompt = PromptRef(cache, f"voice-{i}")
+    want = [reference(flow, it) for it in items]
+    bf = BatchedFlow(flow, prompts=True)
+    for _ in range(2):  # the first round computes and stores the voices' states, the second starts after them
+        with torch.inference_mode():
+            got = bf(items)
+        for mel, ref in zip(got, want):
+            assert_exact(mel, ref)
+    assert len(cache) == 2 and cache.misses == 2 and cache.hits == 2
+    assert bf.prompt_frames_reused == 2 * 100  # two voices, 100 estimator frames each, not computed again
+
+
 # -- the scheduler thread ----------------------------------------------------------------------------
 
 def submit_all(sched: FlowScheduler, items, cancels=None):
@@ -191,7 +214,7 @@ def test_stopping_fails_waiting_jobs_and_refuses_new_ones(flow):
 
 def _engine(model_dir, batch: str):
     eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(model_dir), torch_threads=1, batching=True, llm_greedy=True,
-                                          max_batch_size=8, token2wav_batch=batch))
+                                          max_batch_size=8, token2wav_batch=batch, flow_prompt_cache_mb=64))
     eng.load()
     return eng
 
@@ -201,6 +224,7 @@ def pair(tiny_models):
     """Per-request (token2wav_batch off) and batched engines on the tiny CosyVoice2."""
     engines = {b: _engine(tiny_models(2), b) for b in ("off", "on")}
     assert engines["on"].runner.flow_rounds is not None and engines["off"].runner.flow_rounds is None
+    assert engines["on"].runner.prompt_cache is not None and engines["off"].runner.prompt_cache is None
     yield engines
     for eng in engines.values():
         eng.close()
@@ -312,6 +336,24 @@ def test_a_cancelled_stream_leaves_and_the_others_keep_their_audio(long_pair):
     wait_until(lambda: on.flow_stats()["pending"] == on.flow_stats()["running"] == 0, timeout=10)
     assert not on.loaded.model.hift_cache_dict  # per-request HiFT state is gone with both requests
     assert on.llm_stats()["running"] == 0
+
+
+def test_a_library_voices_streams_reuse_its_prompt_frames_and_keep_their_audio(pair):
+    off, on = pair["off"], pair["on"]
+    text = "A registered voice speaks this sentence twice, in two streams of several hops."
+    with deterministic_hift(off, on):
+        reqs = {name: SynthesisRequest(text=text, mode="zero_shot", stream=True,
+                                       voice=eng.compute_voice("a prompt of a few words", PromptAudio(speechlike(3.0), 16000)))
+                for name, eng in pair.items()}
+        want = pcm(off, reqs["off"])  # CosyVoice's recomputing path, the prompt frames in every hop
+        cache = on.runner.prompt_cache
+        first = pcm(on, reqs["on"])
+        hits = cache.hits
+        again = pcm(on, reqs["on"])
+    assert len(want) >= 2
+    assert_same_audio(first, want)
+    assert_same_audio(again, want)
+    assert len(cache) == 1 and cache.hits > hits  # the second stream started every hop after the cached frames
 
 
 # -- first-chunk control -------------------------------------------------------------------------------

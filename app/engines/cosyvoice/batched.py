@@ -27,6 +27,7 @@ from app.engines.cosyvoice.batching.flow_cache import (
     supports_flow_cache,
 )
 from app.engines.cosyvoice.batching.flow_cache import install as install_flow_cache
+from app.engines.cosyvoice.batching.flow_prefix import PromptRef
 from app.engines.cosyvoice.batching.flow_scheduler import FlowObserver, FlowScheduler
 from app.engines.cosyvoice.batching.flow_scheduler import install as install_flow_rounds
 from app.engines.cosyvoice.batching.gate import PriorityGate
@@ -69,10 +70,12 @@ class BatchedRunner:
         self.flow_cache = flow_cache and self._can_cache_flow()
         self.flow_cache_window_frames = flow_cache_window_frames
         self.prompt_cache: PromptCache | None = None
+        # the voices' prompt states: for the flow cache's streams, or for batched rounds' streamed calls
+        prompts = flow_prompt_cache_mb > 0 and (self.flow_cache or (token2wav_batch and supports_flow_cache(model.flow)))
+        if prompts:
+            self.prompt_cache = PromptCache(int(flow_prompt_cache_mb * 2**20))
         if self.flow_cache:
             install_flow_cache(model.flow)
-            if flow_prompt_cache_mb > 0:
-                self.prompt_cache = PromptCache(int(flow_prompt_cache_mb * 2**20))
         elif flow_cache:
             log.warning("engine.flow_cache: this model's flow or hop schedule cannot be streamed incrementally; "
                         "streaming recomputes the prefix")
@@ -81,7 +84,8 @@ class BatchedRunner:
                                       observer=observer)
         self.flow_rounds: FlowScheduler | None = None
         if token2wav_batch:
-            self.flow_rounds = FlowScheduler(BatchedFlow(model.flow), max_batch=token2wav_max_batch or max_batch_size,
+            self.flow_rounds = FlowScheduler(BatchedFlow(model.flow, prompts=self.prompt_cache is not None),
+                                             max_batch=token2wav_max_batch or max_batch_size,
                                              observer=flow_observer, autocast=_autocast(model))
             install_flow_rounds(model.flow, self.flow_rounds)
         # one flow thread bounds the flow itself; HiFT then runs in the slot threads, ungated
@@ -111,6 +115,14 @@ class BatchedRunner:
             return False
         self.schedule = replace(s, chunk=chunk)  # a request's own first hop is rounded up to a chunk end
         return True
+
+    def _prompt_ref(self, model_input: dict, cache_prompt: bool) -> PromptRef | None:
+        """A registered voice's place in the prompt cache (content-keyed), for batched streamed calls."""
+        if self.prompt_cache is None or self.flow_rounds is None or not cache_prompt:
+            return None
+        key = prompt_key(model_input.get("flow_prompt_speech_token"), model_input.get("prompt_speech_feat"),
+                         model_input.get("flow_embedding"))
+        return None if key is None else PromptRef(self.prompt_cache, key)
 
     def _flow_stream(self, model_input: dict, cache_prompt: bool) -> FlowStream | None:
         """A request's own flow state between hops, when the flow cache is on.
@@ -176,6 +188,7 @@ class BatchedRunner:
         try:
             yield from synthesize_tokens(self.model, source, model_input, stream=stream, speed=speed,
                                          flow_stream=self._flow_stream(model_input, cache_prompt),
+                                         flow_prompt=self._prompt_ref(model_input, cache_prompt),
                                          **self._stream_kw(cancel, request_id, first_hop))
         finally:
             if hasattr(source, "cancel"):
@@ -211,6 +224,7 @@ class BatchedRunner:
         try:
             yield from synthesize_tokens(self.model, seq, model_input, stream=True, speed=1.0,
                                          flow_stream=self._flow_stream(model_input, cache_prompt),
+                                         flow_prompt=self._prompt_ref(model_input, cache_prompt),
                                          **self._stream_kw(cancel, request_id))
         except RuntimeError:
             if fed.empty:

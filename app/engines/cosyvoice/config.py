@@ -23,7 +23,7 @@ class CosyVoiceConfig:
     token2wav_workers: int | None = None  # batched: token2wav calls at once; None: CPU cores (CPU), no limit (GPU)
     flow_cache: bool = False  # batched streaming: flow computes each hop's new frames only (flow_cache.py)
     flow_cache_window_frames: int | None = None  # keep at most this many cached frames per layer (inexact)
-    flow_prompt_cache_mb: float = 0  # with flow_cache: registered voices' prompt flow state, LRU by bytes (0: off)
+    flow_prompt_cache_mb: float = 0  # flow_cache or token2wav_batch: voices' prompt flow state, LRU by bytes (0: off)
     token2wav_batch: str = "auto"  # auto | on | off: every request's flow in one thread, batched rounds (auto: CUDA)
     token2wav_max_batch: int | None = None  # calls per flow round (None: max_batch_size)
 

@@ -20,7 +20,10 @@ same for B calls in one pass, with our own code over the loaded modules:
   reads the frames it reads alone;
 * the CFG rows are interleaved (``2i``: conditioned, ``2i + 1``: unconditioned), 2B rows
   per estimator pass;
-* streaming and non-streaming calls (chunk-masked vs full attention) run as two groups.
+* streaming and non-streaming calls (chunk-masked vs full attention) run as two groups;
+* a streamed call of a registered voice (``FlowItem.prompt``, with ``prompts`` on) starts
+  after the voice's cached prompt frames (``flow_prefix.py``): its rows run the estimator
+  over the rest only, each from its own start frame.
 
 Between ODE steps, rows whose request was cancelled are dropped from the batch.
 """
@@ -45,12 +48,13 @@ class FlowItem:
     embedding: Any  # [1, 192] speaker embedding
     streaming: bool
     finalize: bool
+    prompt: Any = None  # flow_prefix.PromptRef: a registered voice's cached prompt state (streamed calls)
 
     @classmethod
     def from_kwargs(cls, *, token: Any, prompt_token: Any, prompt_feat: Any, embedding: Any,
-                    streaming: bool = False, finalize: bool = True, **_: Any) -> FlowItem:
+                    streaming: bool = False, finalize: bool = True, prompt: Any = None, **_: Any) -> FlowItem:
         return cls(token=token, prompt_token=prompt_token, prompt_feat=prompt_feat, embedding=embedding,
-                   streaming=bool(streaming), finalize=bool(finalize))
+                   streaming=bool(streaming), finalize=bool(finalize), prompt=prompt)
 
     def encoder_tokens(self, lookahead: int) -> int:
         """Tokens the encoder keeps (prompt + this call's, less the look-ahead context)."""
@@ -87,7 +91,10 @@ def _dtype_of(module: Any) -> Any:
 class BatchedFlow:
     """``flow.inference`` for a list of calls, one padded pass per streaming kind."""
 
-    def __init__(self, flow: Any) -> None:
+    def __init__(self, flow: Any, prompts: bool = False) -> None:
+        """``prompts``: streamed calls with a ``FlowItem.prompt`` start after the voice's cached prompt
+        frames (the flow must support the flow cache; ``flow_cache.install`` and ``flow_prefix.install``
+        hook its estimator here)."""
         reason = unsupported_reason(flow)
         if reason is not None:
             raise TypeError(reason)
@@ -95,6 +102,15 @@ class BatchedFlow:
         self.cfm = flow.decoder
         self.lookahead = int(flow.pre_lookahead_len)
         self.ratio = int(getattr(flow, "token_mel_ratio", 2))
+        self.prompts = prompts
+        if prompts:
+            from app.engines.cosyvoice.batching import flow_cache, flow_prefix
+
+            if not flow_cache.supports_flow_cache(flow):
+                raise TypeError("this flow cannot start a call after cached prompt frames")
+            flow_cache.install(flow)
+            flow_prefix.install(flow)
+        self.prompt_frames_reused = 0  # estimator frames taken from the prompt cache instead of computed
 
     def frames(self, item: FlowItem) -> int:
         """Estimator frames of ``item`` (prompt included): what it costs in a round."""
@@ -127,16 +143,34 @@ class BatchedFlow:
         cond = torch.zeros_like(mu)
         for i, it in enumerate(items):
             cond[i, :, :prompt_frames[i]] = it.prompt_feat[0].to(device).transpose(0, 1).to(mu.dtype)
-        mel = self._solve(mu, cond, spks, frames, streaming, alive)
+        states = self._prompt_states(items, spks) if streaming and self.prompts else [None] * len(items)
+        starts = [0 if st is None else int(st.frames) for st in states]
+        mel = self._solve(mu, cond, spks, frames, streaming, alive, starts, states)
         out: list[Any] = []
         for i in range(len(items)):
             if mel[i] is None:
                 out.append(None)
                 continue
-            if frames[i] < prompt_frames[i]:
-                raise ValueError(f"the flow made {frames[i]} frames for a prompt of {prompt_frames[i]}")
-            out.append(mel[i][:, prompt_frames[i]:frames[i]].unsqueeze(0).float())
+            if frames[i] < prompt_frames[i] or starts[i] > prompt_frames[i]:
+                raise ValueError(f"the flow made {frames[i]} frames (from {starts[i]}) for a prompt of "
+                                 f"{prompt_frames[i]}")
+            out.append(mel[i][:, prompt_frames[i] - starts[i]:frames[i] - starts[i]].unsqueeze(0).float())
         return out
+
+    def _prompt_states(self, items: list[FlowItem], spks: Any) -> list[Any]:
+        """Each call's voice prompt state (computed and cached on the voice's first call), or None."""
+        from app.engines.cosyvoice.batching.flow_cache import prompt_state
+
+        states: list[Any] = []
+        for i, it in enumerate(items):
+            state = None
+            if it.prompt is not None:
+                state, computed = prompt_state(self.flow, it.prompt.cache, it.prompt.key, it.prompt_token,
+                                               it.prompt_feat, spks[i:i + 1])
+                if state is not None and not computed:
+                    self.prompt_frames_reused += int(state.frames)
+            states.append(state)
+        return states
 
     def _tokens(self, items: list[FlowItem]) -> tuple[Any, Any, Any]:
         """Prompt + call tokens right-padded ``[B, L]``, each row's token count, and its encoder length."""
@@ -199,22 +233,34 @@ class BatchedFlow:
         return x.float(), up_lens
 
     def _solve(self, mu: Any, cond: Any, spks: Any, frames: list[int], streaming: bool,
-               alive: Callable[[int], bool] | None) -> list[Any]:
+               alive: Callable[[int], bool] | None, starts: list[int] | None = None,
+               states: list[Any] | None = None) -> list[Any]:
         """CosyVoice's CFM Euler solve with classifier-free guidance, for every row at once.
 
-        Returns each row's ``[80, F]`` estimate (None for a row dropped as cancelled).
+        Row ``i`` runs frames ``starts[i]:frames[i]`` (``states[i]``: the prefix before them).
+        Returns each row's ``[80, F - start]`` estimate (None for a row dropped as cancelled).
         """
         import torch
 
+        from app.engines.cosyvoice.batching import flow_prefix
+
         cfm = self.cfm
-        b, channels, f_max = mu.shape
+        b, channels, _ = mu.shape
         dtype, device = spks.dtype, mu.device
+        starts = starts or [0] * b
+        lengths_list = [f - s for f, s in zip(frames, starts)]
+        f_max = max(lengths_list)
+        if any(starts):  # each row from its own start frame
+            mu, cond = self._from(mu, starts, f_max), self._from(cond, starts, f_max)
+        else:
+            mu, cond = mu[:, :, :f_max], cond[:, :, :f_max]
         noise = cfm.rand_noise
-        if f_max > noise.shape[2]:
-            raise ValueError(f"a flow call of {f_max} frames exceeds the model's noise buffer ({noise.shape[2]})")
-        x = noise[:, :, :f_max].to(device=device, dtype=dtype).expand(b, -1, -1).clone()
-        lengths = torch.tensor(frames, device=device)
+        if max(frames) > noise.shape[2]:
+            raise ValueError(f"a flow call of {max(frames)} frames exceeds the model's noise buffer ({noise.shape[2]})")
+        x = self._from(noise.expand(b, -1, -1), starts, f_max).to(device=device, dtype=dtype)
+        lengths = torch.tensor(lengths_list, device=device)
         mask = (torch.arange(f_max, device=device)[None, :] < lengths[:, None]).unsqueeze(1).to(dtype)  # [B, 1, F]
+        prefix = flow_prefix.PrefixRows(list(states)) if states is not None and any(states) else None
         t_span = torch.linspace(0, 1, ODE_STEPS + 1, device=device, dtype=mu.dtype)
         if getattr(cfm, "t_scheduler", "") == "cosine":
             t_span = 1 - torch.cos(t_span * 0.5 * math.pi)
@@ -234,7 +280,10 @@ class BatchedFlow:
             x_in[0::2] = x
             x_in[1::2] = x
             t_in[:] = t
-            d = cfm.estimator(x_in, mask_in, mu_in, t_in, spks_in, cond_in, streaming=streaming)
+            if prefix is not None:
+                prefix.step = step - 1
+            with flow_prefix.bound(prefix):
+                d = cfm.estimator(x_in, mask_in, mu_in, t_in, spks_in, cond_in, streaming=streaming)
             d = (1.0 + rate) * d[0::2] - rate * d[1::2]
             x = x + dt * (d * mask)  # padded frames stay noise (finite): they feed masked keys only
             t = t + dt
@@ -248,10 +297,21 @@ class BatchedFlow:
                         idx = torch.tensor(keep, device=device)
                         pair = torch.stack([2 * idx, 2 * idx + 1], dim=1).reshape(-1)
                         x, mask, rows = x[idx], mask[idx], [rows[r] for r in keep]
+                        if prefix is not None:
+                            prefix.keep(keep)
                         x_in, mask_in, mu_in, spks_in, cond_in = (x_in[pair], mask_in[pair], mu_in[pair],
                                                                   spks_in[pair], cond_in[pair])
                         t_in = t_in[:len(pair)]
         out: list[Any] = [None] * b
         for r, item in enumerate(rows):
             out[item] = x[r].float()
+        return out
+
+    @staticmethod
+    def _from(t: Any, starts: list[int], length: int) -> Any:
+        """``t[i, :, starts[i]:]`` for each row, right-padded with zeros to ``length`` frames."""
+        out = t.new_zeros(t.shape[0], t.shape[1], length)
+        for i, s in enumerate(starts):
+            piece = t[i, :, s:s + length]
+            out[i, :, :piece.shape[1]] = piece
         return out

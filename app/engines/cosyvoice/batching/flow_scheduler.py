@@ -278,6 +278,7 @@ class FlowCall:
     started: float
     cancel: threading.Event
     request_id: str = ""
+    prompt: Any = None  # flow_prefix.PromptRef: the voice's cached prompt state for streamed calls
 
 
 _local = threading.local()
@@ -313,8 +314,8 @@ def install(flow: Any, scheduler: FlowScheduler) -> None:
         call = current_call()
         if call is None or args:
             return original(*args, **kw)
-        mel = route[0].run(FlowItem.from_kwargs(**kw), first=call.first, started=call.started, cancel=call.cancel,
-                           request_id=call.request_id)
+        mel = route[0].run(FlowItem.from_kwargs(**kw, prompt=call.prompt), first=call.first, started=call.started,
+                           cancel=call.cancel, request_id=call.request_id)
         return mel, None
 
     inference.__wrapped__ = original  # type: ignore[attr-defined]

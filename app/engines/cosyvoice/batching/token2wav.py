@@ -149,7 +149,8 @@ def _wait(source: Any, filt: SilenceFilter, need: int, cancel: threading.Event) 
 
 def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, speed: float,
                       cancel: threading.Event, schedule: HopSchedule, gate: PriorityGate | None = None,
-                      flow_stream: Any = None, batched_flow: bool = False, request_id: str = "") -> Iterator[Any]:
+                      flow_stream: Any = None, batched_flow: bool = False, request_id: str = "",
+                      flow_prompt: Any = None) -> Iterator[Any]:
     """Yield speech tensors ``[1, n]`` as ``model.token2wav`` makes them from ``source``'s tokens.
 
     ``gate`` (optional) bounds concurrent token2wav calls across requests, first chunks first.
@@ -157,6 +158,7 @@ def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, sp
     call, so the flow computes each hop's new frames only (``app/engines/cosyvoice/batching/flow_cache.py``).
     ``batched_flow``: the model's flow is routed to a ``FlowScheduler`` (``flow_scheduler.install``);
     each call is bound with this request's priority and cancel flag, and no gate is used.
+    ``flow_prompt`` (batched flow only): a ``flow_prefix.PromptRef``, the voice's cached prompt state.
     """
     import torch
 
@@ -172,7 +174,9 @@ def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, sp
         with bound_stream(cached):
             if batched_flow:
                 try:
-                    with bound_call(FlowCall(first=index == 0, started=started, cancel=cancel, request_id=request_id)):
+                    call = FlowCall(first=index == 0, started=started, cancel=cancel, request_id=request_id,
+                                    prompt=flow_prompt)
+                    with bound_call(call):
                         return model.token2wav(**kw)
                 except FlowCancelled:
                     return None
