@@ -125,19 +125,30 @@ class EngineSettings(_Section):
     token2wav_workers: int | None = Field(None, ge=1, le=256)  # batched: flow+HiFT calls at once (None: auto)
     flow_cache: bool = False  # batched v2 streaming: flow keeps per-request caches, a hop costs its own frames
     flow_cache_window_frames: int | None = Field(None, ge=1)  # cap on cached frames per layer (None: exact)
-    flow_prompt_cache_mb: float = Field(1024, ge=0)  # with flow_cache: registered voices' prompt flow state (0: off)
+    flow_prompt_cache_mb: float = Field(1024, ge=0)  # flow_cache or token2wav_batch: registered voices' prompt flow state (0: off)
     flow_cache_budget_mb: float = Field(4096, ge=0)  # with flow_cache: all streams' caches together; beyond: recompute
     llm_quantization: Literal["none", "int8"] = "none"  # int8: dynamic int8 LLM backbone on a CPU (approximate)
     flow_runtime: Literal["auto", "torch", "onnxruntime"] = "auto"  # flow estimator; auto: ORT on a CPU, torch on CUDA
     flow_steps: int | None = Field(None, ge=1, le=100)  # flow ODE steps (None: the model's, 10); changes the audio
     flow_cfg: bool = True  # flow classifier-free guidance; false halves the flow's work and changes the audio
     onnx_cache_dir: str = str(DEFAULT_CACHE / "onnx")  # exported ONNX graphs, one dir per weights hash
+    # batched v2/v3: every request's flow runs in one thread, in batched rounds (auto: on for CUDA, off on a CPU)
+    token2wav_batch: Literal["auto", "on", "off"] = "auto"
+    token2wav_max_batch: int | None = Field(None, ge=1, le=256)  # flow calls per round (None: max_batch_size)
     llm_greedy: bool = False  # testing only: argmax instead of CosyVoice's sampling (deterministic output)
     text_normalization: Literal["auto", "off"] = "auto"  # auto: wetext (zh / en / ja, per sentence) before splitting
     tiny_version: Literal[1, 2, 3] = 2
     tiny_cache_dir: str = str(DEFAULT_CACHE / "models")
     name: str | None = None
     fake_chunk_delay_s: float = Field(0.0, ge=0, le=60)  # kind fake: sleep before each chunk (latency-bound)
+
+    @model_validator(mode="after")
+    def _token2wav_batch_alone(self) -> EngineSettings:
+        if self.token2wav_batch == "on" and self.flow_cache:
+            raise ValueError("engine.token2wav_batch: on cannot be combined with engine.flow_cache: true (a flow "
+                             "round recomputes each hop's prefix; the flow cache keeps per-stream estimator state). "
+                             "Choose one; with token2wav_batch: auto the flow cache wins")
+        return self
 
     @model_validator(mode="after")
     def _fp16_alias(self) -> EngineSettings:
@@ -221,6 +232,9 @@ class Settings(BaseSettings):
     def _resolve_engine_plan(self) -> "Settings":
         """Decide once whether the LLM is batched (read as ``engine.batching`` from here on) and the workers."""
         self.engine.batching = batches_llm(self.engine)
+        if self.engine.token2wav_batch == "on" and not self.engine.batching and self.engine.kind == "cosyvoice":
+            raise ValueError("engine.token2wav_batch: on needs the batched CosyVoice2/3 path (engine.batching: true "
+                             "and a CosyVoice2/3 model)")
         if self.pool.workers is None:
             self.pool.workers = self.engine.max_batch_size if self.engine.batching else _default_workers()
         return self

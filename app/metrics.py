@@ -185,7 +185,8 @@ class _Observer:
 
 
 class _LLMObserver:
-    """The engines' LLMObserver (called from the LLM scheduler or CosyVoice's LLM threads)."""
+    """The engines' LLMObserver (called from the LLM scheduler or CosyVoice's LLM threads) and FlowObserver
+    (called from the flow scheduler thread with token2wav batching)."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._batch = metrics.llm_batch_size
@@ -194,6 +195,12 @@ class _LLMObserver:
         self._prefill_batch = metrics.llm_prefill_batch_size
         self._prefill = metrics.llm_prefill
         self._flow_recomputed = metrics.flow_cache_recomputed
+        self._flow_batch = metrics.token2wav_batch_size
+        self._flow_round = metrics.token2wav_round
+
+    def on_flow_round(self, batch_size: int, seconds: float) -> None:
+        self._flow_batch.observe(batch_size)
+        self._flow_round.observe(seconds)
 
     def on_step(self, batch_size: int, seconds: float) -> None:
         self._batch.observe(batch_size)
@@ -254,6 +261,12 @@ class Metrics:
         self.flow_cache_recomputed = Counter("tts_flow_cache_recomputed_streams", "Streams that recompute their "
                                              "flow prefix because the flow cache budget "
                                              "(engine.flow_cache_budget_mb) was full", registry=r)
+        self.token2wav_batch_size = Histogram("tts_token2wav_batch_size", "Flow calls (request hops) run together "
+                                              "in one batched flow round (engine.token2wav_batch)",
+                                              buckets=BATCH_BUCKETS, registry=r)
+        self.token2wav_round = Histogram("tts_token2wav_round_seconds", "Duration of one batched flow round "
+                                         "(token encoder + ODE over all its calls)", buckets=LATENCY_BUCKETS,
+                                         registry=r)
         self.stage = Histogram("tts_stage_seconds", "Seconds one synthesis request spent per stage: frontend "
                                "(text, prompt features), llm (start to last token; overlaps flow/hift when "
                                "streaming), flow, hift, encode", ["stage"], buckets=LATENCY_BUCKETS, registry=r)

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.audio.formats import FORMAT_NAMES
 from app.serving.limits import (
     ALL_MODES,
+    FIRST_CHUNK_TOKENS_MAX,
     OUTPUT_RATE_MAX,
     OUTPUT_RATE_MIN,
     SPEED_MAX,
@@ -38,6 +39,12 @@ class TTSRequest(BaseModel):
     normalize: bool | None = Field(None, description="Text normalization (numbers, dates, currency, units -> words) "
                                    "before synthesis; default: the server's engine.text_normalization. false: speak "
                                    "the text as written.")
+    first_chunk_tokens: int | None = Field(
+        None, ge=1, le=FIRST_CHUNK_TOKENS_MAX,
+        description="Streaming only: speech tokens in the first audio chunk (25 per second of audio on "
+                    "CosyVoice2/3). Smaller: earlier first audio, its last frames computed with less right "
+                    "context; default: the model's own (25 plus the prompt alignment). The model's range is "
+                    "checked (400 outside it); CosyVoice2/3 with engine.batching only.")
     format: FormatName = "wav"
     sample_rate: int | None = Field(None, ge=OUTPUT_RATE_MIN, le=OUTPUT_RATE_MAX,
                                     description="Resample the output (pcm/wav/flac/mp3/aac).")

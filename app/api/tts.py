@@ -27,7 +27,7 @@ async def tts(request: Request, speech: SpeechDep) -> Response:
     fields = SpeechFields(text=body.text, mode=body.mode, voice=body.voice or body.speaker,
                           instructions=body.instruct_text, prompt_text=body.prompt_text, prompt_audio=prompt,
                           source_audio=source, speed=body.speed, stream=body.stream, seed=body.seed,
-                          normalize=body.normalize)
+                          normalize=body.normalize, first_chunk_tokens=body.first_chunk_tokens)
     plan = speech.plan(fields, context_of(request.scope).request_id)
     return await synthesize(request, speech, plan, speech.output(body.format, body.stream, body.sample_rate))
 

@@ -71,6 +71,7 @@ class SynthesisRequest:
     seed: int | None = None  # fixes the LLM's sampling (same seed, same text -> same speech tokens)
     text_stream: TextStream | None = None  # text arriving over time (WebSocket); then ``text`` is unused
     normalize: bool | None = None  # text normalization (numbers, dates -> words); None: the engine's default
+    first_chunk_tokens: int | None = None  # streaming: the first chunk's speech tokens (EngineInfo's bounds)
     timings: StageTimings = field(default_factory=StageTimings, repr=False, compare=False)  # filled while it runs
 
 
@@ -100,6 +101,7 @@ class EngineInfo:
     modes: tuple[str, ...]
     tiny: bool = False
     voice_family: str = ""  # stored voice features are only usable by engines with the same value
+    first_chunk_tokens: tuple[int, int] | None = None  # (lowest, highest) first streamed chunk; None: not settable
 
 
 @runtime_checkable

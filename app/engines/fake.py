@@ -46,6 +46,8 @@ class FakeBehaviour:
     voices_computed: int = 0
     speakers: tuple[str, ...] = ("fake_female", "fake_male")
     modes: tuple[str, ...] = MODES
+    first_chunk_tokens: tuple[int, int] | None = (5, 100)  # the first-chunk range it reports (None: not settable)
+    first_chunks: list[int | None] = field(default_factory=list)  # each request's first_chunk_tokens, as received
     started: list[str] = field(default_factory=list)  # request ids that began synthesizing
     cancelled: list[str] = field(default_factory=list)  # request ids that saw their cancel flag
     finished: list[str] = field(default_factory=list)
@@ -72,7 +74,7 @@ class FakeEngine:
 
     def info(self) -> EngineInfo:
         return EngineInfo(name=self.name, family="fake", sample_rate=self.sample_rate, modes=tuple(self.b.modes),
-                          voice_family="fake-1")
+                          voice_family="fake-1", first_chunk_tokens=self.b.first_chunk_tokens)
 
     # -- voice library support: a "voice" is the prompt's RMS level and transcript -------------
     def compute_voice(self, prompt_text: str, audio: PromptAudio) -> FakeVoice:
@@ -118,9 +120,13 @@ class FakeEngine:
 
     def synthesize(self, req: SynthesisRequest, cancel: threading.Event) -> Iterator[AudioChunk]:
         check_mode_inputs(req, self.b.modes, self.b.speakers)
+        bounds, first = self.b.first_chunk_tokens, req.first_chunk_tokens
+        if first is not None and (bounds is None or not bounds[0] <= first <= bounds[1]):
+            raise InvalidInput(f"first_chunk_tokens outside this engine's range {bounds}")
         self.threads.add(threading.current_thread().name)
         with self.b.lock:
             self.b.started.append(req.request_id)
+            self.b.first_chunks.append(req.first_chunk_tokens)
         try:
             if self.b.gate is not None:
                 while not self.b.gate.wait(0.01):
@@ -153,6 +159,7 @@ class FakeEngine:
         """``chunks`` chunks of a 220 Hz tone; returns False if cancelled meanwhile."""
         n = max(1, self.b.chunks)
         per_chunk = int(self.b.chunk_s * self.sample_rate / max(req.speed, 1e-3))
+        first = per_chunk if req.first_chunk_tokens is None else req.first_chunk_tokens * self.sample_rate // 25
         for i in range(n):
             delay = self.b.first_chunk_delay_s if i == 0 else self.b.chunk_delay_s
             if self._wait(delay, cancel):
@@ -160,7 +167,8 @@ class FakeEngine:
                 return False
             if self.b.fail_at_chunk is not None and i == self.b.fail_at_chunk:
                 raise EngineFailure(f"fake engine told to fail at chunk {i}")
-            t = (np.arange(per_chunk) + i * per_chunk) / self.sample_rate
+            size = first if i == 0 and req.stream else per_chunk  # 25 speech tokens a second, like CosyVoice2/3
+            t = (np.arange(size) + i * per_chunk) / self.sample_rate
             tone = 0.3 * np.sin(2 * np.pi * 220.0 * t)
             yield AudioChunk(pcm=(tone * 32767).astype(np.int16), sample_rate=self.sample_rate)
         return True

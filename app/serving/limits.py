@@ -12,12 +12,14 @@ from dataclasses import dataclass
 
 from app.engines.base import MODES, PROMPT_MAX_S, PROMPT_MIN_S, SPEED_MAX, SPEED_MIN
 
-__all__ = ["ALL_MODES", "OPENAI_MAX_INPUT_CHARS", "OUTPUT_RATE_MAX", "OUTPUT_RATE_MIN", "PROMPT_MAX_S", "PROMPT_MIN_S",
+__all__ = ["ALL_MODES", "FIRST_CHUNK_TOKENS_MAX", "OPENAI_MAX_INPUT_CHARS", "OUTPUT_RATE_MAX", "OUTPUT_RATE_MIN", "PROMPT_MAX_S", "PROMPT_MIN_S",
            "SPEED_MAX", "SPEED_MIN", "SpeechLimits", "size_text"]
 
 OPENAI_MAX_INPUT_CHARS = 4096  # OpenAI's documented limit for /v1/audio/speech
 OUTPUT_RATE_MIN, OUTPUT_RATE_MAX = 8000, 48000  # sample_rate a client may ask for
 ALL_MODES: tuple[str, ...] = MODES
+# the schema's outer bound on first_chunk_tokens; the loaded model's own range (EngineInfo) is checked by the planner
+FIRST_CHUNK_TOKENS_MAX = 1000
 
 
 @dataclass(frozen=True)

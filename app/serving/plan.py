@@ -54,6 +54,7 @@ class SpeechFields:
     stream: bool = False  # ask the engine for its streaming mode (smaller first chunk)
     seed: int | None = None  # the LLM's sampling seed (reproducible output)
     normalize: bool | None = None  # text normalization; None: the engine's default
+    first_chunk_tokens: int | None = None  # streaming: the first chunk's speech tokens (the model's range)
     aliases: bool = False  # OpenAI built-in voice names map onto the presets
     text_param: str = "text"  # the surface's name for the text field, for error messages
 
@@ -125,11 +126,30 @@ def check_fields(fields: SpeechFields, limits: SpeechLimits) -> None:
                          param="speed")
 
 
+def check_first_chunk(fields: SpeechFields, info: EngineInfo) -> None:
+    """``first_chunk_tokens``: streamed requests only, within the loaded model's range (``EngineInfo``)."""
+    tokens = fields.first_chunk_tokens
+    if tokens is None:
+        return
+    if not fields.stream:
+        raise BadRequest("invalid_first_chunk_tokens", "first_chunk_tokens sizes the first chunk of a stream; "
+                         "send stream: true, or leave it out", param="first_chunk_tokens")
+    if info.first_chunk_tokens is None:
+        raise BadRequest("invalid_first_chunk_tokens", "this server's model cannot change its first chunk "
+                         "(CosyVoice2/3 with engine.batching can); leave first_chunk_tokens out",
+                         param="first_chunk_tokens")
+    low, high = info.first_chunk_tokens
+    if not low <= tokens <= high:
+        raise BadRequest("invalid_first_chunk_tokens", f"first_chunk_tokens must be between {low} and {high} on "
+                         f"this model; got {tokens}", param="first_chunk_tokens")
+
+
 def plan(fields: SpeechFields, info: EngineInfo, presets: Sequence[str], limits: SpeechLimits,
          library: Callable[[str], Any | None] = lambda name: None,
          known_library: Callable[[], list[str]] = list) -> Plan:
     """The synthesis request for ``fields`` on the loaded model (raises BadRequest)."""
     check_fields(fields, limits)
+    check_first_chunk(fields, info)
     fields.instructions = (fields.instructions or "").strip() or None
     voice = resolve_voice(fields.voice, presets, library, known_library, fields.aliases)
     mode = choose_mode(fields, voice, info.modes)
@@ -144,5 +164,6 @@ def plan(fields: SpeechFields, info: EngineInfo, presets: Sequence[str], limits:
         text=fields.text, mode=mode, speaker=speaker, voice=voice.library, prompt_text=fields.prompt_text,
         prompt_audio=fields.prompt_audio, instruct_text=used, source_audio=fields.source_audio,
         speed=fields.speed, stream=fields.stream, seed=fields.seed, normalize=fields.normalize,
+        first_chunk_tokens=fields.first_chunk_tokens,
     )
     return Plan(request, instructions_ignored=fields.instructions is not None and used is None)

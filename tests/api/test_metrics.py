@@ -309,3 +309,18 @@ def test_llm_prefill_forwards_observe_their_joiners_and_seconds():
     assert value(samples, "tts_llm_prefill_seconds_count") == 2
     assert value(samples, "tts_llm_prefill_seconds_sum") == pytest.approx(0.05)
     assert value(samples, "tts_llm_prefill_seconds_bucket", le="0.025") == 1
+
+
+def test_flow_rounds_are_observed_as_token2wav_batch_size_and_round_seconds():
+    metrics = Metrics(process=False)
+    observer = metrics.llm_observer()  # the engines' observer: LLM steps and, with token2wav batching, flow rounds
+    observer.on_flow_round(3, 0.2)
+    observer.on_flow_round(1, 0.05)
+    samples = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    assert value(samples, "tts_token2wav_batch_size_count") == 2 and value(samples, "tts_token2wav_batch_size_sum") == 4
+    assert value(samples, "tts_token2wav_batch_size_bucket", le="2.0") == 1
+    assert value(samples, "tts_token2wav_round_seconds_count") == 2
+    assert abs(value(samples, "tts_token2wav_round_seconds_sum") - 0.25) < 1e-9

@@ -232,3 +232,41 @@ def test_normalize_reaches_the_engine_and_is_validated(make_client, seen):
     n = len(seen)
     r = client.post("/v1/tts", json={"text": "hello", "normalize": "sometimes"})
     assert r.status_code == 422 and r.json()["error"]["code"] and len(seen) == n
+
+
+def test_first_chunk_tokens_reach_the_engine_and_size_the_first_chunk(client, behaviour):
+    r = client.post("/v1/tts", json={"text": "hello", "stream": True, "format": "pcm", "first_chunk_tokens": 5})
+    assert r.status_code == 200
+    assert behaviour.first_chunks[-1] == 5
+    rate = int(r.headers["x-sample-rate"])
+    per_chunk = int(behaviour.chunk_s * rate)
+    assert len(r.content) // 2 == 5 * rate // 25 + (behaviour.chunks - 1) * per_chunk  # 0.2 s first, then as usual
+    assert client.post("/v1/tts", json={"text": "hello", "stream": True}).status_code == 200
+    assert behaviour.first_chunks[-1] is None  # default: the model's own first chunk
+
+
+@pytest.mark.parametrize("body, why", [
+    ({"stream": True, "first_chunk_tokens": 4}, "between 5 and 100"),  # below the model's range
+    ({"stream": True, "first_chunk_tokens": 101}, "between 5 and 100"),  # above it
+    ({"first_chunk_tokens": 10}, "stream: true"),  # not a stream: there is no first chunk to size
+])
+def test_first_chunk_tokens_outside_the_models_range_is_a_400_envelope(client, behaviour, body, why):
+    n = len(behaviour.started)
+    r = client.post("/v1/tts", json={"text": "hello", **body}, headers={"X-Request-ID": "fc-1"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_first_chunk_tokens" and "first_chunk_tokens" in err["message"]
+    assert why in err["message"] and err["request_id"] == "fc-1"
+    assert len(behaviour.started) == n  # refused before any engine work
+
+
+def test_first_chunk_tokens_on_a_model_that_cannot_is_a_400(make_client, behaviour):
+    client = make_client(first_chunk_tokens=None)
+    r = client.post("/v1/tts", json={"text": "hello", "stream": True, "first_chunk_tokens": 10})
+    assert r.status_code == 400 and "cannot change its first chunk" in r.json()["error"]["message"]
+
+
+def test_first_chunk_tokens_out_of_the_schemas_bounds_is_a_422(client):
+    for value in (0, 1001, "soon"):
+        r = client.post("/v1/tts", json={"text": "hello", "stream": True, "first_chunk_tokens": value})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error", value

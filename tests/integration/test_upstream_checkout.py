@@ -192,3 +192,45 @@ def test_every_mode_through_a_live_server(model_dirs, upstream, tmp_path, versio
             assert got == rate and len(audio) > 0.2 * rate
         health = http.get("/health/ready")
         assert health.status_code == 200
+
+
+T2W_SCRIPT = r"""
+import sys
+import torch
+from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+model_dir, upstream = sys.argv[1], sys.argv[2]
+engines = {}
+for batch in ("off", "on"):
+    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=model_dir, cosyvoice_path=upstream, batching=True, llm_greedy=True,
+                                          token2wav_batch=batch))
+    eng.load()
+    engines[batch] = eng
+import cosyvoice
+assert cosyvoice.__file__.startswith(upstream), cosyvoice.__file__
+from app.engines.cosyvoice.batching.flow_batch import BatchedFlow
+from tests.integration.test_flow_batch import (MIX, assert_exact, assert_same_audio, deterministic_hift, every_mode,
+                                               item, pcm, reference)
+flow = engines["off"].loaded.model.flow
+items = [item(n, p, streaming=s, finalize=f, seed=i) for i, (n, p, s, f) in enumerate(MIX)]
+with torch.inference_mode():
+    got = BatchedFlow(flow)(items)
+for it, mel in zip(items, got):
+    assert_exact(mel, reference(flow, it))
+with deterministic_hift(*engines.values()):
+    for index in range(5):
+        for stream in (False, True):
+            want, have = every_mode(engines["off"])[index], every_mode(engines["on"])[index]
+            want.stream = have.stream = stream
+            assert_same_audio(pcm(engines["on"], have), pcm(engines["off"], want))
+            print(want.mode, stream)
+assert engines["on"].flow_stats()["jobs"] > 0
+"""
+
+
+@pytest.mark.parametrize("version", [2, 3], ids=["v2", "v3"])
+def test_batched_token2wav_equals_the_per_request_path(model_dirs, upstream, version):
+    """BatchedFlow against upstream's own flow.inference (v3: the DiT flow), then every mode through both engines."""
+    out = subprocess.run([sys.executable, "-c", T2W_SCRIPT, str(model_dirs(version)), upstream],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert len(out.stdout.splitlines()) == 10

@@ -5,6 +5,8 @@ turns one request's model inputs into audio in the calling slot thread:
 prompt -> LLM input (here) -> scheduler (shared, batched) -> tokens ->
 token2wav with CosyVoice's streaming schedule (here, per request).
 Voice conversion has no LLM: its source tokens go straight to token2wav.
+With ``token2wav_batch`` the flow of every request's token2wav calls runs in a second
+shared thread, in batched rounds (``batching/flow_scheduler.py``); HiFT stays per request.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from app.engines.base import InvalidInput
 from app.engines.cosyvoice.batching.bistream import BistreamFeed
 from app.engines.cosyvoice.batching.flow_budget import FlowCacheBudget, bytes_per_frame
+from app.engines.cosyvoice.batching.flow_batch import BatchedFlow
 from app.engines.cosyvoice.batching.flow_cache import (
     FlowStream,
     PromptCache,
@@ -24,6 +28,9 @@ from app.engines.cosyvoice.batching.flow_cache import (
     supports_flow_cache,
 )
 from app.engines.cosyvoice.batching.flow_cache import install as install_flow_cache
+from app.engines.cosyvoice.batching.flow_prefix import PromptRef
+from app.engines.cosyvoice.batching.flow_scheduler import FlowObserver, FlowScheduler
+from app.engines.cosyvoice.batching.flow_scheduler import install as install_flow_rounds
 from app.engines.cosyvoice.batching.gate import PriorityGate
 from app.engines.cosyvoice.batching.lm import (
     ENDOFPROMPT_ID,
@@ -35,6 +42,7 @@ from app.engines.cosyvoice.batching.scheduler import LLMObserver, LLMScheduler
 from app.engines.cosyvoice.batching.token2wav import (
     FixedTokens,
     HopSchedule,
+    first_hop_bounds,
     synthesize_tokens,
 )
 from app.engines.cosyvoice.device import ready_event
@@ -51,32 +59,48 @@ class BatchedRunner:
                  observer: LLMObserver | None = None, initial_hop: int | None = None,
                  token2wav_workers: int | None = None,
                  flow_cache: bool = False, flow_cache_window_frames: int | None = None,
-                 flow_prompt_cache_mb: float = 0, flow_cache_budget_mb: float | None = None) -> None:
+                 flow_prompt_cache_mb: float = 0, flow_cache_budget_mb: float | None = None,
+                 token2wav_batch: bool = False, token2wav_max_batch: int | None = None,
+                 flow_observer: FlowObserver | None = None) -> None:
         """``flow_cache_budget_mb``: what all streams' flow caches may hold together (None: no limit)."""
         if not supports_batching(getattr(model, "llm", None)):
             raise TypeError("this CosyVoice model's LLM cannot be batched")
+        if token2wav_batch and flow_cache:
+            raise ValueError("engine.token2wav_batch cannot be combined with engine.flow_cache")
         self.model = model
         self.lm = BatchedLM(model.llm)
         self.schedule = HopSchedule.of(model, initial_hop)
+        self.first_hop_bounds = first_hop_bounds(model, self.schedule)
         self.flow_cache = flow_cache and self._can_cache_flow()
         self.flow_cache_window_frames = flow_cache_window_frames
         self.prompt_cache: PromptCache | None = None
         self.flow_budget: FlowCacheBudget | None = None
+        # the voices' prompt states: for the flow cache's streams, or for batched rounds' streamed calls
+        prompts = flow_prompt_cache_mb > 0 and (self.flow_cache or (token2wav_batch and supports_flow_cache(model.flow)))
+        if prompts:
+            self.prompt_cache = PromptCache(int(flow_prompt_cache_mb * 2**20))
         if self.flow_cache:
             install_flow_cache(model.flow)
             if flow_cache_budget_mb is not None:
                 self.flow_budget = FlowCacheBudget(int(flow_cache_budget_mb * 2**20), bytes_per_frame(model.flow),
                                                    on_recompute=getattr(observer, "on_flow_cache_recompute", None))
-            if flow_prompt_cache_mb > 0:
-                self.prompt_cache = PromptCache(int(flow_prompt_cache_mb * 2**20))
         elif flow_cache:
             log.warning("engine.flow_cache: this model's flow or hop schedule cannot be streamed incrementally; "
                         "streaming recomputes the prefix")
         self.scheduler = LLMScheduler(self.lm, max_batch_size=max_batch_size,
                                       rules=SamplingRules.from_llm(model.llm, greedy=greedy),
                                       observer=observer)
-        self.gate = PriorityGate(token2wav_workers) if token2wav_workers else None
+        self.flow_rounds: FlowScheduler | None = None
+        if token2wav_batch:
+            self.flow_rounds = FlowScheduler(BatchedFlow(model.flow, prompts=self.prompt_cache is not None),
+                                             max_batch=token2wav_max_batch or max_batch_size,
+                                             observer=flow_observer, autocast=_autocast(model))
+            install_flow_rounds(model.flow, self.flow_rounds)
+        # one flow thread bounds the flow itself; HiFT then runs in the slot threads, ungated
+        self.gate = PriorityGate(token2wav_workers) if token2wav_workers and not token2wav_batch else None
         self.scheduler.start()
+        if self.flow_rounds is not None:
+            self.flow_rounds.start()
 
     def _can_cache_flow(self) -> bool:
         """The flow is chunk-causal and every hop starts on a chunk boundary (hops are whole chunks)."""
@@ -95,7 +119,18 @@ class BatchedRunner:
             if hop in hops:
                 break
             hops.add(hop)
-        return all(h % chunk == 0 for h in hops)
+        if not all(h % chunk == 0 for h in hops):
+            return False
+        self.schedule = replace(s, chunk=chunk)  # a request's own first hop is rounded up to a chunk end
+        return True
+
+    def _prompt_ref(self, model_input: dict, cache_prompt: bool) -> PromptRef | None:
+        """A registered voice's place in the prompt cache (content-keyed), for batched streamed calls."""
+        if self.prompt_cache is None or self.flow_rounds is None or not cache_prompt:
+            return None
+        key = prompt_key(model_input.get("flow_prompt_speech_token"), model_input.get("prompt_speech_feat"),
+                         model_input.get("flow_embedding"))
+        return None if key is None else PromptRef(self.prompt_cache, key)
 
     def _flow_stream(self, model_input: dict, cache_prompt: bool) -> FlowStream | None:
         """A request's own flow state between hops, when the flow cache is on.
@@ -115,10 +150,21 @@ class BatchedRunner:
 
     @property
     def alive(self) -> bool:
-        return self.scheduler.alive
+        return self.scheduler.alive and (self.flow_rounds is None or self.flow_rounds.alive)
 
     def close(self) -> None:
         self.scheduler.stop()
+        if self.flow_rounds is not None:
+            self.flow_rounds.stop()
+
+    def check_first_hop(self, first_hop: int | None) -> None:
+        low, high = self.first_hop_bounds
+        if first_hop is not None and not low <= first_hop <= high:
+            raise InvalidInput(f"first_chunk_tokens must be between {low} and {high} on this model; got {first_hop}")
+
+    def _stream_kw(self, cancel: threading.Event, request_id: str, first_hop: int | None = None) -> dict:
+        return dict(cancel=cancel, schedule=self.schedule.with_first(first_hop), gate=self.gate,
+                    batched_flow=self.flow_rounds is not None, request_id=request_id)
 
     def submit(self, model_input: dict, cancel: threading.Event, seed: int | None = None,
                request_id: str = "") -> Any:
@@ -138,8 +184,13 @@ class BatchedRunner:
                                      ready=ready)
 
     def run(self, model_input: dict, *, stream: bool, speed: float, cancel: threading.Event,
-            seed: int | None = None, request_id: str = "", cache_prompt: bool = False) -> Iterator[Any]:
-        """Speech tensors ``[1, n]`` for one segment, as token2wav produces them."""
+            seed: int | None = None, request_id: str = "", cache_prompt: bool = False,
+            first_hop: int | None = None) -> Iterator[Any]:
+        """Speech tensors ``[1, n]`` for one segment, as token2wav produces them.
+
+        ``first_hop``: the request's own first streamed hop in tokens (``first_hop_bounds``).
+        """
+        self.check_first_hop(first_hop)
         if model_input.get("source_speech_token") is not None and model_input["source_speech_token"].shape[1] > 0:
             source: Any = FixedTokens(model_input["source_speech_token"].flatten().tolist())
         else:
@@ -147,8 +198,9 @@ class BatchedRunner:
         flow_stream = self._flow_stream(model_input, cache_prompt) if stream else None
         try:
             yield from synthesize_tokens(self.model, source, model_input, stream=stream, speed=speed,
-                                         cancel=cancel, schedule=self.schedule, gate=self.gate,
-                                         flow_stream=flow_stream)
+                                         flow_stream=flow_stream,
+                                         flow_prompt=self._prompt_ref(model_input, cache_prompt),
+                                         **self._stream_kw(cancel, request_id, first_hop))
         finally:
             if flow_stream is not None:
                 flow_stream.close()  # its cache's bytes go back to the budget
@@ -184,8 +236,10 @@ class BatchedRunner:
         thread.start()
         flow_stream = self._flow_stream(model_input, cache_prompt)
         try:
-            yield from synthesize_tokens(self.model, seq, model_input, stream=True, speed=1.0, cancel=cancel,
-                                         schedule=self.schedule, gate=self.gate, flow_stream=flow_stream)
+            yield from synthesize_tokens(self.model, seq, model_input, stream=True, speed=1.0,
+                                         flow_stream=flow_stream,
+                                         flow_prompt=self._prompt_ref(model_input, cache_prompt),
+                                         **self._stream_kw(cancel, request_id))
         except RuntimeError:
             if fed.empty:
                 raise InvalidInput("the utterance has no text to speak") from None
@@ -199,6 +253,15 @@ class BatchedRunner:
             _add_llm_time(seq)
         if fed.error is not None:
             raise fed.error
+
+
+def _autocast(model: Any) -> Any:
+    """CosyVoice's fp16 on CUDA is autocast around its token2wav; the flow thread needs its own."""
+    if not getattr(model, "fp16", False) or not str(getattr(model, "device", "cpu")).startswith("cuda"):
+        return None
+    import torch
+
+    return lambda: torch.autocast("cuda", dtype=torch.float16)
 
 
 def _add_llm_time(source: Any) -> None:

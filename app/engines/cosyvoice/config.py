@@ -25,13 +25,15 @@ class CosyVoiceConfig:
     token2wav_workers: int | None = None  # batched: token2wav calls at once; None: CPU cores (CPU), no limit (GPU)
     flow_cache: bool = False  # batched streaming: flow computes each hop's new frames only (flow_cache.py)
     flow_cache_window_frames: int | None = None  # keep at most this many cached frames per layer (inexact)
-    flow_prompt_cache_mb: float = 0  # with flow_cache: registered voices' prompt flow state, LRU by bytes (0: off)
+    flow_prompt_cache_mb: float = 0  # flow_cache or token2wav_batch: voices' prompt flow state, LRU by bytes (0: off)
     flow_cache_budget_mb: float | None = None  # with flow_cache: all streams' caches together (None: no limit)
     llm_quantization: str = "none"  # none | int8: dynamic int8 Qwen2 backbone on a CPU (quantize.py)
     flow_runtime: str = "torch"  # auto | torch | onnxruntime: what runs the flow estimator (flow_runtime.py)
     flow_steps: int | None = None  # the flow ODE's Euler steps (None: the model's, 10); fewer changes the audio
     flow_cfg: bool = True  # classifier-free guidance in the flow; false halves its work and changes the audio
     onnx_cache_dir: str | None = None  # where exported ONNX graphs are kept, keyed by weights (None: memory only)
+    token2wav_batch: str = "auto"  # auto | on | off: every request's flow in one thread, batched rounds (auto: CUDA)
+    token2wav_max_batch: int | None = None  # calls per flow round (None: max_batch_size)
 
     def levers(self) -> Any:
         """The cost levers as ``load_model_dir`` takes them."""

@@ -116,7 +116,11 @@ class CosyVoiceEngine:
                                         flow_cache=self.config.flow_cache,
                                         flow_cache_window_frames=self.config.flow_cache_window_frames,
                                         flow_prompt_cache_mb=self.config.flow_prompt_cache_mb,
-                                        flow_cache_budget_mb=self.config.flow_cache_budget_mb)
+                                        flow_cache_budget_mb=self.config.flow_cache_budget_mb,
+                                        token2wav_batch=self._token2wav_batch(),
+                                        token2wav_max_batch=self.config.token2wav_max_batch,
+                                        flow_observer=self.llm_observer if hasattr(self.llm_observer, "on_flow_round")
+                                        else None)
         elif self.config.flow_cache:
             log.warning("engine.flow_cache needs the batched CosyVoice2/3 path (engine.batching): not used")
         instrument(lm.model)  # flow / HiFT seconds per request (app/engines/timings.py), outermost
@@ -124,7 +128,8 @@ class CosyVoiceEngine:
             k for k, v in lm.frontend.spk2info.items()
             if isinstance(v, dict) and "embedding" in v and "text" not in v and "prompt_speech_feat" not in v))
         self._info = EngineInfo(name=self.name, family=family, sample_rate=self.sample_rate, modes=self._modes(),
-                                tiny=lm.tiny, voice_family=self.prompts.family)
+                                tiny=lm.tiny, voice_family=self.prompts.family,
+                                first_chunk_tokens=self.runner.first_hop_bounds if self.runner is not None else None)
         log.info(
             "loaded CosyVoice%d model %s in %.1fs on %s (rate %d Hz, %s, %s, modes %s%s; CosyVoice code from %s; "
             "text normalization %s)",
@@ -134,7 +139,29 @@ class CosyVoiceEngine:
             lm.code_dir, "on (wetext)" if self.normalizer.enabled else "off",
         )
         if self.runner is not None:
-            log.info("LLM batching on: up to %d requests per decode step", self.config.max_batch_size)
+            log.info("LLM batching on: up to %d requests per decode step; token2wav %s", self.config.max_batch_size,
+                     "batched in one flow thread" if self.runner.flow_rounds is not None else "per request")
+
+    def _token2wav_batch(self) -> bool:
+        """``engine.token2wav_batch``: on, off, or auto (on for CUDA, where one batched flow pass per round
+        replaces one pass per request; off on a CPU, where the flow is compute-bound and runs best one
+        request per core, docs/batching.md)."""
+        from app.engines.cosyvoice.batching.flow_batch import unsupported_reason
+
+        mode = self.config.token2wav_batch
+        if mode == "off":
+            return False
+        reason = unsupported_reason(self.loaded.model.flow)
+        if self.config.flow_cache:
+            reason = "engine.flow_cache keeps per-stream estimator state, which a batched round does not"
+        if mode == "on":
+            if reason is not None:
+                raise EngineFailure(f"engine.token2wav_batch is on, but {reason}")
+            return True
+        cuda = str(getattr(self.loaded.model, "device", "cpu")).startswith("cuda")
+        if cuda and reason is not None:
+            log.info("token2wav batching (auto) stays off: %s", reason)
+        return cuda and reason is None
 
     def _token2wav_workers(self) -> int | None:
         """On a CPU flow + HiFT are compute-bound: about one call per core; a GPU overlaps them."""
@@ -169,7 +196,7 @@ class CosyVoiceEngine:
         if self.loaded is None:
             raise EngineFailure("engine is not loaded")
         if self.runner is not None and not self.runner.alive:
-            raise EngineFailure("the LLM scheduler thread has stopped")
+            raise EngineFailure("the LLM or flow scheduler thread has stopped")
 
     @property
     def batching(self) -> bool:
@@ -178,6 +205,11 @@ class CosyVoiceEngine:
     def llm_stats(self) -> dict:
         """The LLM scheduler's state (running/pending sequences, steps, KV cache size); {} without batching."""
         return self.runner.scheduler.stats() if self.runner is not None else {}
+
+    def flow_stats(self) -> dict:
+        """The flow scheduler's rounds (jobs, largest round, cancelled, failed); {} without token2wav batching."""
+        rounds = self.runner.flow_rounds if self.runner is not None else None
+        return rounds.stats() if rounds is not None else {}
 
     def close(self) -> None:
         if self.runner is not None:
@@ -224,6 +256,10 @@ class CosyVoiceEngine:
     def _synthesize(self, req: SynthesisRequest, cancel: threading.Event) -> Iterator[AudioChunk]:
         info = self.info()  # loaded, or a clear error
         check_mode_inputs(req, info.modes, self._speakers)
+        if req.first_chunk_tokens is not None:
+            if self.runner is None:
+                raise InvalidInput("first_chunk_tokens needs the batched CosyVoice2/3 path (engine.batching)")
+            self.runner.check_first_hop(req.first_chunk_tokens)
         # Upstream streams only at speed 1.0; at other speeds we stream sentence by sentence.
         stream = req.stream and abs(req.speed - 1.0) < 1e-6
         try:
@@ -238,7 +274,7 @@ class CosyVoiceEngine:
                     break
                 if cancel.is_set():
                     return
-                chunks = self._speak(model_input, stream, req, cancel)
+                chunks = self._speak(model_input, stream, req, cancel, first_segment=index == 0)
                 try:
                     for chunk in chunks:
                         yield dataclasses.replace(chunk, segment=index) if index else chunk
@@ -253,10 +289,14 @@ class CosyVoiceEngine:
             raise EngineFailure(f"synthesis failed: {type(exc).__name__}") from exc
 
     def _speak(self, model_input: dict, stream: bool, req: SynthesisRequest,
-               cancel: threading.Event) -> Iterator[AudioChunk]:
-        """One segment's audio: through the batched LLM when it is on, else CosyVoice's own tts()."""
+               cancel: threading.Event, first_segment: bool = False) -> Iterator[AudioChunk]:
+        """One segment's audio: through the batched LLM when it is on, else CosyVoice's own tts().
+
+        A request's own first chunk size applies to its first segment (time to first audio).
+        """
         if self.runner is not None:
-            return self._run_batched(model_input, stream, req, cancel)
+            first_hop = req.first_chunk_tokens if stream and first_segment else None
+            return self._run_batched(model_input, stream, req, cancel, first_hop)
         return self._run_tts(model_input, stream, req.speed, cancel)
 
     def _synthesize_text_stream(self, req: SynthesisRequest, stream: bool,
@@ -289,9 +329,10 @@ class CosyVoiceEngine:
             yield from self._chunk(speech)
 
     def _run_batched(self, model_input: dict, stream: bool, req: SynthesisRequest,
-                     cancel: threading.Event) -> Iterator[AudioChunk]:
+                     cancel: threading.Event, first_hop: int | None = None) -> Iterator[AudioChunk]:
         for speech in self.runner.run(model_input, stream=stream, speed=req.speed, cancel=cancel, seed=req.seed,
-                                      request_id=req.request_id, cache_prompt=registered_voice(req)):
+                                      request_id=req.request_id, cache_prompt=registered_voice(req),
+                                      first_hop=first_hop):
             if cancel.is_set():
                 return
             yield from self._chunk(speech)

@@ -22,7 +22,8 @@ def test_every_engine_setting_is_either_mapped_or_named_as_not_for_the_adapter()
 def test_from_settings_carries_each_value():
     eng = EngineSettings(dtype="bf16", dtype_stages=["llm"], torch_threads=3, prompt_cache_size=7, max_batch_size=5,
                          llm_greedy=True, token2wav_workers=2, flow_cache=True, flow_cache_window_frames=99,
-                         flow_prompt_cache_mb=12.5, text_normalization="off", cosyvoice_path="somewhere")
+                         flow_prompt_cache_mb=12.5, text_normalization="off", cosyvoice_path="somewhere",
+                         token2wav_batch="off", token2wav_max_batch=6)
     cfg = CosyVoiceConfig.from_settings(eng, "the-dir")
     assert cfg.model_dir == "the-dir"
     for name in set(EngineSettings.model_fields) - NOT_FOR_THE_ADAPTER - {"model_dir"}:
@@ -44,3 +45,24 @@ def test_batching_is_decided_once_by_the_settings(tmp_path):
     assert Settings(engine={"model_dir": str(v2), "batching": False}).engine.batching is False
     assert Settings(engine={"tiny_version": 1}).engine.batching is False
     assert Settings(engine={"kind": "fake"}).engine.batching is False
+
+
+def test_token2wav_batch_is_validated(tmp_path):
+    import pytest
+    from pydantic import ValidationError
+
+    assert EngineSettings().token2wav_batch == "auto" and CosyVoiceConfig(model_dir="d").token2wav_batch == "auto"
+    assert EngineSettings(token2wav_batch="auto", flow_cache=True).flow_cache  # auto: the flow cache wins at load
+    for bad in ({"token2wav_batch": "yes"}, {"token2wav_max_batch": 0},
+                {"token2wav_batch": "on", "flow_cache": True}):  # per-stream flow state cannot share a round
+        with pytest.raises(ValidationError):
+            EngineSettings(**bad)
+    v1 = tmp_path / "v1"
+    v1.mkdir()
+    (v1 / CONFIG_FILES[1]).write_text("")
+    with pytest.raises(ValidationError, match="needs the batched CosyVoice2/3 path"):
+        Settings(engine={"model_dir": str(v1), "token2wav_batch": "on"})
+    with pytest.raises(ValidationError, match="needs the batched CosyVoice2/3 path"):
+        Settings(engine={"tiny_version": 2, "batching": False, "token2wav_batch": "on"})
+    assert Settings(engine={"tiny_version": 2, "token2wav_batch": "on"}).engine.token2wav_batch == "on"
+    assert Settings(engine={"kind": "fake", "token2wav_batch": "on"}).engine.kind == "fake"

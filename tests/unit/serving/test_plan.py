@@ -119,3 +119,19 @@ def test_the_planner_and_the_engine_contract_share_one_speed_range(speed, ok):
     check_mode_inputs(req, MODES, PRESETS)  # accepted by both
     assert (limits.SPEED_MIN, limits.SPEED_MAX, limits.PROMPT_MIN_S, limits.PROMPT_MAX_S) == (
         SPEED_MIN, SPEED_MAX, PROMPT_MIN_S, PROMPT_MAX_S)
+
+
+def test_first_chunk_tokens_are_checked_against_the_models_range():
+    ranged = EngineInfo(name="m", family="cosyvoice2", sample_rate=24000, modes=MODES, first_chunk_tokens=(5, 100))
+    ok = plan(SpeechFields(text="hi", stream=True, first_chunk_tokens=5), ranged, PRESETS, SpeechLimits())
+    assert ok.request.first_chunk_tokens == 5 and ok.request.stream
+    assert plan(SpeechFields(text="hi"), ranged, PRESETS, SpeechLimits()).request.first_chunk_tokens is None
+    for fields, why in ((SpeechFields(text="hi", stream=True, first_chunk_tokens=4), "between 5 and 100"),
+                        (SpeechFields(text="hi", stream=True, first_chunk_tokens=101), "between 5 and 100"),
+                        (SpeechFields(text="hi", first_chunk_tokens=10), "stream: true")):
+        with pytest.raises(BadRequest) as exc:
+            plan(fields, ranged, PRESETS, SpeechLimits())
+        assert exc.value.code == "invalid_first_chunk_tokens" and exc.value.param == "first_chunk_tokens"
+        assert why in exc.value.message
+    with pytest.raises(BadRequest, match="cannot change its first chunk"):  # v1, or no batching: no range
+        plan(SpeechFields(text="hi", stream=True, first_chunk_tokens=10), info(), PRESETS, SpeechLimits())

@@ -332,34 +332,50 @@ def incremental_inference(flow: Any, stream: FlowStream, *, token: Any, token_le
 
 def _start_after_prompt(flow: Any, stream: FlowStream, prompt_token: Any, prompt_feat: Any, emb: Any) -> None:
     """Load the voice's prompt state into ``stream`` (computing and storing it on a miss)."""
+    assert stream.prompt_cache is not None and stream.prompt_key is not None
+    state, computed = prompt_state(flow, stream.prompt_cache, stream.prompt_key, prompt_token, prompt_feat, emb)
+    if state is None:
+        return
+    if computed:
+        stream.frames_computed += state.frames
+    else:
+        stream.prompt_frames_reused += state.frames
+    # the stream's own dicts (its later entries replace, never modify, the shared tensors)
+    stream.conv, stream.kv = dict(state.conv), dict(state.kv)
+    stream.frames_done = state.frames
+
+
+def prompt_state(flow: Any, cache: PromptCache, key: str, prompt_token: Any, prompt_feat: Any,
+                 emb: Any) -> tuple[PromptState | None, bool]:
+    """The voice's prompt state from ``cache`` (computed and stored on a miss; ``install`` must have run).
+
+    ``emb`` is the projected speaker embedding ``[1, 80]``. Returns (state or None when the prompt
+    has no cacheable frames, whether it was computed now).
+    """
     import torch
 
     frames = cacheable_prompt_frames(flow, int(prompt_token.shape[1]))
     if frames <= 0:
-        return
-    assert stream.prompt_cache is not None and stream.prompt_key is not None
-    state = stream.prompt_cache.get(stream.prompt_key)
-    if state is None or state.frames != frames:
-        # the voice alone: the encoder over the prompt tokens, the estimator over its cacheable frames
-        n = torch.tensor([prompt_token.shape[1]], dtype=torch.int32, device=prompt_token.device)
-        h, _ = flow.encoder(flow.input_embedding(torch.clamp(prompt_token, min=0)), n, streaming=True)
-        mu = flow.encoder_proj(h).transpose(1, 2)[:, :, :frames]
-        cond = prompt_feat[:, :frames].transpose(1, 2).to(mu.dtype)
-        # unwindowed: the first hop then sees every prompt frame, as it does in one call without this cache
-        fresh = FlowStream()
-        with bound_stream(fresh):  # the estimator's hooks read the bound stream
-            _solve(flow.decoder, mu, cond, emb, 0, fresh)
-        # own copies where a cached tensor is a view pinning a larger input (so nbytes is what is held)
-        fresh.conv = {k: _compact(v) for k, v in fresh.conv.items()}
-        fresh.kv = {k: (_compact(kk), _compact(vv)) for k, (kk, vv) in fresh.kv.items()}
-        state = PromptState(frames=frames, conv=fresh.conv, kv=fresh.kv, nbytes=fresh.nbytes())
-        stream.prompt_cache.put(stream.prompt_key, state)
-        stream.frames_computed += frames
-    else:
-        stream.prompt_frames_reused += frames
-    # the stream's own dicts (its later entries replace, never modify, the shared tensors)
-    stream.conv, stream.kv = dict(state.conv), dict(state.kv)
-    stream.frames_done = frames
+        return None, False
+    state = cache.get(key)
+    if state is not None and state.frames == frames:
+        return state, False
+    # the voice alone: the encoder over the prompt tokens, the estimator over its cacheable frames
+    n = torch.tensor([prompt_token.shape[1]], dtype=torch.int32, device=prompt_token.device)
+    h, _ = flow.encoder(flow.input_embedding(torch.clamp(prompt_token, min=0)), n, streaming=True)
+    mu = flow.encoder_proj(h).transpose(1, 2)[:, :, :frames]
+    cond = prompt_feat[:, :frames].transpose(1, 2).to(mu.dtype)
+    # unwindowed: the first hop then sees every prompt frame, as it does in one call without this cache
+    fresh = FlowStream()
+    with bound_stream(fresh):  # the estimator's hooks read the bound stream
+        _solve(flow.decoder, mu, cond, emb, 0, fresh)
+    # own copies where a cached tensor is a view pinning a larger input (so nbytes is what is held)
+    conv = {k: _compact(v) for k, v in fresh.conv.items()}
+    kv = {k: (_compact(kk), _compact(vv)) for k, (kk, vv) in fresh.kv.items()}
+    fresh.conv, fresh.kv = conv, kv
+    state = PromptState(frames=frames, conv=conv, kv=kv, nbytes=fresh.nbytes())
+    cache.put(key, state)
+    return state, True
 
 
 def _compact(t: Any) -> Any:

@@ -10,6 +10,14 @@ state kept per request instead of on the shared model object:
   ``token_max_hop_len`` (models without them keep a fixed hop);
 * the rest is finalised in one last call. Without streaming: one call, all tokens.
 
+A request may set its own first hop (``first_chunk_tokens``, within
+:func:`first_hop_bounds`): the first chunk then waits for that many tokens plus the
+look-ahead, without the alignment pad, and the next hop is the model's first hop plus
+the pad that brings later chunk ends back onto multiples of the hop. Only the first
+chunk's last frames then lack their chunk's right context: quality traded for time
+to first audio. With ``chunk`` set (the flow cache, whose hops must end on whole flow
+chunks) the first hop is rounded up to the next chunk end.
+
 Tokens come from a source with ``wait_for(count, timeout)``, ``tokens`` and
 ``done`` (an LLM scheduler sequence, or a fixed list for voice conversion).
 Silent tokens beyond five in a row are dropped, as CosyVoice3's ``llm_job`` does.
@@ -17,14 +25,18 @@ Silent tokens beyond five in a row are dropped, as CosyVoice3's ``llm_job`` does
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 import uuid as uuidlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from app.engines.cosyvoice.batching.flow_scheduler import (
+    FlowCall,
+    FlowCancelled,
+    bound_call,
+)
 from app.engines.cosyvoice.batching.gate import PriorityGate
 
 MAX_SILENT_RUN = 5
@@ -37,6 +49,8 @@ class HopSchedule:
     max_hop: int
     scale: float
     lookahead: int
+    first: int | None = None  # a request's own first hop in tokens (None: hop + alignment pad)
+    chunk: int = 0  # > 0: every hop must end on a multiple of this many tokens past the prompt start
 
     @classmethod
     def of(cls, model: Any, initial_hop: int | None = None) -> HopSchedule:
@@ -44,6 +58,45 @@ class HopSchedule:
         return cls(hop=hop, max_hop=int(getattr(model, "token_max_hop_len", hop)),
                    scale=float(getattr(model, "stream_scale_factor", 1)),
                    lookahead=int(model.flow.pre_lookahead_len))
+
+    def with_first(self, first: int | None) -> HopSchedule:
+        return self if first is None else replace(self, first=int(first))
+
+    def _grow(self, hop: int) -> int:
+        return int(min(self.max_hop, hop * self.scale))
+
+    def hops(self, prompt_tokens: int) -> Iterator[int]:
+        """The streamed hops' sizes in tokens, in order (endless: the caller stops)."""
+        hop = self.hop
+        if self.first is None:
+            yield hop + (-prompt_tokens % hop)
+        else:
+            first = self.first
+            if self.chunk:
+                first += -(prompt_tokens + first) % self.chunk
+            yield first
+            yield hop + (-(prompt_tokens + first) % hop)  # later chunk ends back on multiples of the hop
+        while True:
+            hop = self._grow(hop)
+            yield hop
+
+
+def first_hop_bounds(model: Any, schedule: HopSchedule) -> tuple[int, int]:
+    """The first hops (tokens) a request may ask for on ``model``.
+
+    Lowest: the first chunk must give HiFT more mel frames than it holds back for the
+    next chunk's overlap (CosyVoice2: ``mel_cache_len``; CosyVoice3: its f0 predictor's
+    causal look-right), so that it has audio at all. Highest: the model's largest hop
+    (``token_max_hop_len``; the hop itself where the model has no growing schedule).
+    """
+    ratio = int(getattr(model.flow, "token_mel_ratio", 2))
+    held = getattr(model, "mel_cache_len", None)
+    if held is None:
+        predictor = getattr(getattr(model, "hift", None), "f0_predictor", None)
+        first_conv = getattr(predictor, "condnet", [None])[0] if predictor is not None else None
+        held = getattr(first_conv, "causal_padding", 0) or 0
+    low = max(1, int(held) // ratio + 1)
+    return low, max(low, schedule.max_hop)
 
 
 class FixedTokens:
@@ -96,12 +149,16 @@ def _wait(source: Any, filt: SilenceFilter, need: int, cancel: threading.Event) 
 
 def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, speed: float,
                       cancel: threading.Event, schedule: HopSchedule, gate: PriorityGate | None = None,
-                      flow_stream: Any = None) -> Iterator[Any]:
+                      flow_stream: Any = None, batched_flow: bool = False, request_id: str = "",
+                      flow_prompt: Any = None) -> Iterator[Any]:
     """Yield speech tensors ``[1, n]`` as ``model.token2wav`` makes them from ``source``'s tokens.
 
     ``gate`` (optional) bounds concurrent token2wav calls across requests, first chunks first.
     ``flow_stream`` (optional, streaming only): a ``flow_cache.FlowStream`` bound around each
     call, so the flow computes each hop's new frames only (``app/engines/cosyvoice/batching/flow_cache.py``).
+    ``batched_flow``: the model's flow is routed to a ``FlowScheduler`` (``flow_scheduler.install``);
+    each call is bound with this request's priority and cancel flag, and no gate is used.
+    ``flow_prompt`` (batched flow only): a ``flow_prefix.PromptRef``, the voice's cached prompt state.
     """
     import torch
 
@@ -115,6 +172,14 @@ def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, sp
         nonlocal calls
         index, calls = calls, calls + 1
         with bound_stream(cached):
+            if batched_flow:
+                try:
+                    call = FlowCall(first=index == 0, started=started, cancel=cancel, request_id=request_id,
+                                    prompt=flow_prompt)
+                    with bound_call(call):
+                        return model.token2wav(**kw)
+                except FlowCancelled:
+                    return None
             if gate is None:
                 return model.token2wav(**kw)
             if not gate.acquire(index, started, cancel):
@@ -135,11 +200,8 @@ def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, sp
     try:
         with torch.inference_mode():
             offset = 0
-            hop = schedule.hop
             if stream:
-                pad = math.ceil(prompt_token.shape[1] / schedule.hop) * schedule.hop - prompt_token.shape[1]
-                while True:
-                    this_hop = hop + pad if offset == 0 else hop
+                for this_hop in schedule.hops(int(prompt_token.shape[1])):
                     need = offset + this_hop + schedule.lookahead
                     kept = _wait(source, filt, need, cancel)
                     if kept is None:
@@ -152,7 +214,6 @@ def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, sp
                         return
                     yield speech
                     offset += this_hop
-                    hop = int(min(schedule.max_hop, hop * schedule.scale))
             kept = _wait(source, filt, 1 << 62, cancel)
             if kept is None:
                 return
