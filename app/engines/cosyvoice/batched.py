@@ -129,8 +129,12 @@ class BatchedRunner:
         return self.scheduler.submit(lm_input, min_len, max_len, seed=seed, cancel=cancel, request_id=request_id)
 
     def run(self, model_input: dict, *, stream: bool, speed: float, cancel: threading.Event,
-            seed: int | None = None, request_id: str = "", cache_prompt: bool = False) -> Iterator[Any]:
-        """Speech tensors ``[1, n]`` for one segment, as token2wav produces them."""
+            seed: int | None = None, request_id: str = "", cache_prompt: bool = False,
+            started: float | None = None) -> Iterator[Any]:
+        """Speech tensors ``[1, n]`` for one segment, as token2wav produces them.
+
+        ``started``: when the request began (its place in the token2wav gate; default: now).
+        """
         if model_input.get("source_speech_token") is not None and model_input["source_speech_token"].shape[1] > 0:
             source: Any = FixedTokens(model_input["source_speech_token"].flatten().tolist())
         else:
@@ -138,7 +142,7 @@ class BatchedRunner:
         try:
             yield from synthesize_tokens(self.model, source, model_input, stream=stream, speed=speed,
                                          cancel=cancel, schedule=self.schedule, gate=self.gate,
-                                         flow_stream=self._flow_stream(model_input, cache_prompt))
+                                         flow_stream=self._flow_stream(model_input, cache_prompt), started=started)
         finally:
             if hasattr(source, "cancel"):
                 source.cancel()  # leaves the batch at the next step (no-op once done)
@@ -147,7 +151,7 @@ class BatchedRunner:
     def run_bistream(self, model_input: dict, text: TextStream, tokenize: Tokenize, *, cancel: threading.Event,
                      seed: int | None = None, request_id: str = "", system_prompt: str = "",
                      normalize: Callable[[str], str] | None = None,
-                     cache_prompt: bool = False) -> Iterator[Any]:
+                     cache_prompt: bool = False, started: float | None = None) -> Iterator[Any]:
         """Speech tensors for text that arrives while it is spoken (CosyVoice2/3 bistream, streamed).
 
         ``model_input`` holds the prompt (no text); a feeder thread tokenises ``text``'s pieces in
@@ -173,7 +177,7 @@ class BatchedRunner:
         try:
             yield from synthesize_tokens(self.model, seq, model_input, stream=True, speed=1.0, cancel=cancel,
                                          schedule=self.schedule, gate=self.gate,
-                                         flow_stream=self._flow_stream(model_input, cache_prompt))
+                                         flow_stream=self._flow_stream(model_input, cache_prompt), started=started)
         except RuntimeError:
             if fed.empty:
                 raise InvalidInput("the utterance has no text to speak") from None
