@@ -100,6 +100,7 @@ class EngineInfo:
     modes: tuple[str, ...]
     tiny: bool = False
     voice_family: str = ""  # stored voice features are only usable by engines with the same value
+    device: str = "cpu"  # where it computes: "cpu" or an accelerator ("cuda", "cuda:1"); sizes admission
 
 
 @runtime_checkable

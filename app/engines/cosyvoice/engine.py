@@ -118,7 +118,8 @@ class CosyVoiceEngine:
             k for k, v in lm.frontend.spk2info.items()
             if isinstance(v, dict) and "embedding" in v and "text" not in v and "prompt_speech_feat" not in v))
         self._info = EngineInfo(name=self.name, family=family, sample_rate=self.sample_rate, modes=self._modes(),
-                                tiny=lm.tiny, voice_family=self.prompts.family)
+                                tiny=lm.tiny, voice_family=self.prompts.family,
+                                device=str(getattr(lm.model, "device", "cpu")))
         log.info(
             "loaded CosyVoice%d model %s in %.1fs (rate %d Hz, %s, modes %s%s; CosyVoice code from %s; "
             "text normalization %s)",

@@ -20,6 +20,7 @@ from app.serving import (
 )
 from app.serving.admission import Admission
 from app.serving.errors import ClientGone
+from app.serving.limiter import LatencyLimit, LimiterConfig
 from app.serving.limits import SpeechLimits
 from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
@@ -208,6 +209,122 @@ def test_released_once_when_the_client_leaves_while_queued_or_running() -> None:
             assert_released(pool)
         finally:
             b.gate.set()
+            await pool.close()
+
+    run(main())
+
+
+# -- adaptive admission ------------------------------------------------------------------------------
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def adaptive(limit: int, ceiling: int = 8, budget_s: float = 10.0) -> tuple[Admission, FakeClock]:
+    clock = FakeClock()
+    lim = LatencyLimit(LimiterConfig(ceiling=ceiling, initial=limit, budget_s=budget_s), clock=clock)
+    return Admission(workers=ceiling, max_queue=0, observer=NullObserver(), limiter=lim, clock=clock), clock
+
+
+def test_adaptive_refuses_past_the_limit_as_over_budget_with_retry_after_from_the_predicted_wait() -> None:
+    adm, _ = adaptive(limit=2)
+    a, b = adm.admit(), adm.admit()
+    assert adm.predicted_wait_s() > 0
+    with pytest.raises(Overloaded) as refused:
+        adm.admit()
+    assert adm.rejected == {"over_budget": 1}
+    # no latency seen yet: the budget (10 s) stands in for it; one of 2 must end: 10 / 2 = 5 s
+    assert refused.value.retry_after_s == 5.0 == adm.retry_after_s()
+    adm.observe_latency(a, 3.0)  # an average request now takes 3 s
+    assert adm.retry_after_s() == 2.0  # ceil(3 / 2)
+    a.release()
+    assert adm.predicted_wait_s() == 0.0
+    c = adm.admit()  # room again
+    snap = adm.snapshot()
+    assert (snap["mode"], snap["limit"], snap["ceiling"], snap["load"]) == ("adaptive", 2, 8, 2.0)
+    b.release()
+    c.release()
+    assert adm.load == 0.0 and adm.in_flight == 0
+
+
+def test_the_hard_ceiling_still_refuses_as_queue_full() -> None:
+    adm, _ = adaptive(limit=8, ceiling=2)
+    adm.admit(), adm.admit()
+    with pytest.raises(Overloaded):
+        adm.admit()
+    assert adm.rejected == {"queue_full": 1}
+
+
+def test_a_long_request_takes_more_of_the_limit_once_charged_and_is_read_per_unit_of_size() -> None:
+    adm, clock = adaptive(limit=4)
+    short = adm.admit()
+    short.charge(100)  # the first size sets the average: weight 1
+    long = adm.admit()
+    long.charge(300)  # average 100 -> 120: weight 2.5
+    assert long.weight == pytest.approx(2.5) and adm.load == pytest.approx(3.5)
+    with pytest.raises(Overloaded):
+        adm.admit()  # one more average request would make 4.5 > 4
+    clock.t += 1
+    adm.observe_latency(long, 5.0)
+    assert adm.limiter.average_s == pytest.approx(2.0)  # 5 s for 2.5 average requests
+    long.release()
+    short.release()
+    assert adm.load == 0.0
+
+
+def test_only_lone_requests_teach_the_unloaded_latency_and_excluded_ones_teach_nothing() -> None:
+    adm, _ = adaptive(limit=4)
+    first = adm.admit()  # admitted alone ...
+    other = adm.admit()  # ... but not alone for long
+    adm.observe_latency(first, 2.0)
+    assert adm.limiter.unloaded_s == 2.0  # nobody ran alone yet: the lowest latency stands in
+    first.release()
+    other.release()
+    lone = adm.admit()
+    adm.observe_latency(lone, 3.0)
+    lone.release()
+    assert adm.limiter.unloaded_s == 3.0  # the lone request's latency, not the lowest seen
+    average = adm.limiter.average_s
+    quiet = adm.admit()
+    quiet.exclude()  # e.g. text arriving over time: its latency is the client's pace
+    adm.observe_latency(quiet, 50.0)
+    quiet.release()
+    assert adm.limiter.unloaded_s == 3.0 and adm.limiter.average_s == average
+
+
+def test_fixed_mode_keeps_the_capacity_and_ignores_sizes() -> None:
+    adm = Admission(workers=1, max_queue=1, observer=NullObserver())
+    a = adm.admit()
+    a.charge(5000)
+    b = adm.admit()  # a fixed gate counts requests, whatever their size
+    snap = adm.snapshot()
+    assert (snap["mode"], snap["limit"], snap["target_s"]) == ("fixed", 2, None)
+    assert adm.predicted_wait_s() > 0  # both places taken: a newcomer would wait
+    a.release()
+    b.release()
+
+
+def test_an_adaptive_pool_feeds_the_controller_and_reports_it() -> None:
+    async def main():
+        b = FakeBehaviour()
+        pool = await started(b, workers=2, max_queue=0, admission="adaptive", admission_budget_s=5.0)
+        try:
+            async with await synthesize(pool, req("a")) as job:
+                assert len([c async for c in job]) == 3
+            assert_released(pool)
+            adm = pool.stats()["admission"]
+            assert adm["mode"] == "adaptive" and adm["ceiling"] == 2 and adm["target_s"] == 5.0
+            assert adm["average_s"] is not None and adm["unloaded_s"] is not None  # one lone sample
+            pool.admission.start_at(1)
+            held = pool.admit()
+            with pytest.raises(Overloaded):
+                pool.admit()
+            assert pool.stats()["rejected"] == {"over_budget": 1}
+            held.release()
+        finally:
             await pool.close()
 
     run(main())

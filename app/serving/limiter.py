@@ -1,0 +1,166 @@
+"""The adaptive admission limit: how many requests may be in flight, moved by measured latency.
+
+A server admits ``limit`` average-size requests at once (admission.py weighs each
+request by its size once its plan is known). The controller moves the limit
+towards the point where an admitted request's latency meets its budget:
+
+* **Target.** ``budget_s`` when the operator sets one (``pool.admission_budget_s``),
+  else ``tolerance`` x the unloaded latency: the median latency of recent requests
+  that ran alone (nothing else in flight from their admission to their end). Until
+  one has, the lowest latency seen stands in (it can only be too generous).
+* **Samples.** One per finished request whose latency says something about capacity:
+  queue wait + engine time, without the time the engine sat blocked on a slow client,
+  divided by the request's weight (so a 4096-character text and "hello" are both read
+  as "the latency of an average request"). Requests admitted before the limit last
+  changed are not used to move it again: they saw the old limit (one change per round
+  trip, as TCP does).
+* **Rule** (at most once per ``window_s``, once enough fresh samples are in): with m the
+  median fresh sample and g = target / m, the limit becomes ``limit x g``, at most halved
+  and at most x1.5 (and at least +1) per step, within a dead band of +-10 %. By Little's
+  law (in flight = throughput x latency), once the server is saturated one step lands on
+  ``throughput x target``, the most it can admit and still meet the target. It only grows
+  when the limit was actually reached (a request refused, or the load at the limit) since
+  the last step: an idle server's limit does not creep up to the ceiling.
+* **Bounds.** Never above ``ceiling`` (``pool.workers`` + ``pool.max_queue``), never below 1.
+
+``predicted_wait_s(load)`` is how long a request arriving now would wait for room:
+0 while there is room, else the load beyond the limit drained at the rate Little's law
+gives (``limit / average latency``). A refused request's ``Retry-After`` is that wait.
+
+Pure and synchronous (a clock is injected), so the tests drive it with synthetic latencies.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LimiterConfig:
+    ceiling: int  # hard: the limit never goes above (pool.workers + pool.max_queue)
+    initial: float  # where the limit starts (the lifespan picks it from the machine)
+    budget_s: float | None = None  # target latency of an average request; None: tolerance x unloaded latency
+    tolerance: float = 4.0  # the automatic target, in unloaded latencies
+    window_s: float = 1.0  # at most one step per window
+    min_samples: int = 3  # fresh samples a step needs (fewer when the limit itself is lower)
+    deadband: float = 0.1  # no step while the median is within +-10 % of the target
+    max_down: float = 0.5  # a step at most halves the limit ...
+    max_up: float = 1.5  # ... and at most multiplies it by 1.5
+    unloaded_samples: int = 32  # latencies of lone requests kept for the unloaded latency
+    ema_alpha: float = 0.2  # average latency (for the predicted wait)
+
+    def __post_init__(self) -> None:
+        if self.ceiling < 1:
+            raise ValueError("ceiling must be at least 1")
+        if self.budget_s is not None and self.budget_s <= 0:
+            raise ValueError("budget_s must be positive (or None: automatic)")
+        if self.tolerance <= 1:
+            raise ValueError("tolerance must be above 1")
+        if self.window_s <= 0 or self.min_samples < 1:
+            raise ValueError("window_s must be positive and min_samples at least 1")
+        if not (0 < self.max_down < 1 < self.max_up) or not (0 <= self.deadband < 1):
+            raise ValueError("need 0 < max_down < 1 < max_up and 0 <= deadband < 1")
+
+
+class LatencyLimit:
+    """The controller. ``value`` is the limit in average-size requests (an int, 1..ceiling)."""
+
+    def __init__(self, config: LimiterConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self._clock = clock
+        self.limit = float(min(config.ceiling, max(1.0, config.initial)))
+        self._fresh: list[float] = []  # samples of requests admitted since the last change
+        self._alone: deque[float] = deque(maxlen=config.unloaded_samples)
+        self._recent: deque[float] = deque(maxlen=64)  # every sample, for the stand-in unloaded latency
+        self._avg_s: float | None = None
+        self._changed_at = -math.inf  # requests admitted before this saw another limit
+        self._stepped_at = clock()
+        self._peak_load = 0.0  # since the last step
+        self._refused = 0  # since the last step
+        self.steps = 0  # changes made (observable)
+
+    # -- what it says ----------------------------------------------------------------------------
+    @property
+    def value(self) -> int:
+        return max(1, min(self.config.ceiling, int(self.limit + 1e-9)))
+
+    @property
+    def unloaded_s(self) -> float | None:
+        """Median latency of recent lone requests, else the lowest latency seen (None before any)."""
+        if self._alone:
+            return statistics.median(self._alone)
+        return min(self._recent) if self._recent else None
+
+    @property
+    def target_s(self) -> float | None:
+        if self.config.budget_s is not None:
+            return self.config.budget_s
+        unloaded = self.unloaded_s
+        return None if unloaded is None else self.config.tolerance * unloaded
+
+    @property
+    def average_s(self) -> float | None:
+        """Moving average of the samples (the latency of an average request now)."""
+        return self._avg_s
+
+    def allows(self, load: float, weight: float = 1.0) -> bool:
+        """Room for a request of ``weight`` on top of ``load``? An empty server always has room."""
+        return load <= 0 or load + weight <= self.value + 1e-9
+
+    def predicted_wait_s(self, load: float, weight: float = 1.0) -> float:
+        """Seconds until a request of ``weight`` arriving now would fit (0: it fits now)."""
+        excess = load + weight - self.value
+        if load <= 0 or excess <= 1e-9:
+            return 0.0
+        avg = self._avg_s if self._avg_s is not None else (self.target_s or 1.0)
+        return excess * avg / self.value  # the load drains at limit / latency (Little's law)
+
+    # -- what it hears ---------------------------------------------------------------------------
+    def note_load(self, load: float) -> None:
+        """The admitted load after an admission (the peak tells whether the limit was reached)."""
+        self._peak_load = max(self._peak_load, load)
+
+    def note_refused(self) -> None:
+        self._refused += 1
+
+    def observe(self, latency_s: float, *, admitted_at: float, alone: bool = False) -> None:
+        """One finished request's latency (already divided by its weight); may step the limit."""
+        latency_s = max(1e-6, float(latency_s))
+        self._recent.append(latency_s)
+        if alone:
+            self._alone.append(latency_s)
+        a = self.config.ema_alpha
+        self._avg_s = latency_s if self._avg_s is None else self._avg_s + a * (latency_s - self._avg_s)
+        if admitted_at >= self._changed_at:
+            self._fresh.append(latency_s)
+        self._maybe_step()
+
+    def _maybe_step(self) -> None:
+        now = self._clock()
+        need = min(self.config.min_samples, self.value)
+        target = self.target_s
+        if target is None or len(self._fresh) < need or now - self._stepped_at < self.config.window_s:
+            return
+        ratio = target / statistics.median(self._fresh)
+        pressed = self._refused > 0 or self._peak_load + 1.0 > self.value + 1e-9
+        old = self.limit
+        if ratio < 1.0 - self.config.deadband:
+            new = old * max(ratio, self.config.max_down)
+        elif ratio > 1.0 + self.config.deadband and pressed:
+            new = max(old + 1.0, old * min(ratio, self.config.max_up))
+        else:
+            new = old
+        new = min(float(self.config.ceiling), max(1.0, new))
+        self._stepped_at = now
+        self._fresh.clear()
+        self._refused = 0
+        self._peak_load = 0.0
+        if new != old:
+            self.limit = new
+            self._changed_at = now
+            self.steps += 1

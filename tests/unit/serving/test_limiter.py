@@ -1,0 +1,168 @@
+"""The adaptive admission limit (app/serving/limiter.py), driven by a fake clock and a synthetic server.
+
+The synthetic server is a saturating queue: ``clients`` closed-loop clients, of which
+``min(clients, limit)`` are admitted; with ``n`` in flight a request takes
+``max(unloaded, n / capacity)`` seconds (Little's law once saturated), and requests finish
+at ``n / latency`` per second. Everything is deterministic.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from app.serving.limiter import LatencyLimit, LimiterConfig
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Server:
+    """A closed loop against the limiter; ``run`` advances the fake clock and feeds latency samples."""
+
+    def __init__(self, limiter: LatencyLimit, clock: Clock, *, unloaded_s: float = 1.0, capacity: float = 1.25,
+                 dt: float = 0.05) -> None:
+        self.lim, self.clock = limiter, clock
+        self.unloaded_s, self.capacity, self.dt = unloaded_s, capacity, dt
+        self._due = 0.0
+        self.history: list[tuple[float, int]] = []  # (time, limit) after each tick
+
+    def latency(self, n: int) -> float:
+        return max(self.unloaded_s, n / self.capacity)
+
+    def run(self, seconds: float, clients: int) -> None:
+        end = self.clock.t + seconds
+        while self.clock.t < end - 1e-9:
+            n = min(clients, self.lim.value)
+            self.lim.note_load(n)
+            if clients > self.lim.value:
+                self.lim.note_refused()
+            s = self.latency(n)
+            self._due += n / s * self.dt
+            while self._due >= 1.0:
+                self._due -= 1.0
+                self.lim.observe(s, admitted_at=self.clock.t - s, alone=(n == 1 and clients == 1))
+            self.clock.t += self.dt
+            self.history.append((self.clock.t, self.lim.value))
+
+    def changes_after(self, t: float) -> list[tuple[float, int]]:
+        """(time, new limit) of every change after ``t``."""
+        out, last = [], None
+        for when, value in self.history:
+            if last is not None and value != last and when > t:
+                out.append((when, value))
+            last = value
+        return out
+
+
+def make(initial: float, ceiling: int = 16, **kw) -> tuple[LatencyLimit, Server]:
+    clock = Clock()
+    lim = LatencyLimit(LimiterConfig(ceiling=ceiling, initial=initial, **kw), clock=clock)
+    return lim, Server(lim, clock)
+
+
+def test_it_lowers_the_limit_when_latency_rises_and_settles_where_littles_law_says():
+    lim, srv = make(initial=16)  # tolerance 4, unloaded 1 s: target 4 s; capacity 1.25/s -> 5 in flight
+    srv.run(10, clients=1)  # lone requests: the unloaded latency
+    assert lim.unloaded_s == pytest.approx(1.0) and lim.target_s == pytest.approx(4.0)
+    assert lim.value == 16  # nothing pressed it yet
+    srv.run(40, clients=32)
+    assert lim.value == 5
+    assert srv.latency(lim.value) <= lim.target_s
+    assert srv.changes_after(srv.clock.t - 20) == []  # settled
+
+
+def test_it_raises_the_limit_when_there_is_headroom_and_demand():
+    lim, srv = make(initial=1, budget_s=4.0)
+    srv.run(30, clients=32)
+    assert lim.value == 5  # capacity 1.25/s x 4 s
+    assert srv.changes_after(srv.clock.t - 15) == []
+
+
+def test_it_does_not_grow_when_the_limit_is_not_reached():
+    lim, srv = make(initial=3, budget_s=4.0)
+    srv.run(30, clients=2)  # latency 1.6 s, far below the budget, but only 2 of 3 places are used
+    assert lim.value == 3 and lim.steps == 0
+
+
+def test_never_above_the_ceiling():
+    lim, srv = make(initial=2, ceiling=6, budget_s=100.0)
+    srv.run(60, clients=64)
+    assert lim.value == 6
+    assert max(v for _, v in srv.history) == 6
+
+
+def test_never_below_one():
+    lim, srv = make(initial=8, budget_s=0.01)  # no request can ever meet this budget
+    srv.run(60, clients=64)
+    assert lim.value == 1 and lim.limit >= 1.0
+    assert min(v for _, v in srv.history) == 1
+
+
+def test_it_settles_within_ten_seconds_of_a_load_step():
+    lim, srv = make(initial=4)
+    srv.run(10, clients=1)  # learn the unloaded latency
+    srv.run(40, clients=3)  # about half the capacity at the limit
+    for clients in (16, 3):  # a step up to 3x, then back to 0.5x
+        t0 = srv.clock.t
+        srv.run(30, clients=clients)
+        late = [c for c in srv.changes_after(t0) if c[0] > t0 + 10]
+        assert late == [], (clients, srv.changes_after(t0))
+    assert lim.value == 5
+
+
+def test_samples_of_requests_admitted_before_a_change_do_not_move_it_again():
+    clock = Clock()
+    lim = LatencyLimit(LimiterConfig(ceiling=16, initial=16, budget_s=1.0, window_s=0.5), clock=clock)
+    for _ in range(3):
+        lim.observe(8.0, admitted_at=0.0)
+    clock.t = 1.0
+    lim.observe(8.0, admitted_at=0.0)  # a step: 16 x max(1/8, 0.5)
+    assert lim.value == 8 and lim.steps == 1
+    for i in range(10):  # still the old, crowded requests: ignored for the next step
+        clock.t = 2.0 + i
+        lim.observe(8.0, admitted_at=0.5)
+    assert lim.value == 8 and lim.steps == 1
+    for _ in range(3):  # requests admitted after the change count again
+        clock.t += 1.0
+        lim.observe(8.0, admitted_at=1.5)
+    assert lim.value == 4 and lim.steps == 2
+
+
+def test_the_unloaded_latency_is_the_median_of_lone_requests_else_the_lowest_seen():
+    lim = LatencyLimit(LimiterConfig(ceiling=8, initial=8), clock=Clock())
+    assert lim.unloaded_s is None and lim.target_s is None
+    lim.observe(3.0, admitted_at=0.0)
+    lim.observe(2.0, admitted_at=0.0)
+    assert lim.unloaded_s == 2.0  # nobody ran alone yet: the lowest latency stands in
+    for s in (1.0, 1.2, 5.0):
+        lim.observe(s, admitted_at=0.0, alone=True)
+    assert lim.unloaded_s == 1.2 and lim.target_s == pytest.approx(4.8)
+
+
+def test_predicted_wait_is_zero_with_room_and_drains_the_excess_at_littles_rate():
+    lim = LatencyLimit(LimiterConfig(ceiling=8, initial=4, budget_s=10.0), clock=Clock())
+    lim.observe(2.0, admitted_at=0.0)  # average latency 2 s
+    assert lim.allows(3.0) and lim.predicted_wait_s(3.0) == 0.0
+    assert lim.allows(0.0, weight=20.0)  # an empty server takes even a very long request
+    assert not lim.allows(4.0)
+    assert lim.predicted_wait_s(4.0) == pytest.approx(0.5)  # one request of 4 must end: 2 s / 4 places
+    assert lim.predicted_wait_s(7.0) == pytest.approx(2.0)  # four must end
+    assert lim.predicted_wait_s(3.5, weight=2.0) == pytest.approx(0.75)  # a double-size request needs 1.5 free
+
+
+@pytest.mark.parametrize("kw", [{"ceiling": 0, "initial": 1}, {"ceiling": 4, "initial": 1, "budget_s": 0},
+                                {"ceiling": 4, "initial": 1, "tolerance": 1.0},
+                                {"ceiling": 4, "initial": 1, "max_up": 0.9}])
+def test_config_is_validated(kw):
+    with pytest.raises(ValueError):
+        LimiterConfig(**kw)
+
+
+def test_the_initial_limit_is_clamped_into_range():
+    assert LatencyLimit(LimiterConfig(ceiling=4, initial=10)).value == 4
+    assert LatencyLimit(LimiterConfig(ceiling=4, initial=0)).value == 1
