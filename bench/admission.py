@@ -60,8 +60,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup-s", type=float, help="unmeasured seconds before each closed-loop point (default 5)")
     ap.add_argument("--overload-s", type=float, help="seconds of open-loop arrivals per rate (default 30)")
     ap.add_argument("--step-s", type=float, help="seconds of each step-test phase (default 20)")
-    ap.add_argument("--tuned-workers", type=int, default=4, help="pool.workers of the hand-tuned fixed system")
-    ap.add_argument("--tuned-queue", type=int, default=0, help="pool.max_queue of the hand-tuned fixed system")
+    ap.add_argument("--tuned-workers", type=int, default=2, help="pool.workers of the hand-tuned fixed system")
+    ap.add_argument("--tuned-queue", type=int, default=2, help="pool.max_queue of the hand-tuned fixed system")
     ap.add_argument("--capacity-rps", type=float,
                     help="skip the closed loop and use this as the best closed-loop throughput (open loop only)")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="client timeout per request")
@@ -186,7 +186,7 @@ async def bench_system(system: str, srv: ServerProc, args: argparse.Namespace) -
                                            timeout_s=args.timeout_s, reject_backoff_s=args.reject_backoff_s)
             limits = [g["limit"] for g in poll.series if g.get("limit") is not None]
             out["points"].append({"kind": "closed", "concurrency": c, **s.to_dict(),
-                                  "limit_last": limits[-1] if limits else None})
+                                  "limit_last": limits[-1] if limits else None, "limits": limits})
             log(f"  {system} c={c}: {brief(s)} limit={limits[-1] if limits else '-'}")
         capacity = max(p["throughput_rps"] for p in out["points"])
     else:

@@ -16,7 +16,11 @@ towards the point where an admitted request's latency meets its budget:
   trip, as TCP does).
 * **Rule** (at most once per ``window_s``, once enough fresh samples are in): with m the
   median fresh sample and g = target / m, the limit becomes ``limit x g``, at most halved
-  and at most x1.5 (and at least +1) per step, within a dead band of +-10 %. By Little's
+  and at most x1.5 per step, within a dead band of +-10 % (the limit is a real number; the
+  gate admits its integer part n; a growth step admits at least one more). The median seen
+  at each n is remembered for ``probe_after_s``: the limit does not grow back onto a level
+  that just missed the target, so an optimum between two integers does not make it flap
+  (it probes the level above again once that memory is stale). By Little's
   law (in flight = throughput x latency), once the server is saturated one step lands on
   ``throughput x target``, the most it can admit and still meet the target. It only grows
   when the limit was actually reached (a request refused, or the load at the limit) since
@@ -45,13 +49,14 @@ class LimiterConfig:
     ceiling: int  # hard: the limit never goes above (pool.workers + pool.max_queue)
     initial: float  # where the limit starts (the lifespan picks it from the machine)
     budget_s: float | None = None  # target latency of an average request; None: tolerance x unloaded latency
-    tolerance: float = 4.0  # the automatic target, in unloaded latencies
+    tolerance: float = 2.0  # the automatic target, in unloaded latencies
     window_s: float = 1.0  # at most one step per window
     min_samples: int = 3  # fresh samples a step needs (fewer when the limit itself is lower)
     deadband: float = 0.1  # no step while the median is within +-10 % of the target
     max_down: float = 0.5  # a step at most halves the limit ...
     max_up: float = 1.5  # ... and at most multiplies it by 1.5
     unloaded_samples: int = 32  # latencies of lone requests kept for the unloaded latency
+    probe_after_s: float = 60.0  # a level that missed the target is not tried again for this long
     ema_alpha: float = 0.2  # average latency (for the predicted wait)
 
     def __post_init__(self) -> None:
@@ -61,8 +66,8 @@ class LimiterConfig:
             raise ValueError("budget_s must be positive (or None: automatic)")
         if self.tolerance <= 1:
             raise ValueError("tolerance must be above 1")
-        if self.window_s <= 0 or self.min_samples < 1:
-            raise ValueError("window_s must be positive and min_samples at least 1")
+        if self.window_s <= 0 or self.min_samples < 1 or self.probe_after_s < 0:
+            raise ValueError("window_s must be positive, min_samples at least 1, probe_after_s 0 or more")
         if not (0 < self.max_down < 1 < self.max_up) or not (0 <= self.deadband < 1):
             raise ValueError("need 0 < max_down < 1 < max_up and 0 <= deadband < 1")
 
@@ -80,6 +85,7 @@ class LatencyLimit:
         self._avg_s: float | None = None
         self._changed_at = -math.inf  # requests admitted before this saw another limit
         self._stepped_at = clock()
+        self._levels: dict[int, tuple[float, float]] = {}  # limit value -> (median latency there, when)
         self._peak_load = 0.0  # since the last step
         self._refused = 0  # since the last step
         self.steps = 0  # changes made (observable)
@@ -120,6 +126,11 @@ class LatencyLimit:
         avg = self._avg_s if self._avg_s is not None else (self.target_s or 1.0)
         return excess * avg / self.value  # the load drains at limit / latency (Little's law)
 
+    def _missed(self, level: int, target: float, now: float) -> bool:
+        """``level`` was tried within ``probe_after_s`` and its latency missed the target."""
+        median, when = self._levels[level]
+        return now - when <= self.config.probe_after_s and median > target * (1.0 + self.config.deadband)
+
     # -- what it hears ---------------------------------------------------------------------------
     def note_load(self, load: float) -> None:
         """The admitted load after an admission (the peak tells whether the limit was reached)."""
@@ -146,13 +157,20 @@ class LatencyLimit:
         target = self.target_s
         if target is None or len(self._fresh) < need or now - self._stepped_at < self.config.window_s:
             return
-        ratio = target / statistics.median(self._fresh)
-        pressed = self._refused > 0 or self._peak_load + 1.0 > self.value + 1e-9
+        median = statistics.median(self._fresh)
+        ratio = target / median
+        n = self.value
+        self._levels[n] = (median, now)
+        pressed = self._refused > 0 or self._peak_load + 1.0 > n + 1e-9
         old = self.limit
         if ratio < 1.0 - self.config.deadband:
             new = old * max(ratio, self.config.max_down)
         elif ratio > 1.0 + self.config.deadband and pressed:
-            new = max(old + 1.0, old * min(ratio, self.config.max_up))
+            new = max(old * min(ratio, self.config.max_up), n + 1.0)
+            above = [k for k in self._levels if k > n and self._missed(k, target, now)]
+            if above:
+                new = min(new, min(above) - 1e-6)  # stay below the nearest level that just missed
+            new = max(new, old)
         else:
             new = old
         new = min(float(self.config.ceiling), max(1.0, new))
