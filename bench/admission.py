@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,7 @@ def pool_settings(system: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def server(system: str, args: argparse.Namespace, model_dir: str, run_dir: Path) -> ServerProc:
     config: dict[str, Any] = {
-        "server": {"log_level": "info", "access_log": False, "drain_timeout_s": 5},
+        "server": {"log_level": "info", "access_log": True, "drain_timeout_s": 5},  # 503s timed server-side too
         "engine": {"model_dir": model_dir},
         "voices": {"dir": str(run_dir / "voices")},
     }
@@ -227,6 +228,12 @@ def brief(s: load.Summary) -> str:
             f"timeout={s.timeouts}")
 
 
+def server_rejects(srv: ServerProc) -> dict[str, Any]:
+    """503s as the server timed them (access log: first request byte to last response byte, in the app)."""
+    ms = sorted(float(m.group(1)) for m in re.finditer(r" /v1/tts 503 ([0-9.]+)ms", srv.log_tail(1 << 30)))
+    return {"count": len(ms), "p50_ms": load.percentile(ms, 50), "p99_ms": load.percentile(ms, 99)}
+
+
 def startup_line(srv: ServerProc) -> str | None:
     """The server's own one-line account of its admission choice."""
     for line in srv.log_tail(200_000).splitlines():
@@ -259,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             with srv:
                 results["systems"][system] = asyncio.run(bench_system(system, srv, args))
                 results["systems"][system]["admission_log"] = startup_line(srv)
+                results["systems"][system]["server_503"] = server_rejects(srv)
         except Exception as exc:  # noqa: BLE001 - one system failing must not lose the others' results
             log(f"  {system} FAILED: {type(exc).__name__}: {str(exc)[:2000]}")
             results["systems"][system] = {"system": system, "failed": f"{type(exc).__name__}: {exc}"[:4000]}

@@ -59,3 +59,27 @@ def test_the_defaults_system_has_no_pool_settings_and_the_report_renders():
     r["goals"] = evaluate_goals(r)
     text = markdown(r)
     assert "| closed c=1 | 0.80 |" in text and "0s:4" in text
+
+
+def test_runs_of_single_systems_merge_into_one_report(tmp_path):
+    import json
+
+    from bench.admission_report import main
+
+    args = parse_args(["--quick"])
+    base = {"config": vars(args) | {"out": str(args.out)}, "cores": 2, "model": "tiny", "text": "x",
+            "loadavg_start": [0.1], "loadavg_end": [0.2]}
+    before = {**base, "started": "t1", "systems": {"before": {"pool": {"admission": "fixed"},
+                                                              "points": [point(8, 1.3, 6.0, 16.9)], "open": []}}}
+    after = {**base, "started": "t2", "systems": {"defaults": {"pool": {}, "points": [point(8, 1.25, 2.0, 3.0)],
+                                                               "open": []}}}
+    paths = []
+    for i, run in enumerate((before, after)):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(run))
+    assert main([str(tmp_path / "out"), *map(str, paths)]) == 0
+    merged = json.loads((tmp_path / "out" / "admission.json").read_text())
+    assert list(merged["systems"]) == ["before", "defaults"]
+    goals = {g["goal"]: g for g in merged["goals"]}
+    assert goals["[defaults] c=8: throughput / best fixed"]["value"] == "0.96"  # graded across the two runs
+    assert "separate runs" in (tmp_path / "out" / "admission.md").read_text()
