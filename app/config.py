@@ -162,7 +162,7 @@ class PoolSettings(_Section):
     max_queue: int | None = Field(None, ge=0)  # None: as many as workers (fixed), none (adaptive)
     admission: Literal["adaptive", "fixed"] = "adaptive"  # adaptive: the limit follows measured latency
     admission_budget_s: float | None = Field(None, gt=0)  # adaptive: target latency (None: automatic)
-    admission_tolerance: float = Field(2.0, gt=1, le=100)  # adaptive, automatic target: x unloaded latency
+    admission_tolerance: float = Field(2.5, gt=1, le=100)  # adaptive, automatic target: x unloaded latency
 
     _auto_sized: bool = PrivateAttr(default=False)  # workers and max_queue both left to the defaults
 

@@ -19,7 +19,7 @@ class PoolConfig:
     close_timeout_s: float = 30.0  # close(): how long to wait for slot threads to return
     admission: str = "fixed"  # fixed: workers + max_queue at once | adaptive: a limit that follows latency
     admission_budget_s: float | None = None  # adaptive: target latency of an average request (None: automatic)
-    admission_tolerance: float = 2.0  # adaptive, automatic target: this many unloaded latencies
+    admission_tolerance: float = 2.5  # adaptive, automatic target: this many unloaded latencies
     admission_initial: int | None = None  # adaptive: where the limit starts (None: the ceiling)
 
     def __post_init__(self) -> None:

@@ -49,7 +49,7 @@ class LimiterConfig:
     ceiling: int  # hard: the limit never goes above (pool.workers + pool.max_queue)
     initial: float  # where the limit starts (the lifespan picks it from the machine)
     budget_s: float | None = None  # target latency of an average request; None: tolerance x unloaded latency
-    tolerance: float = 2.0  # the automatic target, in unloaded latencies
+    tolerance: float = 2.5  # the automatic target, in unloaded latencies
     window_s: float = 1.0  # at most one step per window
     min_samples: int = 3  # fresh samples a step needs (fewer when the limit itself is lower)
     deadband: float = 0.1  # no step while the median is within +-10 % of the target
