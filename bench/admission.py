@@ -195,12 +195,14 @@ async def bench_system(system: str, srv: ServerProc, args: argparse.Namespace) -
     out["capacity_rps"] = capacity
     for factor in args.factors:
         rate = factor * capacity
-        results, t0 = await open_phases(url, spec, [(rate, args.overload_s)], args.timeout_s)
+        with Poller(url, time.monotonic()) as poll:
+            results, t0 = await open_phases(url, spec, [(rate, args.overload_s)], args.timeout_s)
         ends = [r.start + r.latency_s for r in results]
         elapsed = max(max(ends) - t0 if ends else 0.0, args.overload_s)
         s = load.summarize(results, elapsed)
         s.offered_rps = len(results) / args.overload_s
-        out["open"].append({"factor": factor, "rate_rps": rate, **s.to_dict()})
+        out["open"].append({"factor": factor, "rate_rps": rate, **s.to_dict(),
+                            "limits": [g["limit"] for g in poll.series if g.get("limit") is not None]})
         log(f"  {system} open {factor:g}x ({rate:.2f}/s): {brief(s)}")
     phases = [(0.5 * capacity, args.step_s), (3.0 * capacity, args.step_s), (0.5 * capacity, args.step_s)]
     t_start = time.monotonic()

@@ -17,10 +17,16 @@ towards the point where an admitted request's latency meets its budget:
 * **Rule** (at most once per ``window_s``, once enough fresh samples are in): with m the
   median fresh sample and g = target / m, the limit becomes ``limit x g``, at most halved
   and at most x1.5 per step, within a dead band of +-10 % (the limit is a real number; the
-  gate admits its integer part n; a growth step admits at least one more). The median seen
-  at each n is remembered for ``probe_after_s``: the limit does not grow back onto a level
-  that just missed the target, so an optimum between two integers does not make it flap
-  (it probes the level above again once that memory is stale). By Little's
+  gate admits its integer part n; a growth step admits at least one more).
+* **Levels: the knee.** What was measured at each n is remembered for ``probe_after_s``:
+  the median latency and, when the limit was reached there, the throughput Little's law
+  gives (n / median). Within the budget the limit looks for the knee, the fewest requests
+  in flight that finish within ``min_gain`` (3 %) of the best throughput seen: it steps down
+  to n - 1 when that level did, grows to a known n + 1 only while n did not and n + 1 gave
+  more, and never grows back onto a level that missed the target. (More requests in
+  flight that finish no faster only add latency; on a GIL-bound CPU model they even slow
+  it down.) When it cannot grow and n - 1 is unknown or stale it probes n - 1 for one step,
+  so under sustained load it re-checks its neighbours every ``probe_after_s``. By Little's
   law (in flight = throughput x latency), once the server is saturated one step lands on
   ``throughput x target``, the most it can admit and still meet the target. It only grows
   when the limit was actually reached (a request refused, or the load at the limit) since
@@ -56,7 +62,8 @@ class LimiterConfig:
     max_down: float = 0.5  # a step at most halves the limit ...
     max_up: float = 1.5  # ... and at most multiplies it by 1.5
     unloaded_samples: int = 32  # latencies of lone requests kept for the unloaded latency
-    probe_after_s: float = 60.0  # a level that missed the target is not tried again for this long
+    probe_after_s: float = 120.0  # what a level gave is trusted this long (then it is probed again)
+    min_gain: float = 0.03  # one more request in flight must add this share of throughput
     ema_alpha: float = 0.2  # average latency (for the predicted wait)
 
     def __post_init__(self) -> None:
@@ -85,7 +92,7 @@ class LatencyLimit:
         self._avg_s: float | None = None
         self._changed_at = -math.inf  # requests admitted before this saw another limit
         self._stepped_at = clock()
-        self._levels: dict[int, tuple[float, float]] = {}  # limit value -> (median latency there, when)
+        self._levels: dict[int, tuple[float, float, bool]] = {}  # value -> (median latency, when, limit reached)
         self._peak_load = 0.0  # since the last step
         self._refused = 0  # since the last step
         self.steps = 0  # changes made (observable)
@@ -128,8 +135,42 @@ class LatencyLimit:
 
     def _missed(self, level: int, target: float, now: float) -> bool:
         """``level`` was tried within ``probe_after_s`` and its latency missed the target."""
-        median, when = self._levels[level]
+        median, when, _ = self._levels[level]
         return now - when <= self.config.probe_after_s and median > target * (1.0 + self.config.deadband)
+
+    def _throughput(self, level: int, now: float) -> float | None:
+        """Requests per second at ``level`` (Little's law: level / latency), if it was reached there lately."""
+        entry = self._levels.get(level)
+        if entry is None:
+            return None
+        median, when, reached = entry
+        return level / median if reached and now - when <= self.config.probe_after_s else None
+
+    def _decide(self, n: int, ratio: float, pressed: bool, target: float, now: float) -> float:
+        """The next limit, at value ``n`` whose fresh median latency is ``target / ratio``."""
+        cfg, old = self.config, self.limit
+        here, below, above = (self._throughput(k, now) for k in (n, n - 1, n + 1))
+        known = [x for x in (self._throughput(k, now) for k in self._levels) if x is not None]
+        enough = (1.0 - cfg.min_gain) * max(known) if known else None  # within min_gain of the best seen
+        if ratio < 1.0 - cfg.deadband:
+            return old * max(ratio, cfg.max_down)  # over budget: Little's law says how far down
+        if below is not None and enough is not None and below >= enough:
+            return n - 0.5  # one fewer in flight finishes about as many as the best: the knee is below
+        if ratio > 1.0 + cfg.deadband and pressed:
+            if above is not None:  # known: one more, if n is short of the knee and n + 1 finished more
+                short = here is not None and enough is not None and here < enough
+                if short and above > here and not self._missed(n + 1, target, now):
+                    return n + 1.0
+            else:  # unknown: grow by the latency headroom, below the nearest level that missed
+                new = max(old * min(ratio, cfg.max_up), n + 1.0)
+                missed = [k for k in self._levels if k > n and self._missed(k, target, now)]
+                if missed:
+                    new = min(new, min(missed) - 1e-6)
+                if new >= n + 1.0:
+                    return new
+        if here is not None and below is None and n > 1:
+            return n - 0.5  # at the budget or the knee with the level below unknown (or stale): probe it
+        return old
 
     # -- what it hears ---------------------------------------------------------------------------
     def note_load(self, load: float) -> None:
@@ -160,19 +201,10 @@ class LatencyLimit:
         median = statistics.median(self._fresh)
         ratio = target / median
         n = self.value
-        self._levels[n] = (median, now)
         pressed = self._refused > 0 or self._peak_load + 1.0 > n + 1e-9
+        self._levels[n] = (median, now, pressed)
         old = self.limit
-        if ratio < 1.0 - self.config.deadband:
-            new = old * max(ratio, self.config.max_down)
-        elif ratio > 1.0 + self.config.deadband and pressed:
-            new = max(old * min(ratio, self.config.max_up), n + 1.0)
-            above = [k for k in self._levels if k > n and self._missed(k, target, now)]
-            if above:
-                new = min(new, min(above) - 1e-6)  # stay below the nearest level that just missed
-            new = max(new, old)
-        else:
-            new = old
+        new = self._decide(n, ratio, pressed, target, now)
         new = min(float(self.config.ceiling), max(1.0, new))
         self._stepped_at = now
         self._fresh.clear()
