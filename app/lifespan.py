@@ -101,7 +101,7 @@ def log_admission(settings: Settings, pool: EnginePool) -> None:
                  "pool.admission: adaptive makes it follow measured latency)", adm.capacity, p.workers, p.queue_limit)
         return
     start, why = admission_start(settings, pool.info.device, adm.capacity)
-    adm.start_at(start)
+    pool.start_admission_at(start)
     budget = (f"budget {p.admission_budget_s:g} s" if p.admission_budget_s is not None
               else f"budget {p.admission_tolerance:g}x the unloaded latency")
     log.info("admission: adaptive, limit starts at %d and follows measured latency (%s) within 1..%d "

@@ -4,10 +4,11 @@
 waits, so a refusal costs next to nothing (TEI's ``try_acquire_permit``). Two modes:
 
 * ``fixed``: ``workers + max_queue`` permits, a constant (``queue_full`` beyond).
-* ``adaptive``: at most ``limit`` average-size requests in flight, where the limit
-  follows measured latency (``limiter.py``), never above ``workers + max_queue``.
-  A request beyond it is refused as ``over_budget`` with a ``Retry-After`` from the
-  predicted wait. Size enters in two steps: at the edge, before the body is read, a
+* ``adaptive``: ``limit`` average-size requests run at once, where the limit follows
+  measured latency (``limiter.py``); beyond it a request may wait (FIFO, for a slot the
+  pool leases only within the limit) if its predicted latency stays within the budget,
+  else it is refused as ``over_budget`` with a ``Retry-After`` from the predicted wait.
+  Never more than ``workers + max_queue`` in flight. Size enters in two steps: at the edge, before the body is read, a
   request counts as one average request (the refusal stays free); once its plan is
   known its holder ``charge()``\ s its size (text characters), so a long text takes
   more of the limit and its latency is read per unit of size. Work whose latency says
@@ -185,8 +186,8 @@ class Admission:
         if self.limiter is not None and not self.limiter.allows(self.load):
             self.limiter.note_refused()
             self.reject("over_budget")
-            raise Overloaded(f"{self.limiter.value} requests are in flight, as many as the server can finish "
-                             f"within its latency budget", self.retry_after_s())
+            raise Overloaded(f"{self.limiter.value} requests are running and the wait for a place would take "
+                             f"this one past the server's latency budget", self.retry_after_s())
         alone = self.in_flight == 0
         self.in_flight += 1
         self.queued += 1
@@ -206,9 +207,8 @@ class Admission:
     def predicted_wait_s(self) -> float:
         """How long a request arriving now would wait before it could start (0: at once)."""
         if self.limiter is not None:
-            if self.in_flight >= self.capacity:
-                return max(self.limiter.predicted_wait_s(self.load), self._fixed_wait_s())
-            return self.limiter.predicted_wait_s(self.load)
+            wait = self.limiter.predicted_wait_s(self.load)
+            return max(wait, self._fixed_wait_s()) if self.in_flight >= self.capacity else wait
         return self._fixed_wait_s() if self.in_flight >= self.workers else 0.0
 
     def _fixed_wait_s(self) -> float:

@@ -1,41 +1,42 @@
-"""The adaptive admission limit: how many requests may be in flight, moved by measured latency.
+"""Adaptive admission: how many requests run at once, and how many may wait, from measured latency.
 
-A server admits ``limit`` average-size requests at once (admission.py weighs each
-request by its size once its plan is known). The controller moves the limit
-towards the point where an admitted request's latency meets its budget:
+Two decisions, both against a latency **budget** (``target_s``): ``budget_s`` when the
+operator sets one (``pool.admission_budget_s``), else ``tolerance`` x the unloaded
+latency, the median latency of recent requests that ran alone (nothing else in flight from
+their admission to their end; until one has, the lowest latency seen stands in).
 
-* **Target.** ``budget_s`` when the operator sets one (``pool.admission_budget_s``),
-  else ``tolerance`` x the unloaded latency: the median latency of recent requests
-  that ran alone (nothing else in flight from their admission to their end). Until
-  one has, the lowest latency seen stands in (it can only be too generous).
-* **Samples.** One per finished request whose latency says something about capacity:
-  queue wait + engine time, without the time the engine sat blocked on a slow client,
-  divided by the request's weight (so a 4096-character text and "hello" are both read
-  as "the latency of an average request"). Requests admitted before the limit last
-  changed are not used to move it again: they saw the old limit (one change per round
-  trip, as TCP does).
+* **The limit** (``value``): requests of average size running at once. The pool leases no
+  more slots than this; admission.py weighs requests by size once their plan is known.
+* **The waiting room**: a request that cannot run at once is admitted to wait (FIFO) if
+  its predicted latency, the wait (the running and queued work ahead drained at
+  ``limit / average latency``, Little's law) plus an average service time, is within the
+  budget; else it is refused at once, its ``Retry-After`` that predicted wait. The queue
+  keeps the running places busy between arrivals; the budget keeps it short.
+
+How the limit moves (the **controller**):
+
+* **Samples.** One per finished request whose latency says something about capacity: its
+  engine time without the time the engine sat blocked on a slow client (queue wait is the
+  waiting room's business), divided by its weight, so a 4096-character text and "hello"
+  both read as "the latency of an average request". Requests admitted before the limit
+  last changed are not used to move it again (one change per round trip, as TCP does).
 * **Rule** (at most once per ``window_s``, once enough fresh samples are in): with m the
   median fresh sample and g = target / m, the limit becomes ``limit x g``, at most halved
-  and at most x1.5 per step, within a dead band of +-10 % (the limit is a real number; the
-  gate admits its integer part n; a growth step admits at least one more).
+  and at most x1.5 per step, within a dead band of +-10 % (a real number; the gate uses its
+  integer part n; a growth step adds at least one). By Little's law one step under
+  saturation lands on ``throughput x target``. It only grows when the limit was reached (a
+  request refused or queued, or the load at the limit) since the last step, so an idle
+  server's limit does not creep up to the ceiling.
 * **Levels: the knee.** What was measured at each n is remembered for ``probe_after_s``:
-  the median latency and, when the limit was reached there, the throughput Little's law
-  gives (n / median). Within the budget the limit looks for the knee, the fewest requests
-  in flight that finish within ``min_gain`` (3 %) of the best throughput seen: it steps down
-  to n - 1 when that level did, grows to a known n + 1 only while n did not and n + 1 gave
-  more, and never grows back onto a level that missed the target. (More requests in
-  flight that finish no faster only add latency; on a GIL-bound CPU model they even slow
-  it down.) When it cannot grow and n - 1 is unknown or stale it probes n - 1 for one step,
-  so under sustained load it re-checks its neighbours every ``probe_after_s``. By Little's
-  law (in flight = throughput x latency), once the server is saturated one step lands on
-  ``throughput x target``, the most it can admit and still meet the target. It only grows
-  when the limit was actually reached (a request refused, or the load at the limit) since
-  the last step: an idle server's limit does not creep up to the ceiling.
-* **Bounds.** Never above ``ceiling`` (``pool.workers`` + ``pool.max_queue``), never below 1.
-
-``predicted_wait_s(load)`` is how long a request arriving now would wait for room:
-0 while there is room, else the load beyond the limit drained at the rate Little's law
-gives (``limit / average latency``). A refused request's ``Retry-After`` is that wait.
+  the median latency and, when the limit was reached there, the throughput n / median.
+  Within the budget the limit settles on the knee, the fewest running requests that finish
+  within ``min_gain`` (3 %) of the best throughput seen: it steps down to n - 1 when that
+  level did, grows to a known n + 1 only while n did not and n + 1 gave more, and never
+  grows back onto a level that missed the budget. (More requests running that finish no
+  faster only add latency; on a GIL-bound CPU model they even slow it down.) When it cannot
+  grow and n - 1 is unknown or stale it probes n - 1 for one step, so under sustained load
+  it re-checks its neighbours every ``probe_after_s``.
+* **Bounds.** Never above ``ceiling``, never below 1.
 
 Pure and synchronous (a clock is injected), so the tests drive it with synthetic latencies.
 """
@@ -122,16 +123,29 @@ class LatencyLimit:
         return self._avg_s
 
     def allows(self, load: float, weight: float = 1.0) -> bool:
-        """Room for a request of ``weight`` on top of ``load``? An empty server always has room."""
-        return load <= 0 or load + weight <= self.value + 1e-9
+        """Admit a request of ``weight`` on top of ``load`` (all admitted, in average requests)?
+
+        It runs at once (an idle server always has room), or it may wait: its predicted latency
+        (the wait plus an average service time for its size) is within the budget.
+        """
+        if load <= 0 or load + weight <= self.value + 1e-9:
+            return True
+        target, avg = self.target_s, self._avg_s
+        if target is None or avg is None:
+            return False  # nothing measured yet: no waiting room
+        return self.predicted_wait_s(load, weight) + avg * weight <= target * (1.0 + self.config.deadband)
 
     def predicted_wait_s(self, load: float, weight: float = 1.0) -> float:
-        """Seconds until a request of ``weight`` arriving now would fit (0: it fits now)."""
+        """Seconds a request of ``weight`` arriving now would wait to run (0: it runs at once).
+
+        The work beyond the limit, and its own place, drained at ``limit / average latency``
+        per second (Little's law).
+        """
         excess = load + weight - self.value
         if load <= 0 or excess <= 1e-9:
             return 0.0
         avg = self._avg_s if self._avg_s is not None else (self.target_s or 1.0)
-        return excess * avg / self.value  # the load drains at limit / latency (Little's law)
+        return (max(0.0, load - self.value) + weight) * avg / self.value
 
     def _missed(self, level: int, target: float, now: float) -> bool:
         """``level`` was tried within ``probe_after_s`` and its latency missed the target."""

@@ -78,7 +78,8 @@ class EnginePool:
         self._factory = engine_factory
         self._observer = SafeObserver(observer if observer is not None else NullObserver())
         self._admission = Admission.for_pool(config, self._observer)
-        self._slots = Slots()
+        limiter = self._admission.limiter  # adaptive: lease no more slots than its limit; the rest wait FIFO
+        self._slots = Slots(cap=(lambda: limiter.value) if limiter is not None else None)
         self._slot_list: list[Slot] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loaded: Loaded | None = None  # slot 0's engine, info and presets, once every slot is loaded
@@ -289,6 +290,11 @@ class EnginePool:
         """The admission gate (its mode, limit, load and predicted wait; read-only use)."""
         return self._admission
 
+    def start_admission_at(self, limit: int) -> None:
+        """Adaptive: the limit to start from (the lifespan picks it from the machine); waiters get slots."""
+        self._admission.start_at(limit)
+        self._slots.refill()
+
     def admit(self) -> Ticket:
         """Take an admission permit at once, or raise Overloaded / Draining / NotReady."""
         if self._draining or self._closed:
@@ -373,7 +379,8 @@ class EnginePool:
         if job.outcome in ("ok", "error"):
             self._admission.observe_service(seconds)
         if job.outcome == "ok":
-            self._admission.observe_latency(job.ticket, job.queue_wait_s + job.busy_s)
+            self._admission.observe_latency(job.ticket, job.busy_s)  # the queue wait is the waiting room's
+            self._slots.refill()  # the limit may have risen: waiters get idle slots
         self._observer.on_job_end(job.outcome, seconds)
 
     def _require_loop(self) -> asyncio.AbstractEventLoop:

@@ -92,7 +92,7 @@ def test_adaptive_overload_is_an_immediate_503_with_retry_after_and_counted_as_o
     client = client_factory(workers=4, max_queue=0)  # the default mode: adaptive
     pool = client.app.state.runtime.pool
     assert pool.stats()["admission"]["mode"] == "adaptive"
-    pool.admission.start_at(1)  # as if measured latency had brought the limit down to one request
+    pool.start_admission_at(1)  # as if measured latency had brought the limit down to one request
     gate, held, status = _hold_one(client, behaviour)
     t0 = time.monotonic()
     r = client.post("/v1/tts", json={"text": "one too many"})
@@ -140,7 +140,7 @@ def test_a_websocket_session_takes_the_same_adaptive_permit(client_factory, beha
 
     client = client_factory(workers=4, max_queue=0)
     pool = client.app.state.runtime.pool
-    pool.admission.start_at(1)
+    pool.start_admission_at(1)
     with client.websocket_connect(PATH) as first:  # holds the only place
         send(first, "input.text", text="Holding the only place.")
         with client.websocket_connect(PATH) as second:

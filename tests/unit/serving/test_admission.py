@@ -318,10 +318,55 @@ def test_an_adaptive_pool_feeds_the_controller_and_reports_it() -> None:
             adm = pool.stats()["admission"]
             assert adm["mode"] == "adaptive" and adm["ceiling"] == 2 and adm["target_s"] == 5.0
             assert adm["average_s"] is not None and adm["unloaded_s"] is not None  # one lone sample
-            pool.admission.start_at(1)
-            held = pool.admit()
+        finally:
+            await pool.close()
+
+    run(main())
+
+
+def test_adaptive_runs_only_limit_requests_and_lets_the_next_wait_within_the_budget() -> None:
+    async def main():
+        b = FakeBehaviour()
+        pool = await started(b, workers=3, max_queue=0, admission="adaptive", admission_budget_s=5.0)
+        try:
+            async with await synthesize(pool, req("warm")) as job:  # an average request: a few ms
+                [c async for c in job]
+            pool.start_admission_at(1)
+            b.gate = threading.Event()
+            first = asyncio.create_task(synthesize(pool, req("first")))
+            await await_until(lambda: "first" in b.started)
+            second = asyncio.create_task(synthesize(pool, req("second")))  # admitted: it may wait its turn
+            await await_until(lambda: pool.stats()["queued"] == 1)
+            assert "second" not in b.started  # two idle slots, but the limit runs one request at a time
+            assert pool.admission.predicted_wait_s() > 0
+            third = pool.admit()  # the budget still has room for another short wait ...
             with pytest.raises(Overloaded):
-                pool.admit()
+                pool.admit()  # ... but all 3 workers are taken (the ceiling)
+            third.release()
+            b.gate.set()
+            for task in (first, second):
+                async with await task as job:
+                    assert len([c async for c in job]) == 3
+            assert_released(pool)
+            assert pool.stats()["rejected"] == {"queue_full": 1}
+        finally:
+            await pool.close()
+
+    run(main())
+
+
+def test_adaptive_refuses_a_wait_that_would_break_the_budget() -> None:
+    async def main():
+        b = FakeBehaviour(first_chunk_delay_s=0.05)
+        pool = await started(b, workers=3, max_queue=0, admission="adaptive", admission_budget_s=0.06)
+        try:
+            async with await synthesize(pool, req("warm")) as job:  # ~50 ms of the 60 ms budget
+                [c async for c in job]
+            pool.start_admission_at(1)
+            held = pool.admit()
+            with pytest.raises(Overloaded) as refused:
+                pool.admit()  # waiting ~50 ms, then ~50 ms of service: past 60 ms
+            assert refused.value.retry_after_s >= 1
             assert pool.stats()["rejected"] == {"over_budget": 1}
             held.release()
         finally:

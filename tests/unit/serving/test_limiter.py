@@ -157,14 +157,17 @@ def test_the_unloaded_latency_is_the_median_of_lone_requests_else_the_lowest_see
 
 
 def test_predicted_wait_is_zero_with_room_and_drains_the_excess_at_littles_rate():
-    lim = LatencyLimit(LimiterConfig(ceiling=8, initial=4, budget_s=10.0), clock=Clock())
-    lim.observe(2.0, admitted_at=0.0)  # average latency 2 s
-    assert lim.allows(3.0) and lim.predicted_wait_s(3.0) == 0.0
+    lim = LatencyLimit(LimiterConfig(ceiling=8, initial=4, budget_s=3.0), clock=Clock())
+    assert lim.allows(3.0) and not lim.allows(4.0)  # nothing measured yet: no waiting room
+    lim.observe(2.0, admitted_at=0.0)  # an average request takes 2 s
+    assert lim.allows(3.0) and lim.predicted_wait_s(3.0) == 0.0  # runs at once
     assert lim.allows(0.0, weight=20.0)  # an empty server takes even a very long request
-    assert not lim.allows(4.0)
-    assert lim.predicted_wait_s(4.0) == pytest.approx(0.5)  # one request of 4 must end: 2 s / 4 places
-    assert lim.predicted_wait_s(7.0) == pytest.approx(2.0)  # four must end
-    assert lim.predicted_wait_s(3.5, weight=2.0) == pytest.approx(0.75)  # a double-size request needs 1.5 free
+    assert lim.predicted_wait_s(4.0) == pytest.approx(0.5)  # one of 4 must end: 2 s / 4 places
+    assert lim.allows(4.0)  # waits 0.5 s + 2 s service <= the 3 s budget (+10 %)
+    assert lim.predicted_wait_s(5.0) == pytest.approx(1.0) and lim.allows(5.0)  # 3.0 s
+    assert lim.predicted_wait_s(6.0) == pytest.approx(1.5) and not lim.allows(6.0)  # 3.5 s: over budget
+    assert lim.predicted_wait_s(3.5, weight=2.0) == pytest.approx(1.0)  # a double-size request needs 2 places
+    assert not lim.allows(3.5, weight=2.0)  # 1 s + 2 x 2 s service
 
 
 @pytest.mark.parametrize("kw", [{"ceiling": 0, "initial": 1}, {"ceiling": 4, "initial": 1, "budget_s": 0},
