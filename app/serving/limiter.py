@@ -8,10 +8,11 @@ their admission to their end; until one has, the lowest latency seen stands in).
 * **The limit** (``value``): requests of average size running at once. The pool leases no
   more slots than this; admission.py weighs requests by size once their plan is known.
 * **The waiting room**: a request that cannot run at once is admitted to wait (FIFO) if
-  its predicted latency, the wait (the running and queued work ahead drained at
-  ``limit / average latency``, Little's law) plus an average service time, is within the
-  budget; else it is refused at once, its ``Retry-After`` that predicted wait. The queue
-  keeps the running places busy between arrivals; the budget keeps it short.
+  its predicted latency, the wait (the work beyond the limit, and its own place, drained
+  at ``rate()``: the throughput measured at this limit, else the best measured below it,
+  else one at a time) plus its service at this limit (limit / rate, Little's law), is within
+  the budget; else it is refused at once, its ``Retry-After`` that predicted wait. The
+  queue keeps the running places busy between arrivals; the budget keeps it short.
 
 How the limit moves (the **controller**):
 
@@ -125,27 +126,42 @@ class LatencyLimit:
     def allows(self, load: float, weight: float = 1.0) -> bool:
         """Admit a request of ``weight`` on top of ``load`` (all admitted, in average requests)?
 
-        It runs at once (an idle server always has room), or it may wait: its predicted latency
-        (the wait plus an average service time for its size) is within the budget.
+        It runs at once (an idle server always has room), or it may wait: its predicted latency,
+        the wait plus its service at the current limit, is within the budget.
         """
         if load <= 0 or load + weight <= self.value + 1e-9:
             return True
-        target, avg = self.target_s, self._avg_s
-        if target is None or avg is None:
+        target, rate = self.target_s, self.rate()
+        if target is None or rate is None:
             return False  # nothing measured yet: no waiting room
-        return self.predicted_wait_s(load, weight) + avg * weight <= target * (1.0 + self.config.deadband)
+        service = weight * self.value / rate  # Little's law at the current limit
+        return self.predicted_wait_s(load, weight) + service <= target * (1.0 + self.config.deadband)
 
     def predicted_wait_s(self, load: float, weight: float = 1.0) -> float:
-        """Seconds a request of ``weight`` arriving now would wait to run (0: it runs at once).
-
-        The work beyond the limit, and its own place, drained at ``limit / average latency``
-        per second (Little's law).
-        """
-        excess = load + weight - self.value
-        if load <= 0 or excess <= 1e-9:
+        """Seconds a request of ``weight`` arriving now would wait to run (0: it runs at once):
+        the work beyond the limit, and its own place, drained at ``rate()``."""
+        if load <= 0 or load + weight <= self.value + 1e-9:
             return 0.0
-        avg = self._avg_s if self._avg_s is not None else (self.target_s or 1.0)
-        return (max(0.0, load - self.value) + weight) * avg / self.value
+        rate = self.rate()
+        if rate is None:
+            target = self.target_s or 1.0
+            rate = self.value / target
+        return (max(0.0, load - self.value) + weight) / rate
+
+    def rate(self) -> float | None:
+        """Average requests finished per second at the current limit, as well as it is known: measured
+        there (n / its median latency), else the best measured at a lower limit (or a higher one
+        scaled by n / k), else one at a time at the average latency (no overlap assumed: errs
+        towards a shorter waiting room)."""
+        now, n = self._clock(), self.value
+        here = self._throughput(n, now)
+        if here is not None:
+            return here
+        # a level k above n: n finish at least k's rate x n / k (each runs no slower with fewer running)
+        measured = [x * min(1.0, n / k) for k in self._levels if (x := self._throughput(k, now)) is not None]
+        if measured:
+            return max(measured)
+        return 1.0 / self._avg_s if self._avg_s else None
 
     def _missed(self, level: int, target: float, now: float) -> bool:
         """``level`` was tried within ``probe_after_s`` and its latency missed the target."""

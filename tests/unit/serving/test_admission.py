@@ -239,7 +239,7 @@ def test_adaptive_refuses_past_the_limit_as_over_budget_with_retry_after_from_th
     # no latency seen yet: the budget (10 s) stands in for it; one of 2 must end: 10 / 2 = 5 s
     assert refused.value.retry_after_s == 5.0 == adm.retry_after_s()
     adm.observe_latency(a, 3.0)  # an average request now takes 3 s
-    assert adm.retry_after_s() == 2.0  # ceil(3 / 2)
+    assert adm.retry_after_s() == 3.0  # no rate measured at 2 running yet: one at a time, 3 s
     a.release()
     assert adm.predicted_wait_s() == 0.0
     c = adm.admit()  # room again

@@ -156,18 +156,22 @@ def test_the_unloaded_latency_is_the_median_of_lone_requests_else_the_lowest_see
     assert lim.unloaded_s == 1.2 and lim.target_s == pytest.approx(3.0)  # the default tolerance: 2.5
 
 
-def test_predicted_wait_is_zero_with_room_and_drains_the_excess_at_littles_rate():
-    lim = LatencyLimit(LimiterConfig(ceiling=8, initial=4, budget_s=3.0), clock=Clock())
-    assert lim.allows(3.0) and not lim.allows(4.0)  # nothing measured yet: no waiting room
-    lim.observe(2.0, admitted_at=0.0)  # an average request takes 2 s
-    assert lim.allows(3.0) and lim.predicted_wait_s(3.0) == 0.0  # runs at once
+def test_the_waiting_room_admits_while_the_predicted_latency_is_within_the_budget():
+    clock = Clock()
+    lim = LatencyLimit(LimiterConfig(ceiling=16, initial=8, budget_s=2.1), clock=clock)
+    assert lim.allows(7.0) and lim.predicted_wait_s(7.0) == 0.0  # runs at once
+    assert not lim.allows(8.0)  # nothing measured yet: no waiting room
     assert lim.allows(0.0, weight=20.0)  # an empty server takes even a very long request
-    assert lim.predicted_wait_s(4.0) == pytest.approx(0.5)  # one of 4 must end: 2 s / 4 places
-    assert lim.allows(4.0)  # waits 0.5 s + 2 s service <= the 3 s budget (+10 %)
-    assert lim.predicted_wait_s(5.0) == pytest.approx(1.0) and lim.allows(5.0)  # 3.0 s
-    assert lim.predicted_wait_s(6.0) == pytest.approx(1.5) and not lim.allows(6.0)  # 3.5 s: over budget
-    assert lim.predicted_wait_s(3.5, weight=2.0) == pytest.approx(1.0)  # a double-size request needs 2 places
-    assert not lim.allows(3.5, weight=2.0)  # 1 s + 2 x 2 s service
+    lim.note_load(8.0)  # the limit was reached ...
+    clock.t = 2.0
+    for _ in range(3):
+        lim.observe(2.0, admitted_at=1.0)  # ... and 8 running took 2 s each: 4 requests a second
+    assert lim.value == 7  # within the budget, the level below unknown: it probes 7
+    assert lim.rate() == pytest.approx(3.5)  # 4/s at 8 scaled to 7: each runs no slower with fewer
+    assert lim.predicted_wait_s(7.0) == pytest.approx(1 / 3.5)  # one must end
+    assert lim.allows(7.0)  # 0.29 s + 7 / 3.5 = 2 s of service <= 2.1 s (+10 %)
+    assert lim.predicted_wait_s(8.0) == pytest.approx(2 / 3.5) and not lim.allows(8.0)  # 2.57 s
+    assert lim.predicted_wait_s(6.5, weight=2.0) == pytest.approx(2 / 3.5)  # a double-size request needs 2 places
 
 
 @pytest.mark.parametrize("kw", [{"ceiling": 0, "initial": 1}, {"ceiling": 4, "initial": 1, "budget_s": 0},
