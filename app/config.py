@@ -181,12 +181,25 @@ def _default_workers() -> int:
 class PoolSettings(_Section):
     # None: engine.max_batch_size with LLM batching (v2/v3 dirs), else the CPU count (see Settings)
     workers: int | None = Field(None, ge=1, le=256)
-    max_queue: int | None = Field(None, ge=0)  # None: as many as workers
+    max_queue: int | None = Field(None, ge=0)  # None: as many as workers (fixed), none (adaptive)
+    admission: Literal["adaptive", "fixed"] = "adaptive"  # adaptive: the limit follows measured latency
+    admission_budget_s: float | None = Field(None, gt=0)  # adaptive: target latency (None: automatic)
+    admission_tolerance: float = Field(2.5, gt=1, le=100)  # adaptive, automatic target: x unloaded latency
+
+    _auto_sized: bool = PrivateAttr(default=False)  # workers and max_queue both left to the defaults
+
+    @property
+    def auto_sized(self) -> bool:
+        """Neither ``workers`` nor ``max_queue`` was set: the defaults fit the machine (see the lifespan)."""
+        return self._auto_sized
 
     @property
     def queue_limit(self) -> int:
-        """Waiting requests allowed: ``max_queue``, or one per worker when unset."""
-        return self.workers if self.max_queue is None else self.max_queue
+        """Waiting requests allowed: ``max_queue``; unset, one per worker (fixed) or none (adaptive,
+        whose limit then moves within the workers: a request it admits starts at once)."""
+        if self.max_queue is not None:
+            return self.max_queue
+        return self.workers if self.admission == "fixed" else 0
     queue_timeout_s: float = Field(30.0, gt=0)
     request_timeout_s: float = Field(300.0, ge=0)
     share_engine: bool = False
@@ -236,6 +249,7 @@ class Settings(BaseSettings):
             raise ValueError("engine.token2wav_batch: on needs the batched CosyVoice2/3 path (engine.batching: true "
                              "and a CosyVoice2/3 model)")
         if self.pool.workers is None:
+            self.pool._auto_sized = self.pool.max_queue is None
             self.pool.workers = self.engine.max_batch_size if self.engine.batching else _default_workers()
         return self
 

@@ -8,6 +8,7 @@ voice library in place (``app/runtime.py``).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,6 +28,9 @@ from app.serving.speech import SpeechService
 from app.voices.library import VoiceLibrary
 
 log = logging.getLogger("cosyserve")
+
+# Adaptive admission on a CPU starts at this many requests in flight per core (then follows latency).
+CPU_START_PER_CORE = 2
 
 
 def resolve_model_dir(settings: Settings) -> str:
@@ -69,7 +73,42 @@ def pool_config(settings: Settings, batching: bool = False) -> PoolConfig:
     return PoolConfig(workers=p.workers, max_queue=p.queue_limit, queue_timeout_s=p.queue_timeout_s,
                       request_timeout_s=p.request_timeout_s, share_engine=p.share_engine or batching,
                       stream_buffer_chunks=p.stream_buffer_chunks, health_timeout_s=p.health_timeout_s,
-                      stuck_grace_s=p.stuck_grace_s)
+                      stuck_grace_s=p.stuck_grace_s, admission=p.admission,
+                      admission_budget_s=p.admission_budget_s, admission_tolerance=p.admission_tolerance)
+
+
+def admission_start(settings: Settings, device: str, ceiling: int) -> tuple[int, str]:
+    """Where the adaptive limit starts, and why (one line for the startup log).
+
+    A pool sized by hand (``workers`` or ``max_queue`` set) starts at its ceiling. Else, on an
+    accelerator requests overlap up to the batch: start at the ceiling (the batch size). On a CPU
+    flow + HiFT are compute-bound, about one call per core: start at ``CPU_START_PER_CORE``
+    requests per core (cores / torch_threads). Measured latency moves it from there.
+    """
+    if not settings.pool.auto_sized:
+        return ceiling, "pool sized by hand: start at its ceiling"
+    if device != "cpu":
+        return ceiling, f"{device}: requests overlap up to the batch, start at the ceiling"
+    cores = max(1, (os.cpu_count() or 1) // settings.engine.torch_threads)
+    start = min(ceiling, CPU_START_PER_CORE * cores)
+    return start, (f"CPU: {cores} core(s) for torch_threads {settings.engine.torch_threads}, "
+                   f"start at {CPU_START_PER_CORE} per core")
+
+
+def log_admission(settings: Settings, pool: EnginePool) -> None:
+    """Pick the adaptive limit's start from the loaded engine's device, and say what was chosen and why."""
+    p, adm = settings.pool, pool.admission
+    if adm.limiter is None:
+        log.info("admission: fixed, %d request(s) at once (pool.workers %d + pool.max_queue %d; "
+                 "pool.admission: adaptive makes it follow measured latency)", adm.capacity, p.workers, p.queue_limit)
+        return
+    start, why = admission_start(settings, pool.info.device, adm.capacity)
+    pool.start_admission_at(start)
+    budget = (f"budget {p.admission_budget_s:g} s" if p.admission_budget_s is not None
+              else f"budget {p.admission_tolerance:g}x the unloaded latency")
+    log.info("admission: adaptive, limit starts at %d and follows measured latency (%s) within 1..%d "
+             "(pool.workers %d + pool.max_queue %d); %s", adm.limit, budget, adm.capacity, p.workers,
+             p.queue_limit, why)
 
 
 def session_limits(settings: Settings) -> SessionLimits:
@@ -100,6 +139,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
     pool = EnginePool(factory, pool_config(settings, batching), observer=observer)
     log.info("loading %d engine slot(s)...", settings.pool.workers)
     await pool.start()
+    log_admission(settings, pool)
     v = settings.voices
     voices = VoiceLibrary(v.dir, max_voices=v.max_voices, sync_interval_s=v.sync_interval_s)
     try:
@@ -112,8 +152,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
                       metrics=metrics)
     app.state.runtime = runtime
     info = pool.info
-    log.info("ready: model %s (%s, %d Hz), %d worker(s), queue %d", info.name, info.family, info.sample_rate,
-             settings.pool.workers, settings.pool.queue_limit)
+    log.info("ready: model %s (%s, %d Hz, %s), %d worker(s), queue %d", info.name, info.family, info.sample_rate,
+             info.device, settings.pool.workers, settings.pool.queue_limit)
     try:
         yield {"runtime": runtime}
     finally:

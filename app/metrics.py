@@ -122,6 +122,31 @@ class _ScrapeCollector:
                                   value=float(stats.get("stuck_total", 0)) if stats else 0.0)
         yield GaugeMetricFamily("tts_process_peak_rss_bytes", "Peak resident set size of this process",
                                 value=_peak_rss_bytes())
+        yield from _admission_metrics((stats or {}).get("admission") or {})
+
+
+def _admission_metrics(adm: dict) -> Iterator[Metric]:
+    """The admission gate's state (pool.admission adaptive or fixed; docs/concurrency.md)."""
+    limit = GaugeMetricFamily("tts_admission_limit", "Requests (of average size) admitted at once now: the "
+                              "adaptive limit, or workers + max_queue when fixed", labels=["mode"])
+    if adm.get("mode"):
+        limit.add_metric([adm["mode"]], float(adm.get("limit", 0)))
+    yield limit
+    yield GaugeMetricFamily("tts_admission_ceiling", "Most requests ever admitted at once (pool.workers + "
+                            "pool.max_queue)", value=float(adm.get("ceiling", 0)))
+    yield GaugeMetricFamily("tts_admission_load", "Admitted requests in flight, weighted by their size "
+                            "(1 = an average request)", value=float(adm.get("load", 0.0)))
+    yield GaugeMetricFamily("tts_admission_predicted_wait_seconds", "How long a request arriving now would "
+                            "wait before it could start (0: at once; else it is refused with this Retry-After)",
+                            value=float(adm.get("predicted_wait_s") or 0.0))
+    for name, key, text in (
+            ("tts_admission_target_latency_seconds", "target_s",
+             "Adaptive: the latency budget of an average request (pool.admission_budget_s, or "
+             "pool.admission_tolerance x the unloaded latency)"),
+            ("tts_admission_unloaded_latency_seconds", "unloaded_s",
+             "Adaptive: the latency of an average request that ran alone (median of recent ones)")):
+        if adm.get(key) is not None:
+            yield GaugeMetricFamily(name, text, value=float(adm[key]))
 
 
 GPU_MEMORY = (("allocated", "GPU memory held by live tensors"),

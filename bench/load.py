@@ -37,6 +37,8 @@ class Result:
     ttfa_s: float | None
     nbytes: int
     kind: str  # ok | rejected | timeout | error
+    audio_s: float = 0.0  # seconds of audio received (16-bit mono PCM answers; 0 for other formats)
+    retry_after: str | None = None  # a 503's Retry-After header
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Summary:
     errors: int = 0
     elapsed_s: float = 0.0
     throughput_rps: float = 0.0  # successful requests per second
+    audio_per_s: float = 0.0  # goodput: seconds of audio of successful requests per wall second
     offered_rps: float | None = None  # open loop only
     latency_p50_s: float | None = None
     latency_p95_s: float | None = None
@@ -88,12 +91,14 @@ def summarize(results: list[Result], elapsed_s: float, errors: list[str] | None 
     ttfa = [r.ttfa_s for r in ok if r.ttfa_s is not None]
     if window is not None:
         throughput = work_in_window(ok, *window)
+        audio = work_in_window(ok, *window, weight=lambda r: r.audio_s)
     else:
         throughput = len(ok) / elapsed_s if elapsed_s > 0 else 0.0
+        audio = sum(r.audio_s for r in ok) / elapsed_s if elapsed_s > 0 else 0.0
     return Summary(
         requests=len(results), ok=len(ok), rejected=len(rej),
         timeouts=sum(r.kind == "timeout" for r in results), errors=sum(r.kind == "error" for r in results),
-        elapsed_s=elapsed_s, throughput_rps=throughput,
+        elapsed_s=elapsed_s, throughput_rps=throughput, audio_per_s=audio,
         latency_p50_s=percentile(lat, 50), latency_p95_s=percentile(lat, 95), latency_p99_s=percentile(lat, 99),
         ttfa_p50_s=percentile(ttfa, 50), ttfa_p95_s=percentile(ttfa, 95), ttfa_p99_s=percentile(ttfa, 99),
         reject_p50_s=percentile(rej, 50), reject_p99_s=percentile(rej, 99),
@@ -101,17 +106,19 @@ def summarize(results: list[Result], elapsed_s: float, errors: list[str] | None 
     )
 
 
-def work_in_window(ok: list[Result], lo: float, hi: float) -> float:
-    """Requests per second completed inside [lo, hi], counting each by its overlap share."""
+def work_in_window(ok: list[Result], lo: float, hi: float, weight: Any = None) -> float:
+    """Requests per second completed inside [lo, hi], counting each by its overlap share
+    (times ``weight(result)`` when given, e.g. its audio seconds)."""
     if hi <= lo:
         return 0.0
     work = 0.0
     for r in ok:
+        w = 1.0 if weight is None else weight(r)
         end = r.start + r.latency_s
         if r.latency_s <= 0:
-            work += 1.0 if lo <= end <= hi else 0.0
+            work += w if lo <= end <= hi else 0.0
         else:
-            work += max(0.0, min(end, hi) - max(r.start, lo)) / r.latency_s
+            work += w * max(0.0, min(end, hi) - max(r.start, lo)) / r.latency_s
     return work / (hi - lo)
 
 
@@ -133,6 +140,7 @@ class LoadClient:
         t0 = time.monotonic()
         ttfa: float | None = None
         nbytes = 0
+        rate = retry_after = None
         try:
             async with asyncio.timeout(self.timeout_s):
                 async with self.client.stream(spec.method, spec.path, json=spec.json, data=spec.data) as r:
@@ -141,12 +149,15 @@ class LoadClient:
                             ttfa = time.monotonic() - t0
                         nbytes += len(part)
                     status = r.status_code
+                    rate, retry_after = r.headers.get("x-sample-rate"), r.headers.get("retry-after")
         except (TimeoutError, httpx.TimeoutException):
             return Result(t0, 0, time.monotonic() - t0, ttfa, nbytes, "timeout")
         except httpx.HTTPError as exc:
             self._note(f"{type(exc).__name__}: {exc}")
             return Result(t0, 0, time.monotonic() - t0, ttfa, nbytes, "error")
         latency = time.monotonic() - t0
+        pcm = (spec.json or {}).get("format") == "pcm"
+        audio_s = nbytes / 2 / int(rate) if pcm and rate and rate.isdigit() and status == 200 else 0.0
         if status == 503:
             kind = "rejected"
         elif 200 <= status < 300 and nbytes > 0:
@@ -154,7 +165,7 @@ class LoadClient:
         else:
             kind = "error"
             self._note(f"HTTP {status} ({nbytes} bytes)")
-        return Result(t0, status, latency, ttfa if kind == "ok" else None, nbytes, kind)
+        return Result(t0, status, latency, ttfa if kind == "ok" else None, nbytes, kind, audio_s, retry_after)
 
     def _note(self, text: str) -> None:
         if len(self.errors) < 20:

@@ -18,6 +18,13 @@ def _mib(v: float | None) -> str:
     return "-" if not v else f"{v / 2**20:.0f}"
 
 
+def _pool_text(cfg: dict) -> str:
+    """cosyserve's pool settings in a run: none means the server's defaults."""
+    parts = [f"{k}={cfg[c]}" for k, c in (("workers", "server_workers"), ("max_queue", "max_queue"))
+             if cfg.get(c) is not None]
+    return ", ".join(parts) if parts else "the server's defaults (no pool settings)"
+
+
 def _point(system: dict, concurrency: int) -> dict | None:
     return next((p for p in system.get("points", []) if p["concurrency"] == concurrency), None)
 
@@ -126,7 +133,7 @@ def markdown(r: dict) -> str:
         f"(tiny random-weight CosyVoice2); text: \"{r['text']}\". "
         f"{'QUICK SMOKE RUN: the numbers mean nothing. ' if cfg.get('quick') else ''}"
         f"Points: {cfg['point_s']:g} s measured after {cfg['warmup_s']:g} s warm-up; overload {cfg['overload_s']:g} s; "
-         f"cosyserve workers={cfg['workers']}, max_queue={cfg['max_queue'] if cfg['max_queue'] is not None else str(cfg['workers']) + ' (default)'}. Times in ms, RSS in MiB. "
+         f"cosyserve pool: {_pool_text(cfg)}. Times in ms, RSS in MiB. "
          f"Load average at start {r['loadavg_start'][0]:.2f}, at end {r['loadavg_end'][0]:.2f} "
          "(anything else running skews the numbers)."), "",
     ]

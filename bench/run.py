@@ -14,6 +14,11 @@ time-to-first-audio series and a memory run. Results go to ``--out``
 
   (e) batching: ``bench/batching.py`` (per-request pool vs batched LLM, full-size and tiny
       CosyVoice2; ~20 min more), run last as its own subprocess; batching.{json,md,png}
+  (f) admission: ``bench/admission.py`` (overload with the defaults vs fixed sizings, streamed,
+      closed and open loop and a step test; ~17 min), its own subprocess; admission.{json,md}
+
+cosyserve runs with no pool settings (the server's defaults, as a user starts it) unless
+``--server-workers`` / ``--max-queue`` say otherwise.
 """
 
 from __future__ import annotations
@@ -49,8 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="smoke run: a few seconds per point (numbers meaningless)")
     ap.add_argument("--out", help="output dir (default docs/benchmarks, or reports/bench-quick with --quick)")
     ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model, built once into the cache")
-    ap.add_argument("--systems", default="ceilings,cosyserve,upstream,per_request,batching",
-                    help="comma list of: ceilings, cosyserve, upstream, per_request, batching")
+    ap.add_argument("--systems", default="ceilings,cosyserve,upstream,per_request,admission,batching",
+                    help="comma list of: ceilings, cosyserve, upstream, per_request, admission, batching")
     ap.add_argument("--concurrency", default=os.environ.get("BENCH_CONCURRENCY", "1,2,4,8,16"))
     ap.add_argument("--point-s", type=float, help="measured seconds per closed-loop point (env BENCH_POINT_S)")
     ap.add_argument("--warmup-s", type=float, help="unmeasured seconds before each point (env BENCH_WARMUP_S)")
@@ -62,8 +67,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--timeout-s", type=float, default=env_float("BENCH_TIMEOUT_S", 120.0), help="client timeout")
     ap.add_argument("--reject-backoff-s", type=float, default=env_float("BENCH_REJECT_BACKOFF_S", 0.1),
                     help="closed-loop client pause after a 503")
-    ap.add_argument("--workers", type=int, default=2, help="cosyserve pool.workers and ceiling threads")
-    ap.add_argument("--max-queue", type=int, default=None, help="cosyserve pool.max_queue (default: the server's, = workers)")
+    ap.add_argument("--workers", type=int, default=2,
+                    help="ceiling threads/processes and the client concurrency of warm-up and memory runs")
+    ap.add_argument("--server-workers", type=int, default=None,
+                    help="cosyserve pool.workers (default: none, the server's own default, as a user starts it)")
+    ap.add_argument("--max-queue", type=int, default=None, help="cosyserve pool.max_queue (default: the server's)")
     ap.add_argument("--max-rss-gb", type=float, default=env_float("BENCH_MAX_RSS_GB", 10.0),
                     help="kill a server whose process tree grows past this (protects the machine); 0: no limit")
     args = ap.parse_args(argv)
@@ -210,8 +218,9 @@ def downsample(samples: list[tuple[float, int]], n: int) -> list[tuple[float, in
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.systems == ["batching"]:  # only (e): leave the side-by-side results where they are
-        return run_batching(args)
+    if set(args.systems) <= {"admission", "batching"}:  # only (e)/(f): leave the side-by-side results be
+        return max([run_admission(args) if "admission" in args.systems else 0,
+                    run_batching(args) if "batching" in args.systems else 0])
     started = time.monotonic()
     model_dir = args.model_dir or ensure_model(2)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -238,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         if key not in args.systems:
             continue
         log(f"{sys_.label}: starting")
-        srv = sys_.server(model_dir, run_dir, args.workers, args.max_queue, int(args.max_rss_gb * 2**30))
+        srv = sys_.server(model_dir, run_dir, args.server_workers, args.max_queue, int(args.max_rss_gb * 2**30))
         try:
             with srv:  # stopped (SIGTERM, then SIGKILL of its group) whatever happens inside
                 results["systems"][key] = asyncio.run(bench_system(sys_, srv, args))
@@ -256,9 +265,23 @@ def main(argv: list[str] | None = None) -> int:
     write_outputs(results, args.out)
     print_goals(goals)
     log(f"done in {results['elapsed_s'] / 60:.1f} min; wrote {args.out}/results.json, results.md, *.png")
+    if "admission" in args.systems:
+        run_admission(args)
     if "batching" in args.systems:
         run_batching(args)
     return 0
+
+
+def run_admission(args: argparse.Namespace) -> int:
+    """(f): overload with the defaults vs fixed sizings (bench/admission.py), one server at a time."""
+    argv = [sys.executable, "-m", "bench.admission", "--out", str(args.out)] + (["--quick"] if args.quick else [])
+    if args.model_dir:
+        argv += ["--model-dir", args.model_dir]
+    log("(f) admission benchmark: " + " ".join(argv[1:]))
+    code = subprocess.run(argv, check=False, cwd=ROOT, env={**os.environ, **THREAD_ENV}).returncode
+    if code != 0:
+        log(f"  (f) admission FAILED with exit code {code}")
+    return code
 
 
 def run_batching(args: argparse.Namespace) -> int:

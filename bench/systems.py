@@ -24,16 +24,21 @@ class System:
     short: RequestSpec  # a short text (memory run)
     stream: RequestSpec | None  # a streamed request (time to first audio), where the system streams
 
-    def server(self, model_dir: str, run_dir: Path, workers: int, max_queue: int, rss_limit: int = 0) -> ServerProc:
+    def server(self, model_dir: str, run_dir: Path, workers: int | None = None, max_queue: int | None = None,
+               rss_limit: int = 0) -> ServerProc:
+        """``workers`` / ``max_queue``: cosyserve's pool settings, None (the default) leaves them to the server,
+        so the benchmark measures the server as a user starts it."""
         port = free_port()
         if self.key == "cosyserve":
+            pool = {k: v for k, v in (("workers", workers), ("max_queue", max_queue)) if v is not None}
             config = {
                 "server": {"log_level": "warning", "drain_timeout_s": 10},
                 "engine": {"model_dir": model_dir, "torch_threads": 1},
-                "pool": {"workers": workers, "max_queue": max_queue, "request_timeout_s": 120},  # None: default
                 "voices": {"dir": str(run_dir / "voices")},
                 "metrics": {"enabled": True},
             }
+            if pool:
+                config["pool"] = pool
             path = run_dir / "cosyserve.yaml"
             path.write_text(yaml.safe_dump(config))
             argv = python_module("app.cli", "serve", "--config", str(path), "--host", "127.0.0.1", "--port", str(port))

@@ -1,8 +1,19 @@
 """Admission: a non-blocking gate that hands out owned permits (or says 503 at once).
 
-Capacity is ``workers + max_queue`` permits. ``Admission.admit()`` returns a
-:class:`Ticket` or raises ``Overloaded``; it never waits, so a refusal costs
-next to nothing (TEI's ``try_acquire_permit``).
+``Admission.admit()`` returns a :class:`Ticket` or raises ``Overloaded``; it never
+waits, so a refusal costs next to nothing (TEI's ``try_acquire_permit``). Two modes:
+
+* ``fixed``: ``workers + max_queue`` permits, a constant (``queue_full`` beyond).
+* ``adaptive``: ``limit`` average-size requests run at once, where the limit follows
+  measured latency (``limiter.py``); beyond it a request may wait (FIFO, for a slot the
+  pool leases only within the limit) if its predicted latency stays within the budget,
+  else it is refused as ``over_budget`` with a ``Retry-After`` from the predicted wait.
+  Never more than ``workers + max_queue`` in flight. Size enters in two steps: at the edge, before the body is read, a
+  request counts as one average request (the refusal stays free); once its plan is
+  known its holder ``charge()``\ s its size (text characters), so a long text takes
+  more of the limit and its latency is read per unit of size. Work whose latency says
+  nothing about capacity (text that arrives over time, voice registration) is
+  ``exclude()``\ d from the latency samples.
 
 A ticket is an owned handle on one permit (TEI's ``OwnedSemaphorePermit``):
 exactly one holder has it at a time. ``take()`` moves the permit to a new
@@ -24,9 +35,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
+from collections.abc import Callable
 
+from app.serving.config import PoolConfig
 from app.serving.errors import Overloaded
+from app.serving.limiter import LatencyLimit, LimiterConfig
 from app.serving.stats import PoolObserver, ServiceTimeEstimator
 
 log = logging.getLogger(__name__)
@@ -37,14 +52,18 @@ class PermitError(RuntimeError):
 
 
 class _Permit:
-    """One unit of capacity. ``queued`` until its holder gets a slot."""
+    """One admitted request. ``queued`` until its holder gets a slot; ``weight`` in average requests."""
 
-    __slots__ = ("admission", "admitted_at", "queued")
+    __slots__ = ("admission", "admitted_at", "queued", "weight", "serial", "first_alone", "sampled")
 
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: Admission, serial: int, alone: bool) -> None:
         self.admission = admission
-        self.admitted_at = time.monotonic()
+        self.admitted_at = admission.clock()
         self.queued = True
+        self.weight = 1.0  # an average request until charge() says otherwise
+        self.serial = serial  # the admission count when it was admitted
+        self.first_alone = alone  # nothing else was in flight when it was admitted
+        self.sampled = True  # its latency is a capacity sample (exclude() turns it off)
 
 
 class Ticket:
@@ -74,6 +93,20 @@ class Ticket:
         self._state = "moved"
         return Ticket(self._permit)
 
+    def charge(self, units: float) -> None:
+        """Its size, once known (text characters): its weight becomes ``units`` / the average size."""
+        self._check("charge")
+        self._permit.admission._charge(self._permit, units)
+
+    def exclude(self) -> None:
+        """Its latency says nothing about capacity (text arriving over time, other engine work)."""
+        self._check("exclude")
+        self._permit.sampled = False
+
+    @property
+    def weight(self) -> float:
+        return self._permit.weight
+
     def started(self) -> None:
         """The holder got a slot: the permit leaves the queue (and counts as running)."""
         self._check("start")
@@ -95,51 +128,129 @@ class Ticket:
 
 
 class Admission:
-    """The permits of one pool, their counters and the Retry-After estimate. Event-loop thread only."""
+    """The permits of one pool, their counters and the Retry-After estimate. Event-loop thread only.
 
-    def __init__(self, workers: int, max_queue: int, observer: PoolObserver) -> None:
+    ``limiter`` (adaptive mode) bounds the admitted load below the fixed capacity.
+    """
+
+    def __init__(self, workers: int, max_queue: int, observer: PoolObserver,
+                 limiter: LatencyLimit | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.workers = workers
         self.max_queue = max_queue
-        self.capacity = workers + max_queue
+        self.capacity = workers + max_queue  # the hard ceiling, in requests
+        self.limiter = limiter
+        self.clock = clock
         self._observer = observer
         self._service_times = ServiceTimeEstimator()
         self.in_flight = 0  # permits out: queued, running or still being consumed
         self.queued = 0  # permits whose holder waits for a slot
+        self.load = 0.0  # the permits out, in average requests (their weights)
         self.admitted = 0
         self.rejected: dict[str, int] = {}
         self.misuses = 0  # tickets released twice or moved after release (a bug if ever above 0)
+        self._mean_units: float | None = None  # the average charged size
         self._idle = asyncio.Event()
         self._idle.set()
 
+    @classmethod
+    def for_pool(cls, config: PoolConfig, observer: PoolObserver) -> Admission:
+        """Fixed, or adaptive with a limit bounded by the fixed capacity (``workers + max_queue``)."""
+        limiter = None
+        if config.admission == "adaptive":
+            limiter = LatencyLimit(LimiterConfig(
+                ceiling=config.ceiling, initial=config.admission_initial or config.ceiling,
+                budget_s=config.admission_budget_s, tolerance=config.admission_tolerance))
+        return cls(config.workers, config.max_queue, observer, limiter=limiter)
+
+    def start_at(self, limit: int) -> None:
+        """Adaptive: the limit to start from (the lifespan picks it from the machine), within 1..ceiling."""
+        if self.limiter is not None:
+            self.limiter.limit = float(max(1, min(self.capacity, limit)))
+
+    @property
+    def mode(self) -> str:
+        return "fixed" if self.limiter is None else "adaptive"
+
+    @property
+    def limit(self) -> int:
+        """Requests (of average size) admitted at once now: the capacity, or the adaptive limit."""
+        return self.capacity if self.limiter is None else self.limiter.value
+
     # -- the gate -----------------------------------------------------------------------------
     def admit(self) -> Ticket:
-        """A ticket at once, or Overloaded (counted as ``queue_full``)."""
+        """A ticket at once, or Overloaded (counted as ``queue_full`` or ``over_budget``)."""
         if self.in_flight >= self.capacity:
             self.reject("queue_full")
             raise Overloaded(f"all {self.workers} workers are busy and {self.max_queue} requests are waiting",
                              self.retry_after_s())
+        if self.limiter is not None and not self.limiter.allows(self.load):
+            self.limiter.note_refused()
+            self.reject("over_budget")
+            raise Overloaded(f"{self.limiter.value} requests are running and the wait for a place would take "
+                             f"this one past the server's latency budget", self.retry_after_s())
+        alone = self.in_flight == 0
         self.in_flight += 1
         self.queued += 1
         self.admitted += 1
+        self.load += 1.0
         self._idle.clear()
+        if self.limiter is not None:
+            self.limiter.note_load(self.load)
         self._observer.on_queue_depth(self.queued)
-        return Ticket(_Permit(self))
+        return Ticket(_Permit(self, self.admitted, alone))
 
     def reject(self, reason: str) -> None:
         """Count a refusal (one of ``stats.REJECT_REASONS``)."""
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
         self._observer.on_reject(reason)
 
+    def predicted_wait_s(self) -> float:
+        """How long a request arriving now would wait before it could start (0: at once)."""
+        if self.limiter is not None:
+            wait = self.limiter.predicted_wait_s(self.load)
+            return max(wait, self._fixed_wait_s()) if self.in_flight >= self.capacity else wait
+        return self._fixed_wait_s() if self.in_flight >= self.workers else 0.0
+
+    def _fixed_wait_s(self) -> float:
+        """Every worker busy: they finish their jobs, then the queue ahead is shared among them."""
+        service = self._service_times.average_s or self._service_times.initial_s
+        return service * (1.0 + self.queued / max(1, self.workers))
+
     def retry_after_s(self) -> float:
+        if self.limiter is not None:
+            wait = self.predicted_wait_s()
+            return float(min(self._service_times.max_retry_after_s, max(1, math.ceil(wait))))
         return self._service_times.retry_after(self.queued, self.workers)
 
     def observe_service(self, seconds: float) -> None:
         """A job's service time, for the Retry-After estimate."""
         self._service_times.observe(seconds)
 
+    def observe_latency(self, ticket: Ticket, latency_s: float) -> None:
+        """A finished request's latency (queue wait + engine time, without time blocked on its client)."""
+        permit = ticket._permit
+        if self.limiter is None or not permit.sampled:
+            return
+        alone = permit.first_alone and self.admitted == permit.serial
+        self.limiter.observe(latency_s / max(permit.weight, 1e-3), admitted_at=permit.admitted_at, alone=alone)
+
     @property
     def average_service_s(self) -> float | None:
         return self._service_times.average_s
+
+    def snapshot(self) -> dict:
+        """The admission state for stats and /metrics."""
+        lim = self.limiter
+        return {
+            "mode": self.mode,
+            "limit": self.limit,
+            "ceiling": self.capacity,
+            "load": round(self.load, 3),
+            "predicted_wait_s": self.predicted_wait_s(),
+            "target_s": lim.target_s if lim is not None else None,
+            "unloaded_s": lim.unloaded_s if lim is not None else None,
+            "average_s": lim.average_s if lim is not None else self.average_service_s,
+        }
 
     async def wait_idle(self, timeout: float | None) -> bool:
         """True once every permit is back (nothing queued, running or still being consumed)."""
@@ -153,12 +264,23 @@ class Admission:
         return True
 
     # -- called by Ticket ------------------------------------------------------------------------
+    def _charge(self, permit: _Permit, units: float) -> None:
+        units = max(1.0, float(units))
+        mean = self._mean_units = units if self._mean_units is None else self._mean_units + 0.1 * (
+            units - self._mean_units)
+        weight = units / mean
+        self.load += weight - permit.weight
+        permit.weight = weight
+        if self.limiter is not None:
+            self.limiter.note_load(self.load)
+
     def _left_queue(self) -> None:
         self.queued -= 1
         self._observer.on_queue_depth(self.queued)
 
     def _give_back(self, permit: _Permit) -> None:
         self.in_flight -= 1
+        self.load = max(0.0, self.load - permit.weight) if self.in_flight else 0.0
         if permit.queued:
             permit.queued = False
             self._left_queue()

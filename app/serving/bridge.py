@@ -85,6 +85,7 @@ class BlockingStream(Generic[T]):
         self.max_buffered = 0  # high-water mark of the buffer
         self.max_buffered_bytes = 0  # high-water mark of the buffered bytes
         self.first_item_at: float | None = None  # time.monotonic() of the first item
+        self.blocked_s = 0.0  # seconds the producer waited for room (a consumer slower than the engine)
 
     # -- owner side ------------------------------------------------------------------
     def start(self, executor: Executor, open_gen: GeneratorFactory[T]) -> asyncio.Future[None]:
@@ -157,10 +158,15 @@ class BlockingStream(Generic[T]):
 
     def _put(self, item: T) -> bool:
         with self._space:
-            while self._full():
-                if self.cancel_event.is_set():
-                    return False
-                self._space.wait(self._poll_s)
+            if self._full():
+                since = time.monotonic()
+                try:
+                    while self._full():
+                        if self.cancel_event.is_set():
+                            return False
+                        self._space.wait(self._poll_s)
+                finally:
+                    self.blocked_s += time.monotonic() - since
             if self.cancel_event.is_set():
                 return False
             self._items.append(item)

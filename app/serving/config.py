@@ -17,6 +17,10 @@ class PoolConfig:
     health_timeout_s: float = 5.0  # check_health() gives up (and fails) after this long
     stuck_grace_s: float = 30.0  # a job past request_timeout_s + this, still in the engine, is stuck
     close_timeout_s: float = 30.0  # close(): how long to wait for slot threads to return
+    admission: str = "fixed"  # fixed: workers + max_queue at once | adaptive: a limit that follows latency
+    admission_budget_s: float | None = None  # adaptive: target latency of an average request (None: automatic)
+    admission_tolerance: float = 2.5  # adaptive, automatic target: this many unloaded latencies
+    admission_initial: int | None = None  # adaptive: where the limit starts (None: the ceiling)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -33,3 +37,16 @@ class PoolConfig:
             raise ValueError("stream_buffer_bytes must be at least 1")
         if self.health_timeout_s <= 0 or self.stuck_grace_s < 0:
             raise ValueError("health_timeout_s must be positive and stuck_grace_s 0 or more")
+        if self.admission not in ("fixed", "adaptive"):
+            raise ValueError("admission must be 'fixed' or 'adaptive'")
+        if self.admission_budget_s is not None and self.admission_budget_s <= 0:
+            raise ValueError("admission_budget_s must be positive (or None: automatic)")
+        if self.admission_tolerance <= 1:
+            raise ValueError("admission_tolerance must be above 1")
+        if self.admission_initial is not None and self.admission_initial < 1:
+            raise ValueError("admission_initial must be at least 1")
+
+    @property
+    def ceiling(self) -> int:
+        """The most requests admitted at once, in either mode."""
+        return self.workers + self.max_queue

@@ -143,6 +143,16 @@ class Job(Generic[T]):
         return self._stream
 
     @property
+    def ticket(self) -> Ticket:
+        """The request's admission ticket (held by the job until it releases it; read-only use)."""
+        return self._ticket
+
+    @property
+    def busy_s(self) -> float:
+        """Service time without the time the slot thread waited for a slow consumer (0 before the end)."""
+        return max(0.0, (self.service_s or 0.0) - self._stream.blocked_s)
+
+    @property
     def started_at(self) -> float:
         """``time.monotonic()`` when the job was handed to its slot thread."""
         return self._started_at

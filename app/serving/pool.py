@@ -77,8 +77,9 @@ class EnginePool:
         self.config = config
         self._factory = engine_factory
         self._observer = SafeObserver(observer if observer is not None else NullObserver())
-        self._admission = Admission(config.workers, config.max_queue, self._observer)
-        self._slots = Slots()
+        self._admission = Admission.for_pool(config, self._observer)
+        limiter = self._admission.limiter  # adaptive: lease no more slots than its limit; the rest wait FIFO
+        self._slots = Slots(cap=(lambda: limiter.value) if limiter is not None else None)
         self._slot_list: list[Slot] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loaded: Loaded | None = None  # slot 0's engine, info and presets, once every slot is loaded
@@ -284,6 +285,16 @@ class EnginePool:
     def retry_after_s(self) -> float:
         return self._admission.retry_after_s()
 
+    @property
+    def admission(self) -> Admission:
+        """The admission gate (its mode, limit, load and predicted wait; read-only use)."""
+        return self._admission
+
+    def start_admission_at(self, limit: int) -> None:
+        """Adaptive: the limit to start from (the lifespan picks it from the machine); waiters get slots."""
+        self._admission.start_at(limit)
+        self._slots.refill()
+
     def admit(self) -> Ticket:
         """Take an admission permit at once, or raise Overloaded / Draining / NotReady."""
         if self._draining or self._closed:
@@ -319,7 +330,9 @@ class EnginePool:
         def one(engine: Engine, cancel: Any) -> Iterator[Any]:
             yield fn(engine)
 
-        async with await self._submit(self.admit(), one, request_id) as job:
+        ticket = self.admit()
+        ticket.exclude()  # not synthesis: its latency says nothing about the speech capacity
+        async with await self._submit(ticket, one, request_id) as job:
             result, _ = await job.first_chunk()
             return result
 
@@ -365,6 +378,9 @@ class EnginePool:
         seconds = job.service_s or 0.0
         if job.outcome in ("ok", "error"):
             self._admission.observe_service(seconds)
+        if job.outcome == "ok":
+            self._admission.observe_latency(job.ticket, job.busy_s)  # the queue wait is the waiting room's
+            self._slots.refill()  # the limit may have risen: waiters get idle slots
         self._observer.on_job_end(job.outcome, seconds)
 
     def _require_loop(self) -> asyncio.AbstractEventLoop:
@@ -386,6 +402,7 @@ class EnginePool:
             "rejected": dict(a.rejected),
             "ticket_misuses": a.misuses,
             "avg_service_s": a.average_service_s,
+            "admission": a.snapshot(),
             "stuck": len(self.stuck_slots()),
             "stuck_total": self._stuck_total,
             "ready": self.ready,

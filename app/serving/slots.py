@@ -5,13 +5,17 @@ keeps the idle ones and the waiters, oldest first: a freed slot goes straight to
 the oldest live waiter, never to a later arrival (no barging), and a waiter
 cancelled just after a slot was handed to it passes the slot on. A ``Lease`` is
 one slot held by one holder; ``release()`` gives it back exactly once (a second
-release is a bug and raises). Event-loop thread only.
+release is a bug and raises). An optional ``cap`` (a callable, read at each hand-out)
+bounds how many slots are leased at once below the number loaded: adaptive admission
+runs only as many requests as its limit and keeps the rest waiting here, FIFO; when the
+cap rises, ``refill()`` hands idle slots to the waiters. Event-loop thread only.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -54,10 +58,16 @@ class Lease:
 class Slots:
     """The idle slots and the FIFO of requests waiting for one."""
 
-    def __init__(self) -> None:
+    def __init__(self, cap: Callable[[], int] | None = None) -> None:
         self._idle: deque[Slot] = deque()
         self._waiters: deque[asyncio.Future[Slot]] = deque()
         self._closed = False
+        self._cap = cap
+        self.busy = 0  # slots leased now
+
+    def _room(self) -> bool:
+        """Another slot may be leased (the cap, if any, is not reached)."""
+        return self._cap is None or self.busy < max(1, self._cap())
 
     def add_idle(self, slot: Slot) -> None:
         """A loaded slot joins the idle ones."""
@@ -74,8 +84,9 @@ class Slots:
 
     def try_acquire(self) -> Lease | None:
         """An idle slot now, if one is free and nobody waits for it; else None."""
-        if self._closed or not self._idle or self.has_waiters():
+        if self._closed or not self._idle or self.has_waiters() or not self._room():
             return None
+        self.busy += 1
         return self._lease(self._idle.popleft())
 
     async def acquire(self, timeout_s: float) -> Lease:
@@ -113,19 +124,36 @@ class Slots:
                 waiter.set_exception(exc)
         self._idle.clear()
 
+    def refill(self) -> None:
+        """Hand idle slots to the oldest waiters while the cap allows (after the cap rose)."""
+        while not self._closed and self._idle and self._room() and self.has_waiters():
+            slot = self._idle.popleft()
+            self.busy += 1  # counted as leased while it is handed over (the waiter leases it)
+            self._give(slot)
+
     def _lease(self, slot: Slot) -> Lease:
         slot.state = "busy"
         return Lease(self, slot)
 
     def _hand_on(self, slot: Slot) -> None:
-        """A freed slot goes to the oldest live waiter (no barging), or back to idle."""
+        """A freed slot goes to the oldest live waiter (no barging) if the cap allows, or back to idle."""
+        self.busy -= 1
         if self._closed:
             return
+        if self._room() and self.has_waiters():
+            self.busy += 1
+            self._give(slot)
+        else:
+            self.add_idle(slot)
+
+    def _give(self, slot: Slot) -> None:
+        """Hand a slot counted as busy to the oldest live waiter, or back to idle (and uncount it)."""
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(slot)
                 return
+        self.busy -= 1
         self.add_idle(slot)
 
 

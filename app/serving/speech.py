@@ -5,8 +5,9 @@
     result = await service.run(plan, out, ticket=..., gone=event)
     # result.media_type, result.sample_rate, result.body (async bytes) or result.data
 
-``run`` admits (unless the edge already did and hands its ticket over), hands
-the ticket to the pool, which waits FIFO for a slot and runs the engine with the
+``run`` admits (unless the edge already did and hands its ticket over), charges
+the ticket with the request's size (``request_size``: adaptive admission weighs
+requests by it), hands the ticket to the pool, which waits FIFO for a slot and runs the engine with the
 encoder in the slot's thread (see ``app/serving/encoded.py``), and waits for the
 first piece before returning, so errors before the first byte still get a
 status. ``gone`` is set by the HTTP layer when the client hangs up: a request
@@ -30,7 +31,7 @@ from functools import partial
 from typing import Any
 
 from app.audio.encode import make_encoder
-from app.engines.base import EngineInfo
+from app.engines.base import EngineInfo, SynthesisRequest
 from app.engines.timings import StageTimings
 from app.serving.admission import Ticket
 from app.serving.encoded import EncoderFactory, OutputSpec, Piece, pieces
@@ -41,6 +42,10 @@ from app.serving.plan import Plan, SpeechFields, plan
 from app.serving.pool import EnginePool
 
 log = logging.getLogger("cosyserve.speech")
+
+# A request's size for admission: its text characters plus this, so that a fixed cost per request (the
+# frontend, the first chunk's padding, the HTTP round trip) keeps "hello" from weighing almost nothing.
+OVERHEAD_CHARS = 20
 
 # How long an answer waits for a cancelled job's slot thread to return. A healthy engine
 # returns within one chunk; one that ignores its cancel flag is left to release its slot
@@ -103,6 +108,11 @@ class SpeechService:
                   gone: asyncio.Event | None = None) -> SpeechResult:
         """Admit (unless given a ``ticket``, which it takes), run, encode; ClientGone if ``gone`` fires first."""
         ticket = ticket.take() if ticket is not None else self.pool.admit()
+        size = request_size(plan.request)
+        if size is None:
+            ticket.exclude()
+        else:
+            ticket.charge(size)
         task = asyncio.ensure_future(self._start(plan, out, ticket))
         try:
             if gone is None:
@@ -135,6 +145,14 @@ class SpeechService:
             raise
         await result.aclose()
         return result
+
+
+def request_size(req: SynthesisRequest) -> float | None:
+    """Its size for admission (text characters + OVERHEAD_CHARS); None when it is not known up front
+    (text arriving over time, voice conversion of uploaded speech)."""
+    if req.text_stream is not None or req.mode == "vc":
+        return None
+    return len(req.text or "") + OVERHEAD_CHARS
 
 
 async def _body(first: Piece | None, rest: AsyncIterator[Piece]) -> AsyncIterator[bytes]:

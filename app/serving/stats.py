@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 log = logging.getLogger(__name__)
 
-REJECT_REASONS: tuple[str, ...] = ("queue_full", "queue_timeout", "draining", "not_ready")
+REJECT_REASONS: tuple[str, ...] = ("queue_full", "over_budget", "queue_timeout", "draining", "not_ready")
 JOB_OUTCOMES: tuple[str, ...] = ("ok", "cancelled", "error", "timeout")
 
 

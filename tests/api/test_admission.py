@@ -71,3 +71,103 @@ def test_a_full_server_refuses_at_once_and_other_routes_still_answer(client_fact
     gate.set()
     held.join(10)
     wait_for(lambda: client.app.state.runtime.pool.stats()["in_flight"] == 0)
+
+
+# -- adaptive (the default) and fixed admission over HTTP and WebSocket -------------------------------
+def _hold_one(client, behaviour) -> tuple[threading.Event, threading.Thread, list[int]]:
+    """One /v1/tts request held inside the engine; (gate, its thread, [its status])."""
+    gate = hold(behaviour)
+    status: list[int] = []
+    before = len(behaviour.started)
+    t = threading.Thread(target=lambda: status.append(client.post("/v1/tts", json={"text": "held"}).status_code))
+    t.start()
+    wait_for(lambda: len(behaviour.started) > before)
+    return gate, t, status
+
+
+def test_adaptive_overload_is_an_immediate_503_with_retry_after_and_counted_as_over_budget(client_factory,
+                                                                                          behaviour):
+    from tests.api.test_metrics import scrape, value
+
+    client = client_factory(workers=4, max_queue=0)  # the default mode: adaptive
+    pool = client.app.state.runtime.pool
+    assert pool.stats()["admission"]["mode"] == "adaptive"
+    pool.start_admission_at(1)  # as if measured latency had brought the limit down to one request
+    gate, held, status = _hold_one(client, behaviour)
+    t0 = time.monotonic()
+    r = client.post("/v1/tts", json={"text": "one too many"})
+    refused_in = time.monotonic() - t0
+    assert r.status_code == 503 and r.json()["error"]["code"] == "overloaded"
+    assert int(r.headers["retry-after"]) >= 1
+    assert refused_in < 1.0  # at once: it did not wait for the held request (which never ends unless told)
+    busy = scrape(client)
+    assert value(busy, "tts_rejected_total", reason="over_budget") == 1
+    assert value(busy, "tts_admission_limit", mode="adaptive") == 1
+    assert value(busy, "tts_admission_ceiling") == 4
+    assert value(busy, "tts_admission_load") == pytest.approx(1.0)
+    assert value(busy, "tts_admission_predicted_wait_seconds") > 0
+    gate.set()
+    held.join(10)
+    assert status == [200]
+    wait_for(lambda: pool.stats()["in_flight"] == 0)
+    assert value(scrape(client), "tts_admission_predicted_wait_seconds") == 0
+    assert client.post("/v1/tts", json={"text": "room again"}).status_code == 200
+
+
+def test_fixed_keeps_todays_behaviour_a_queue_then_503_queue_full(client_factory, behaviour):
+    from tests.api.test_metrics import scrape, value
+
+    client = client_factory(workers=1, max_queue=1, admission="fixed")
+    gate, held, status = _hold_one(client, behaviour)
+    queued: list[int] = []
+    waiter = threading.Thread(target=lambda: queued.append(client.post("/v1/tts", json={"text": "q"}).status_code))
+    waiter.start()
+    wait_for(lambda: client.app.state.runtime.pool.stats()["queued"] == 1)  # admitted, waiting for the slot
+    r = client.post("/v1/tts", json={"text": "third"})
+    assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+    s = scrape(client)
+    assert value(s, "tts_rejected_total", reason="queue_full") == 1
+    assert value(s, "tts_rejected_total", reason="over_budget") == 0
+    assert value(s, "tts_admission_limit", mode="fixed") == 2
+    gate.set()
+    held.join(10)
+    waiter.join(10)
+    assert status == [200] and queued == [200]
+
+
+def test_a_websocket_session_takes_the_same_adaptive_permit(client_factory, behaviour):
+    from tests.api.test_ws_speech import PATH, closed, error, send, utterance
+
+    client = client_factory(workers=4, max_queue=0)
+    pool = client.app.state.runtime.pool
+    pool.start_admission_at(1)
+    with client.websocket_connect(PATH) as first:  # holds the only place
+        send(first, "input.text", text="Holding the only place.")
+        with client.websocket_connect(PATH) as second:
+            err = error(second)
+            assert err["code"] == "overloaded" and err["retry_after_s"] >= 1
+            assert closed(second) == 1013
+        r = client.post("/v1/tts", json={"text": "hi"})
+        assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+        send(first, "input.done")
+        utterance(first)
+    wait_for(lambda: pool.stats()["in_flight"] == 0)
+    assert pool.stats()["rejected"] == {"over_budget": 2}
+    assert pool.stats()["admission"]["average_s"] is None  # text that arrived over time: not a latency sample
+
+
+def test_measured_latency_brings_the_limit_down_and_503s_follow(client_factory, behaviour):
+    """End to end over HTTP: requests slower than the budget lower the limit, then the excess is refused."""
+    behaviour.first_chunk_delay_s = 0.12  # every request takes about 0.12 s ...
+    client = client_factory(workers=4, max_queue=0, admission_budget_s=0.02)  # ... against a 20 ms budget
+    pool = client.app.state.runtime.pool
+    for _ in range(60):  # sequential: each runs alone, each is over budget (one step a second at most)
+        assert client.post("/v1/tts", json={"text": "slow"}).status_code == 200
+        if pool.stats()["admission"]["limit"] == 1:
+            break
+    assert pool.stats()["admission"]["limit"] == 1
+    gate, held, status = _hold_one(client, behaviour)
+    assert client.post("/v1/tts", json={"text": "refused"}).status_code == 503
+    gate.set()
+    held.join(10)
+    assert status == [200]

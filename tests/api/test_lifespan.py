@@ -43,3 +43,43 @@ def test_a_failed_library_start_closes_the_loaded_slots(tmp_path, behaviour):
         pass
     assert engines and all(e.closed for e in engines)
     assert running(app) is None
+
+
+# -- admission defaults that fit the machine ----------------------------------------------------------
+def _batched_settings(tmp_path, **pool):
+    from app.config import load_settings
+
+    v2 = tmp_path / "v2"
+    v2.mkdir(exist_ok=True)
+    (v2 / "cosyvoice2.yaml").write_text("")
+    return load_settings(None, engine={"model_dir": str(v2)}, pool=pool)
+
+
+def test_adaptive_starts_per_core_on_a_cpu_at_the_batch_on_a_gpu_and_at_the_ceiling_when_sized_by_hand(
+        tmp_path, monkeypatch):
+    import os
+
+    from app.lifespan import CPU_START_PER_CORE, admission_start
+
+    monkeypatch.delenv("COSYSERVE_POOL__WORKERS", raising=False)
+    monkeypatch.delenv("COSYSERVE_POOL__MAX_QUEUE", raising=False)
+    s = _batched_settings(tmp_path)
+    assert (s.pool.workers, s.pool.queue_limit, s.pool.admission) == (16, 0, "adaptive")
+    cores = max(1, os.cpu_count() or 1)
+    start, why = admission_start(s, "cpu", 16)
+    assert start == min(16, CPU_START_PER_CORE * cores) and "CPU" in why
+    assert admission_start(s, "cuda", 16)[0] == 16  # the batch size
+    by_hand = _batched_settings(tmp_path, workers=6)
+    assert admission_start(by_hand, "cpu", 6) == (6, "pool sized by hand: start at its ceiling")
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("adaptive", "admission: adaptive, limit starts at 3 and follows measured latency"),
+    ("fixed", "admission: fixed, 5 request(s) at once (pool.workers 3 + pool.max_queue 2"),
+])
+def test_the_startup_log_says_what_admission_was_chosen_and_why(tmp_path, behaviour, caplog, mode, expected):
+    caplog.set_level("INFO", logger="cosyserve")
+    settings = make_settings(tmp_path, workers=3, max_queue=2 if mode == "fixed" else 0, admission=mode)
+    with TestClient(create_app(settings, engine_factory=lambda i: FakeEngine(behaviour))):
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("admission:")]
+    assert len(lines) == 1 and lines[0].startswith(expected), lines

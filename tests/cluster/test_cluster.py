@@ -10,6 +10,9 @@ and not by the two cores of a CI machine. Steady open-loop load from httpx throu
 - capacity adds up: three replicas admit >= 2.7x one replica's throughput, with no 503
   below their combined capacity and 503 + Retry-After past it.
 
+The replicas run the default admission (adaptive; checked below), the same gate as a single
+server's HTTP requests and WebSocket sessions.
+
 `make test-cluster` runs these with -s to print the figures that docs/deploy.md quotes.
 """
 
@@ -145,6 +148,15 @@ def admitted(base_url: str, rate: float, seconds: float = 6.0, warmup_s: float =
     t0 = time.monotonic()
     outcomes = load.run_for(seconds)
     return rate_ok(outcomes, t0 + warmup_s, t0 + seconds), outcomes
+
+
+def test_the_replicas_run_the_default_adaptive_admission(replicas):
+    """The cluster tests exercise the admission users get: adaptive (sized by hand here, so it starts at its
+    ceiling, workers + max_queue, and follows measured latency from there)."""
+    for server in replicas:
+        text = httpx.get(server.base_url + "/metrics", timeout=5).text
+        assert f'tts_admission_limit{{mode="adaptive"}} {float(WORKERS + QUEUE)}' in text, text[-2000:]
+        assert f"tts_admission_ceiling {float(WORKERS + QUEUE)}" in text
 
 
 def test_capacity_adds_up_and_503s_come_only_past_the_combined_capacity(replicas, balancer):

@@ -93,7 +93,12 @@ def test_default_workers_follow_llm_batching(tmp_path, monkeypatch):
     (v1 / CONFIG_FILES[1]).write_text("")
     (v2 / CONFIG_FILES[2]).write_text("")
     batched = load_settings(None, engine={"model_dir": str(v2), "max_batch_size": 12})
-    assert (batched.pool.workers, batched.pool.queue_limit) == (12, 12)  # workers = concurrent requests
+    # workers = concurrent requests; adaptive admission (the default) keeps no queue beyond them
+    assert (batched.pool.workers, batched.pool.queue_limit, batched.pool.auto_sized) == (12, 0, True)
+    fixed = load_settings(None, engine={"model_dir": str(v2), "max_batch_size": 12}, pool={"admission": "fixed"})
+    assert (fixed.pool.workers, fixed.pool.queue_limit) == (12, 12)  # fixed: one waiting request per worker
+    by_hand = load_settings(None, engine={"model_dir": str(v2)}, pool={"max_queue": 3})
+    assert (by_hand.pool.workers, by_hand.pool.queue_limit, by_hand.pool.auto_sized) == (16, 3, False)
     import os
 
     cores = max(1, os.cpu_count() or 1)

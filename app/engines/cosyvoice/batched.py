@@ -19,8 +19,8 @@ from typing import Any
 
 from app.engines.base import InvalidInput
 from app.engines.cosyvoice.batching.bistream import BistreamFeed
-from app.engines.cosyvoice.batching.flow_budget import FlowCacheBudget, bytes_per_frame
 from app.engines.cosyvoice.batching.flow_batch import BatchedFlow
+from app.engines.cosyvoice.batching.flow_budget import FlowCacheBudget, bytes_per_frame
 from app.engines.cosyvoice.batching.flow_cache import (
     FlowStream,
     PromptCache,
@@ -185,10 +185,11 @@ class BatchedRunner:
 
     def run(self, model_input: dict, *, stream: bool, speed: float, cancel: threading.Event,
             seed: int | None = None, request_id: str = "", cache_prompt: bool = False,
-            first_hop: int | None = None) -> Iterator[Any]:
+            first_hop: int | None = None, started: float | None = None) -> Iterator[Any]:
         """Speech tensors ``[1, n]`` for one segment, as token2wav produces them.
 
-        ``first_hop``: the request's own first streamed hop in tokens (``first_hop_bounds``).
+        ``first_hop``: the request's own first streamed hop in tokens (``first_hop_bounds``);
+        ``started``: when the request began (its place in the token2wav gate; default: now).
         """
         self.check_first_hop(first_hop)
         if model_input.get("source_speech_token") is not None and model_input["source_speech_token"].shape[1] > 0:
@@ -200,7 +201,7 @@ class BatchedRunner:
             yield from synthesize_tokens(self.model, source, model_input, stream=stream, speed=speed,
                                          flow_stream=flow_stream,
                                          flow_prompt=self._prompt_ref(model_input, cache_prompt),
-                                         **self._stream_kw(cancel, request_id, first_hop))
+                                         **self._stream_kw(cancel, request_id, first_hop), started=started)
         finally:
             if flow_stream is not None:
                 flow_stream.close()  # its cache's bytes go back to the budget
@@ -211,7 +212,7 @@ class BatchedRunner:
     def run_bistream(self, model_input: dict, text: TextStream, tokenize: Tokenize, *, cancel: threading.Event,
                      seed: int | None = None, request_id: str = "", system_prompt: str = "",
                      normalize: Callable[[str], str] | None = None,
-                     cache_prompt: bool = False) -> Iterator[Any]:
+                     cache_prompt: bool = False, started: float | None = None) -> Iterator[Any]:
         """Speech tensors for text that arrives while it is spoken (CosyVoice2/3 bistream, streamed).
 
         ``model_input`` holds the prompt (no text); a feeder thread tokenises ``text``'s pieces in
@@ -239,7 +240,7 @@ class BatchedRunner:
             yield from synthesize_tokens(self.model, seq, model_input, stream=True, speed=1.0,
                                          flow_stream=flow_stream,
                                          flow_prompt=self._prompt_ref(model_input, cache_prompt),
-                                         **self._stream_kw(cancel, request_id))
+                                         **self._stream_kw(cancel, request_id), started=started)
         except RuntimeError:
             if fed.empty:
                 raise InvalidInput("the utterance has no text to speak") from None

@@ -129,7 +129,8 @@ class CosyVoiceEngine:
             if isinstance(v, dict) and "embedding" in v and "text" not in v and "prompt_speech_feat" not in v))
         self._info = EngineInfo(name=self.name, family=family, sample_rate=self.sample_rate, modes=self._modes(),
                                 tiny=lm.tiny, voice_family=self.prompts.family,
-                                first_chunk_tokens=self.runner.first_hop_bounds if self.runner is not None else None)
+                                first_chunk_tokens=self.runner.first_hop_bounds if self.runner is not None else None,
+                                device=str(getattr(lm.model, "device", "cpu")))
         log.info(
             "loaded CosyVoice%d model %s in %.1fs on %s (rate %d Hz, %s, %s, modes %s%s; CosyVoice code from %s; "
             "text normalization %s)",
@@ -260,11 +261,12 @@ class CosyVoiceEngine:
             if self.runner is None:
                 raise InvalidInput("first_chunk_tokens needs the batched CosyVoice2/3 path (engine.batching)")
             self.runner.check_first_hop(req.first_chunk_tokens)
+        started = time.monotonic()  # the request's place in the token2wav gate, for all its segments
         # Upstream streams only at speed 1.0; at other speeds we stream sentence by sentence.
         stream = req.stream and abs(req.speed - 1.0) < 1e-6
         try:
             if req.text_stream is not None:
-                yield from self._synthesize_text_stream(req, stream, cancel)
+                yield from self._synthesize_text_stream(req, stream, cancel, started)
                 return
             inputs = self.inputs.for_request(req, self.sample_rate)
             for index in itertools.count():
@@ -274,7 +276,7 @@ class CosyVoiceEngine:
                     break
                 if cancel.is_set():
                     return
-                chunks = self._speak(model_input, stream, req, cancel, first_segment=index == 0)
+                chunks = self._speak(model_input, stream, req, cancel, started, first_segment=index == 0)
                 try:
                     for chunk in chunks:
                         yield dataclasses.replace(chunk, segment=index) if index else chunk
@@ -289,22 +291,22 @@ class CosyVoiceEngine:
             raise EngineFailure(f"synthesis failed: {type(exc).__name__}") from exc
 
     def _speak(self, model_input: dict, stream: bool, req: SynthesisRequest,
-               cancel: threading.Event, first_segment: bool = False) -> Iterator[AudioChunk]:
+               cancel: threading.Event, started: float, first_segment: bool = False) -> Iterator[AudioChunk]:
         """One segment's audio: through the batched LLM when it is on, else CosyVoice's own tts().
 
         A request's own first chunk size applies to its first segment (time to first audio).
         """
         if self.runner is not None:
             first_hop = req.first_chunk_tokens if stream and first_segment else None
-            return self._run_batched(model_input, stream, req, cancel, first_hop)
+            return self._run_batched(model_input, stream, req, cancel, started, first_hop)
         return self._run_tts(model_input, stream, req.speed, cancel)
 
     def _synthesize_text_stream(self, req: SynthesisRequest, stream: bool,
-                                cancel: threading.Event) -> Iterator[AudioChunk]:
+                                cancel: threading.Event, started: float) -> Iterator[AudioChunk]:
         """Text arriving over time (WebSocket sessions): v2/v3 batched at speed 1 speak it as bistream
         (audio starts mid-sentence); otherwise sentence by sentence."""
         if self.runner is not None and stream and req.mode in _BISTREAM_MODES:
-            yield from self._run_bistream(req, cancel)
+            yield from self._run_bistream(req, cancel, started)
             return
         spoken = False
         for sentence in sentences(req.text_stream.pieces(cancel), max_len=self.config.max_segment_chars):
@@ -313,26 +315,26 @@ class CosyVoiceEngine:
                 if cancel.is_set():
                     return
                 spoken = True
-                yield from self._speak(model_input, stream, req, cancel)
+                yield from self._speak(model_input, stream, req, cancel, started)
         if not spoken and not cancel.is_set():
             raise InvalidInput("the utterance has no text to speak")
 
-    def _run_bistream(self, req: SynthesisRequest, cancel: threading.Event) -> Iterator[AudioChunk]:
+    def _run_bistream(self, req: SynthesisRequest, cancel: threading.Event, started: float) -> Iterator[AudioChunk]:
         speech_out = self.runner.run_bistream(self.inputs.bistream_prompt(req), req.text_stream, self.inputs.tokenize,
                                               cancel=cancel, seed=req.seed, request_id=req.request_id,
                                               system_prompt=prompts.V3_SYSTEM_PROMPT,
                                               normalize=lambda text: self.inputs.normalized(req, text),
-                                              cache_prompt=registered_voice(req))
+                                              cache_prompt=registered_voice(req), started=started)
         for speech in speech_out:
             if cancel.is_set():
                 return
             yield from self._chunk(speech)
 
     def _run_batched(self, model_input: dict, stream: bool, req: SynthesisRequest,
-                     cancel: threading.Event, first_hop: int | None = None) -> Iterator[AudioChunk]:
+                     cancel: threading.Event, started: float, first_hop: int | None = None) -> Iterator[AudioChunk]:
         for speech in self.runner.run(model_input, stream=stream, speed=req.speed, cancel=cancel, seed=req.seed,
                                       request_id=req.request_id, cache_prompt=registered_voice(req),
-                                      first_hop=first_hop):
+                                      first_hop=first_hop, started=started):
             if cancel.is_set():
                 return
             yield from self._chunk(speech)

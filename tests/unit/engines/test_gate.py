@@ -1,4 +1,4 @@
-"""PriorityGate: at most ``limit`` holders, freed places go to the most urgent waiter."""
+"""PriorityGate: at most ``limit`` holders; freed places go to the oldest request, first chunks with a bounded lead."""
 
 from __future__ import annotations
 
@@ -16,13 +16,12 @@ def test_limit_must_be_positive():
         PriorityGate(0)
 
 
-def test_first_chunks_go_before_later_chunks_then_fifo():
-    gate = PriorityGate(1)
-    assert gate.acquire(5, 0.0)  # a holder: everyone else waits
+def _served_order(gate: PriorityGate, waiters: list[tuple[str, int, float]]) -> list[str]:
+    """Queue ``waiters`` (name, chunk index, request start) behind a holder, in list order; the order served."""
+    assert gate.acquire(5, -100.0)  # a holder: everyone else waits
     order: list[str] = []
     threads = []
-    # waiters arrive in this order; they must be served by (chunk index, request start)
-    for name, chunk, started in [("late-chunk", 3, 1.0), ("first-b", 0, 2.0), ("first-a", 0, 1.5), ("second", 1, 0.5)]:
+    for name, chunk, started in waiters:
         def run(name=name, chunk=chunk, started=started):
             assert gate.acquire(chunk, started)
             order.append(name)
@@ -35,8 +34,44 @@ def test_first_chunks_go_before_later_chunks_then_fifo():
     gate.release()
     for t in threads:
         t.join(5)
-    assert order == ["first-a", "first-b", "second", "late-chunk"]
+    return order
+
+
+def test_oldest_request_first_and_a_first_chunk_leads_by_a_bounded_time():
+    gate = PriorityGate(1, first_chunk_lead_s=1.0)
+    order = _served_order(gate, [
+        ("late-chunk of t=1.0", 3, 1.0),
+        ("first of t=2.0", 0, 2.0),   # ranks as 1.0: after t=1.0's later chunk (FIFO among equals)
+        ("first of t=1.5", 0, 1.5),   # ranks as 0.5: ahead of the later chunks of t=0.6 and t=1.0
+        ("second of t=0.6", 1, 0.6),
+        ("second of t=0.4", 1, 0.4),  # older than t=1.5 by more than the lead: not passed
+        ("first of t=9.0", 0, 9.0),   # a much later newcomer waits behind every older stream
+    ])
+    assert order == ["second of t=0.4", "first of t=1.5", "second of t=0.6", "late-chunk of t=1.0",
+                     "first of t=2.0", "first of t=9.0"]
     assert gate.max_running == 1
+
+
+def test_without_a_lead_the_gate_is_fifo_across_requests():
+    gate = PriorityGate(1, first_chunk_lead_s=0.0)
+    order = _served_order(gate, [("first of t=3", 0, 3.0), ("fourth of t=1", 4, 1.0), ("first of t=2", 0, 2.0)])
+    assert order == ["fourth of t=1", "first of t=2", "first of t=3"]
+
+
+def test_a_started_stream_is_passed_only_by_requests_that_began_within_the_lead():
+    """Starvation bound: newcomers' first chunks keep arriving; an old stream's next chunk still gets its turn."""
+    gate = PriorityGate(1, first_chunk_lead_s=0.5)
+    newcomers = [(f"first of t={t:.1f}", 0, t) for t in (10.2, 10.4, 10.6, 11.0, 12.0, 13.0)]
+    order = _served_order(gate, [("next chunk of t=10", 2, 10.0), *newcomers])
+    # only the newcomers that began within 0.5 s after the stream (t=10.2, 10.4) go first
+    assert order[:3] == ["first of t=10.2", "first of t=10.4", "next chunk of t=10"]
+
+
+def test_rank_and_lead_validation():
+    gate = PriorityGate(2, first_chunk_lead_s=0.25)
+    assert gate.rank(0, 5.0) == 4.75 and gate.rank(3, 5.0) == 5.0
+    with pytest.raises(ValueError):
+        PriorityGate(1, first_chunk_lead_s=-1.0)
 
 
 def test_never_more_than_limit_hold_it():

@@ -20,6 +20,7 @@ from app.serving import (
 )
 from app.serving.admission import Admission
 from app.serving.errors import ClientGone
+from app.serving.limiter import LatencyLimit, LimiterConfig
 from app.serving.limits import SpeechLimits
 from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
@@ -208,6 +209,167 @@ def test_released_once_when_the_client_leaves_while_queued_or_running() -> None:
             assert_released(pool)
         finally:
             b.gate.set()
+            await pool.close()
+
+    run(main())
+
+
+# -- adaptive admission ------------------------------------------------------------------------------
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def adaptive(limit: int, ceiling: int = 8, budget_s: float = 10.0) -> tuple[Admission, FakeClock]:
+    clock = FakeClock()
+    lim = LatencyLimit(LimiterConfig(ceiling=ceiling, initial=limit, budget_s=budget_s), clock=clock)
+    return Admission(workers=ceiling, max_queue=0, observer=NullObserver(), limiter=lim, clock=clock), clock
+
+
+def test_adaptive_refuses_past_the_limit_as_over_budget_with_retry_after_from_the_predicted_wait() -> None:
+    adm, _ = adaptive(limit=2)
+    a, b = adm.admit(), adm.admit()
+    assert adm.predicted_wait_s() > 0
+    with pytest.raises(Overloaded) as refused:
+        adm.admit()
+    assert adm.rejected == {"over_budget": 1}
+    # no latency seen yet: the budget (10 s) stands in for it; one of 2 must end: 10 / 2 = 5 s
+    assert refused.value.retry_after_s == 5.0 == adm.retry_after_s()
+    adm.observe_latency(a, 3.0)  # an average request now takes 3 s
+    assert adm.retry_after_s() == 3.0  # no rate measured at 2 running yet: one at a time, 3 s
+    a.release()
+    assert adm.predicted_wait_s() == 0.0
+    c = adm.admit()  # room again
+    snap = adm.snapshot()
+    assert (snap["mode"], snap["limit"], snap["ceiling"], snap["load"]) == ("adaptive", 2, 8, 2.0)
+    b.release()
+    c.release()
+    assert adm.load == 0.0 and adm.in_flight == 0
+
+
+def test_the_hard_ceiling_still_refuses_as_queue_full() -> None:
+    adm, _ = adaptive(limit=8, ceiling=2)
+    adm.admit(), adm.admit()
+    with pytest.raises(Overloaded):
+        adm.admit()
+    assert adm.rejected == {"queue_full": 1}
+
+
+def test_a_long_request_takes_more_of_the_limit_once_charged_and_is_read_per_unit_of_size() -> None:
+    adm, clock = adaptive(limit=4)
+    short = adm.admit()
+    short.charge(100)  # the first size sets the average: weight 1
+    long = adm.admit()
+    long.charge(300)  # average 100 -> 120: weight 2.5
+    assert long.weight == pytest.approx(2.5) and adm.load == pytest.approx(3.5)
+    with pytest.raises(Overloaded):
+        adm.admit()  # one more average request would make 4.5 > 4
+    clock.t += 1
+    adm.observe_latency(long, 5.0)
+    assert adm.limiter.average_s == pytest.approx(2.0)  # 5 s for 2.5 average requests
+    long.release()
+    short.release()
+    assert adm.load == 0.0
+
+
+def test_only_lone_requests_teach_the_unloaded_latency_and_excluded_ones_teach_nothing() -> None:
+    adm, _ = adaptive(limit=4)
+    first = adm.admit()  # admitted alone ...
+    other = adm.admit()  # ... but not alone for long
+    adm.observe_latency(first, 2.0)
+    assert adm.limiter.unloaded_s == 2.0  # nobody ran alone yet: the lowest latency stands in
+    first.release()
+    other.release()
+    lone = adm.admit()
+    adm.observe_latency(lone, 3.0)
+    lone.release()
+    assert adm.limiter.unloaded_s == 3.0  # the lone request's latency, not the lowest seen
+    average = adm.limiter.average_s
+    quiet = adm.admit()
+    quiet.exclude()  # e.g. text arriving over time: its latency is the client's pace
+    adm.observe_latency(quiet, 50.0)
+    quiet.release()
+    assert adm.limiter.unloaded_s == 3.0 and adm.limiter.average_s == average
+
+
+def test_fixed_mode_keeps_the_capacity_and_ignores_sizes() -> None:
+    adm = Admission(workers=1, max_queue=1, observer=NullObserver())
+    a = adm.admit()
+    a.charge(5000)
+    b = adm.admit()  # a fixed gate counts requests, whatever their size
+    snap = adm.snapshot()
+    assert (snap["mode"], snap["limit"], snap["target_s"]) == ("fixed", 2, None)
+    assert adm.predicted_wait_s() > 0  # both places taken: a newcomer would wait
+    a.release()
+    b.release()
+
+
+def test_an_adaptive_pool_feeds_the_controller_and_reports_it() -> None:
+    async def main():
+        b = FakeBehaviour()
+        pool = await started(b, workers=2, max_queue=0, admission="adaptive", admission_budget_s=5.0)
+        try:
+            async with await synthesize(pool, req("a")) as job:
+                assert len([c async for c in job]) == 3
+            assert_released(pool)
+            adm = pool.stats()["admission"]
+            assert adm["mode"] == "adaptive" and adm["ceiling"] == 2 and adm["target_s"] == 5.0
+            assert adm["average_s"] is not None and adm["unloaded_s"] is not None  # one lone sample
+        finally:
+            await pool.close()
+
+    run(main())
+
+
+def test_adaptive_runs_only_limit_requests_and_lets_the_next_wait_within_the_budget() -> None:
+    async def main():
+        b = FakeBehaviour()
+        pool = await started(b, workers=3, max_queue=0, admission="adaptive", admission_budget_s=5.0)
+        try:
+            async with await synthesize(pool, req("warm")) as job:  # an average request: a few ms
+                [c async for c in job]
+            pool.start_admission_at(1)
+            b.gate = threading.Event()
+            first = asyncio.create_task(synthesize(pool, req("first")))
+            await await_until(lambda: "first" in b.started)
+            second = asyncio.create_task(synthesize(pool, req("second")))  # admitted: it may wait its turn
+            await await_until(lambda: pool.stats()["queued"] == 1)
+            assert "second" not in b.started  # two idle slots, but the limit runs one request at a time
+            assert pool.admission.predicted_wait_s() > 0
+            third = pool.admit()  # the budget still has room for another short wait ...
+            with pytest.raises(Overloaded):
+                pool.admit()  # ... but all 3 workers are taken (the ceiling)
+            third.release()
+            b.gate.set()
+            for task in (first, second):
+                async with await task as job:
+                    assert len([c async for c in job]) == 3
+            assert_released(pool)
+            assert pool.stats()["rejected"] == {"queue_full": 1}
+        finally:
+            await pool.close()
+
+    run(main())
+
+
+def test_adaptive_refuses_a_wait_that_would_break_the_budget() -> None:
+    async def main():
+        b = FakeBehaviour(first_chunk_delay_s=0.05)
+        pool = await started(b, workers=3, max_queue=0, admission="adaptive", admission_budget_s=0.06)
+        try:
+            async with await synthesize(pool, req("warm")) as job:  # ~50 ms of the 60 ms budget
+                [c async for c in job]
+            pool.start_admission_at(1)
+            held = pool.admit()
+            with pytest.raises(Overloaded) as refused:
+                pool.admit()  # waiting ~50 ms, then ~50 ms of service: past 60 ms
+            assert refused.value.retry_after_s >= 1
+            assert pool.stats()["rejected"] == {"over_budget": 1}
+            held.release()
+        finally:
             await pool.close()
 
     run(main())

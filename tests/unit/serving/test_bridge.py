@@ -219,3 +219,35 @@ def test_one_consumer_at_a_time() -> None:
         await with_executor(body)
 
     run(main())
+
+
+def test_blocked_time_counts_only_the_waits_for_a_slow_consumer() -> None:
+    def gen(cancel: threading.Event) -> Iterator[int]:
+        yield from range(3)
+
+    async def main():
+        async def body(ex):
+            stream: BlockingStream[int] = BlockingStream(asyncio.get_running_loop(), 1)
+            done = stream.start(ex, gen)
+            await await_until(lambda: stream.buffered == 1)
+            await asyncio.sleep(0.2)  # the producer holds item 1 and waits for room
+            assert [x async for x in stream] == [0, 1, 2]
+            await done
+            assert 0.15 <= stream.blocked_s < 5.0
+
+        await with_executor(body)
+
+    run(main())
+
+
+def test_a_consumer_that_keeps_up_leaves_no_blocked_time() -> None:
+    async def main():
+        async def body(ex):
+            stream: BlockingStream[int] = BlockingStream(asyncio.get_running_loop(), 8)
+            done = stream.start(ex, lambda cancel: iter(range(5)))
+            await done
+            assert [x async for x in stream] == [0, 1, 2, 3, 4] and stream.blocked_s == 0.0
+
+        await with_executor(body)
+
+    run(main())

@@ -141,3 +141,60 @@ def test_timeout_and_close() -> None:
             shutdown(made)
 
     run(main())
+
+
+def test_a_cap_below_the_loaded_slots_keeps_waiters_queued_until_it_rises() -> None:
+    async def main():
+        cap = [1]
+        slots = Slots(cap=lambda: cap[0])
+        made = [Slot(i, ThreadPoolExecutor(1)) for i in range(3)]
+        for slot in made:
+            slots.add_idle(slot)
+        try:
+            first = slots.try_acquire()
+            assert first is not None and slots.busy == 1
+            assert slots.try_acquire() is None  # two idle slots, but the cap is 1
+            second = asyncio.create_task(slots.acquire(5))
+            third = asyncio.create_task(slots.acquire(5))
+            await await_until(lambda: slots.waiting == 2)
+            cap[0] = 2
+            slots.refill()  # the cap rose: the oldest waiter gets an idle slot, the next still waits
+            lease2 = await second
+            assert slots.busy == 2 and slots.waiting == 1 and not third.done()
+            cap[0] = 1
+            first.release()  # busy 1 after it, the cap is 1: the freed slot goes idle, not to the waiter
+            await asyncio.sleep(0)
+            assert slots.busy == 1 and slots.waiting == 1 and not third.done()
+            lease2.release()  # busy 0 < 1: the waiter gets it
+            lease3 = await third
+            assert slots.busy == 1
+            lease3.release()
+            assert slots.busy == 0 and slots.waiting == 0
+        finally:
+            shutdown(made)
+
+    run(main())
+
+
+def test_a_waiter_cancelled_as_it_was_handed_a_capped_slot_passes_it_on() -> None:
+    async def main():
+        slots = Slots(cap=lambda: 1)
+        made = [Slot(i, ThreadPoolExecutor(1)) for i in range(2)]
+        for slot in made:
+            slots.add_idle(slot)
+        try:
+            holder = slots.try_acquire()
+            a = asyncio.create_task(slots.acquire(5))
+            b = asyncio.create_task(slots.acquire(5))
+            await await_until(lambda: slots.waiting == 2)
+            holder.release()  # handed to a ...
+            a.cancel()  # ... which is cancelled before it runs: it passes the slot to b
+            lease = await b
+            assert isinstance((await asyncio.gather(a, return_exceptions=True))[0], asyncio.CancelledError)
+            assert slots.busy == 1
+            lease.release()
+            assert slots.busy == 0
+        finally:
+            shutdown(made)
+
+    run(main())

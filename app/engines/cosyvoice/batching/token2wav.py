@@ -150,10 +150,12 @@ def _wait(source: Any, filt: SilenceFilter, need: int, cancel: threading.Event) 
 def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, speed: float,
                       cancel: threading.Event, schedule: HopSchedule, gate: PriorityGate | None = None,
                       flow_stream: Any = None, batched_flow: bool = False, request_id: str = "",
-                      flow_prompt: Any = None) -> Iterator[Any]:
+                      flow_prompt: Any = None, started: float | None = None) -> Iterator[Any]:
     """Yield speech tensors ``[1, n]`` as ``model.token2wav`` makes them from ``source``'s tokens.
 
-    ``gate`` (optional) bounds concurrent token2wav calls across requests, first chunks first.
+    ``gate`` (optional) bounds concurrent token2wav calls across requests, oldest request first;
+    ``started`` is when the request began (``time.monotonic()``; default: now), the same for
+    every segment of one request, so a later segment keeps its request's place.
     ``flow_stream`` (optional, streaming only): a ``flow_cache.FlowStream`` bound around each
     call, so the flow computes each hop's new frames only (``app/engines/cosyvoice/batching/flow_cache.py``).
     ``batched_flow``: the model's flow is routed to a ``FlowScheduler`` (``flow_scheduler.install``);
@@ -164,7 +166,7 @@ def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, sp
 
     from app.engines.cosyvoice.batching.flow_cache import bound_stream
 
-    started = time.monotonic()
+    started = time.monotonic() if started is None else started
     calls = 0
     cached = flow_stream if stream else None
 

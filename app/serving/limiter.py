@@ -1,0 +1,246 @@
+"""Adaptive admission: how many requests run at once, and how many may wait, from measured latency.
+
+Two decisions, both against a latency **budget** (``target_s``): ``budget_s`` when the
+operator sets one (``pool.admission_budget_s``), else ``tolerance`` x the unloaded
+latency, the median latency of recent requests that ran alone (nothing else in flight from
+their admission to their end; until one has, the lowest latency seen stands in).
+
+* **The limit** (``value``): requests of average size running at once. The pool leases no
+  more slots than this; admission.py weighs requests by size once their plan is known.
+* **The waiting room**: a request that cannot run at once is admitted to wait (FIFO) if
+  its predicted latency, the wait (the work beyond the limit, and its own place, drained
+  at ``rate()``: the throughput measured at this limit, else the best measured below it,
+  else one at a time) plus its service at this limit (limit / rate, Little's law), is within
+  the budget; else it is refused at once, its ``Retry-After`` that predicted wait. The
+  queue keeps the running places busy between arrivals; the budget keeps it short.
+
+How the limit moves (the **controller**):
+
+* **Samples.** One per finished request whose latency says something about capacity: its
+  engine time without the time the engine sat blocked on a slow client (queue wait is the
+  waiting room's business), divided by its weight, so a 4096-character text and "hello"
+  both read as "the latency of an average request". Requests admitted before the limit
+  last changed are not used to move it again (one change per round trip, as TCP does).
+* **Rule** (at most once per ``window_s``, once enough fresh samples are in): with m the
+  median fresh sample and g = target / m, the limit becomes ``limit x g``, at most halved
+  and at most x1.5 per step, within a dead band of +-10 % (a real number; the gate uses its
+  integer part n; a growth step adds at least one). By Little's law one step under
+  saturation lands on ``throughput x target``. It only grows when the limit was reached (a
+  request refused or queued, or the load at the limit) since the last step, so an idle
+  server's limit does not creep up to the ceiling.
+* **Levels: the knee.** What was measured at each n is remembered for ``probe_after_s``:
+  the median latency and, when the limit was reached there, the throughput n / median.
+  Within the budget the limit settles on the knee, the fewest running requests that finish
+  within ``min_gain`` (3 %) of the best throughput seen: it steps down to n - 1 when that
+  level did, grows to a known n + 1 only while n did not and n + 1 gave more, and never
+  grows back onto a level that missed the budget. (More requests running that finish no
+  faster only add latency; on a GIL-bound CPU model they even slow it down.) When it cannot
+  grow and n - 1 is unknown or stale it probes n - 1 for one step, so under sustained load
+  it re-checks its neighbours every ``probe_after_s``.
+* **Bounds.** Never above ``ceiling``, never below 1.
+
+Pure and synchronous (a clock is injected), so the tests drive it with synthetic latencies.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LimiterConfig:
+    ceiling: int  # hard: the limit never goes above (pool.workers + pool.max_queue)
+    initial: float  # where the limit starts (the lifespan picks it from the machine)
+    budget_s: float | None = None  # target latency of an average request; None: tolerance x unloaded latency
+    tolerance: float = 2.5  # the automatic target, in unloaded latencies
+    window_s: float = 1.0  # at most one step per window
+    min_samples: int = 3  # fresh samples a step needs (fewer when the limit itself is lower)
+    deadband: float = 0.1  # no step while the median is within +-10 % of the target
+    max_down: float = 0.5  # a step at most halves the limit ...
+    max_up: float = 1.5  # ... and at most multiplies it by 1.5
+    unloaded_samples: int = 32  # latencies of lone requests kept for the unloaded latency
+    probe_after_s: float = 120.0  # what a level gave is trusted this long (then it is probed again)
+    min_gain: float = 0.03  # one more request in flight must add this share of throughput
+    ema_alpha: float = 0.2  # average latency (for the predicted wait)
+
+    def __post_init__(self) -> None:
+        if self.ceiling < 1:
+            raise ValueError("ceiling must be at least 1")
+        if self.budget_s is not None and self.budget_s <= 0:
+            raise ValueError("budget_s must be positive (or None: automatic)")
+        if self.tolerance <= 1:
+            raise ValueError("tolerance must be above 1")
+        if self.window_s <= 0 or self.min_samples < 1 or self.probe_after_s < 0:
+            raise ValueError("window_s must be positive, min_samples at least 1, probe_after_s 0 or more")
+        if not (0 < self.max_down < 1 < self.max_up) or not (0 <= self.deadband < 1):
+            raise ValueError("need 0 < max_down < 1 < max_up and 0 <= deadband < 1")
+
+
+class LatencyLimit:
+    """The controller. ``value`` is the limit in average-size requests (an int, 1..ceiling)."""
+
+    def __init__(self, config: LimiterConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self._clock = clock
+        self.limit = float(min(config.ceiling, max(1.0, config.initial)))
+        self._fresh: list[float] = []  # samples of requests admitted since the last change
+        self._alone: deque[float] = deque(maxlen=config.unloaded_samples)
+        self._recent: deque[float] = deque(maxlen=64)  # every sample, for the stand-in unloaded latency
+        self._avg_s: float | None = None
+        self._changed_at = -math.inf  # requests admitted before this saw another limit
+        self._stepped_at = clock()
+        self._levels: dict[int, tuple[float, float, bool]] = {}  # value -> (median latency, when, limit reached)
+        self._peak_load = 0.0  # since the last step
+        self._refused = 0  # since the last step
+        self.steps = 0  # changes made (observable)
+
+    # -- what it says ----------------------------------------------------------------------------
+    @property
+    def value(self) -> int:
+        return max(1, min(self.config.ceiling, int(self.limit + 1e-9)))
+
+    @property
+    def unloaded_s(self) -> float | None:
+        """Median latency of recent lone requests, else the lowest latency seen (None before any)."""
+        if self._alone:
+            return statistics.median(self._alone)
+        return min(self._recent) if self._recent else None
+
+    @property
+    def target_s(self) -> float | None:
+        if self.config.budget_s is not None:
+            return self.config.budget_s
+        unloaded = self.unloaded_s
+        return None if unloaded is None else self.config.tolerance * unloaded
+
+    @property
+    def average_s(self) -> float | None:
+        """Moving average of the samples (the latency of an average request now)."""
+        return self._avg_s
+
+    def allows(self, load: float, weight: float = 1.0) -> bool:
+        """Admit a request of ``weight`` on top of ``load`` (all admitted, in average requests)?
+
+        It runs at once (an idle server always has room), or it may wait: its predicted latency,
+        the wait plus its service at the current limit, is within the budget.
+        """
+        if load <= 0 or load + weight <= self.value + 1e-9:
+            return True
+        target, rate = self.target_s, self.rate()
+        if target is None or rate is None:
+            return False  # nothing measured yet: no waiting room
+        service = weight * self.value / rate  # Little's law at the current limit
+        return self.predicted_wait_s(load, weight) + service <= target * (1.0 + self.config.deadband)
+
+    def predicted_wait_s(self, load: float, weight: float = 1.0) -> float:
+        """Seconds a request of ``weight`` arriving now would wait to run (0: it runs at once):
+        the work beyond the limit, and its own place, drained at ``rate()``."""
+        if load <= 0 or load + weight <= self.value + 1e-9:
+            return 0.0
+        rate = self.rate()
+        if rate is None:
+            target = self.target_s or 1.0
+            rate = self.value / target
+        return (max(0.0, load - self.value) + weight) / rate
+
+    def rate(self) -> float | None:
+        """Average requests finished per second at the current limit, as well as it is known: measured
+        there (n / its median latency), else the best measured at a lower limit (or a higher one
+        scaled by n / k), else one at a time at the average latency (no overlap assumed: errs
+        towards a shorter waiting room)."""
+        now, n = self._clock(), self.value
+        here = self._throughput(n, now)
+        if here is not None:
+            return here
+        # a level k above n: n finish at least k's rate x n / k (each runs no slower with fewer running)
+        measured = [x * min(1.0, n / k) for k in self._levels if (x := self._throughput(k, now)) is not None]
+        if measured:
+            return max(measured)
+        return 1.0 / self._avg_s if self._avg_s else None
+
+    def _missed(self, level: int, target: float, now: float) -> bool:
+        """``level`` was tried within ``probe_after_s`` and its latency missed the target."""
+        median, when, _ = self._levels[level]
+        return now - when <= self.config.probe_after_s and median > target * (1.0 + self.config.deadband)
+
+    def _throughput(self, level: int, now: float) -> float | None:
+        """Requests per second at ``level`` (Little's law: level / latency), if it was reached there lately."""
+        entry = self._levels.get(level)
+        if entry is None:
+            return None
+        median, when, reached = entry
+        return level / median if reached and now - when <= self.config.probe_after_s else None
+
+    def _decide(self, n: int, ratio: float, pressed: bool, target: float, now: float) -> float:
+        """The next limit, at value ``n`` whose fresh median latency is ``target / ratio``."""
+        cfg, old = self.config, self.limit
+        here, below, above = (self._throughput(k, now) for k in (n, n - 1, n + 1))
+        known = [x for x in (self._throughput(k, now) for k in self._levels) if x is not None]
+        enough = (1.0 - cfg.min_gain) * max(known) if known else None  # within min_gain of the best seen
+        if ratio < 1.0 - cfg.deadband:
+            return old * max(ratio, cfg.max_down)  # over budget: Little's law says how far down
+        if below is not None and enough is not None and below >= enough:
+            return n - 0.5  # one fewer in flight finishes about as many as the best: the knee is below
+        if ratio > 1.0 + cfg.deadband and pressed:
+            if above is not None:  # known: one more, if n is short of the knee and n + 1 finished more
+                short = here is not None and enough is not None and here < enough
+                if short and above > here and not self._missed(n + 1, target, now):
+                    return n + 1.0
+            else:  # unknown: grow by the latency headroom, below the nearest level that missed
+                new = max(old * min(ratio, cfg.max_up), n + 1.0)
+                missed = [k for k in self._levels if k > n and self._missed(k, target, now)]
+                if missed:
+                    new = min(new, min(missed) - 1e-6)
+                if new >= n + 1.0:
+                    return new
+        if here is not None and below is None and n > 1:
+            return n - 0.5  # at the budget or the knee with the level below unknown (or stale): probe it
+        return old
+
+    # -- what it hears ---------------------------------------------------------------------------
+    def note_load(self, load: float) -> None:
+        """The admitted load after an admission (the peak tells whether the limit was reached)."""
+        self._peak_load = max(self._peak_load, load)
+
+    def note_refused(self) -> None:
+        self._refused += 1
+
+    def observe(self, latency_s: float, *, admitted_at: float, alone: bool = False) -> None:
+        """One finished request's latency (already divided by its weight); may step the limit."""
+        latency_s = max(1e-6, float(latency_s))
+        self._recent.append(latency_s)
+        if alone:
+            self._alone.append(latency_s)
+        a = self.config.ema_alpha
+        self._avg_s = latency_s if self._avg_s is None else self._avg_s + a * (latency_s - self._avg_s)
+        if admitted_at >= self._changed_at:
+            self._fresh.append(latency_s)
+        self._maybe_step()
+
+    def _maybe_step(self) -> None:
+        now = self._clock()
+        need = min(self.config.min_samples, self.value)
+        target = self.target_s
+        if target is None or len(self._fresh) < need or now - self._stepped_at < self.config.window_s:
+            return
+        median = statistics.median(self._fresh)
+        ratio = target / median
+        n = self.value
+        pressed = self._refused > 0 or self._peak_load + 1.0 > n + 1e-9
+        self._levels[n] = (median, now, pressed)
+        old = self.limit
+        new = self._decide(n, ratio, pressed, target, now)
+        new = min(float(self.config.ceiling), max(1.0, new))
+        self._stepped_at = now
+        self._fresh.clear()
+        self._refused = 0
+        self._peak_load = 0.0
+        if new != old:
+            self.limit = new
+            self._changed_at = now
+            self.steps += 1

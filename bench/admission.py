@@ -1,0 +1,289 @@
+"""Overload with the defaults: admission as a user gets it, against fixed sizings (issue 20).
+
+    python -m bench.admission [--quick] [--systems defaults,before,tuned] [--out DIR]
+
+One server at a time (the real ``cosyserve serve`` subprocess on the tiny CosyVoice2 model,
+or ``--model-dir``), every request ``POST /v1/tts`` streamed 16-bit PCM of one sentence:
+
+* ``defaults``: cosyserve as a user starts it, no pool settings at all (adaptive admission);
+* ``before``: ``pool.admission: fixed`` with today's defaults otherwise (with batching:
+  16 workers + 16 queued), the behaviour before adaptive admission;
+* ``tuned``: ``pool.admission: fixed`` sized by hand (``--tuned-workers``, ``--tuned-queue``).
+
+Per system: closed loop at 1, 2, 4, 8, 16 clients (a 503 costs its client a 0.1 s pause),
+then open loop (Poisson) at 1.5x and 3x the best closed-loop throughput, then a step test:
+open loop at 0.5x -> 3x -> 0.5x while ``/metrics`` is read every 0.5 s (the admission limit,
+load, predicted wait, in-flight requests). Per point: admitted latency p50/p99, time to first
+audio, 503 count and p99, goodput (audio seconds and requests per wall second), errors,
+timeouts. Output: ``admission.json`` and ``admission.md`` in ``--out`` (default
+docs/benchmarks; --quick: reports/bench-admission-quick); the goals are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from bench import load, prom
+from bench.admission_report import evaluate_goals, markdown, settle_times
+from bench.load import LoadClient, RequestSpec, Result
+from bench.procs import ROOT, ServerProc, free_port, python_module
+
+TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
+GAUGES = {"limit": "tts_admission_limit", "load": "tts_admission_load",
+          "predicted_wait_s": "tts_admission_predicted_wait_seconds", "in_flight": "tts_inflight_requests",
+          "target_s": "tts_admission_target_latency_seconds"}
+
+
+def log(msg: str) -> None:
+    print(f"[admission {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke run: a few seconds per point (numbers meaningless)")
+    ap.add_argument("--out", help="output dir (default docs/benchmarks; --quick: reports/bench-admission-quick)")
+    ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/model.py")
+    ap.add_argument("--systems", default="defaults,before,tuned", help="comma list of defaults, before, tuned")
+    ap.add_argument("--concurrency", default="1,2,4,8,16")
+    ap.add_argument("--factors", default="1.5,3", help="open-loop rates, in best closed-loop throughputs")
+    ap.add_argument("--point-s", type=float, help="measured seconds per closed-loop point (default 25)")
+    ap.add_argument("--warmup-s", type=float, help="unmeasured seconds before each closed-loop point (default 5)")
+    ap.add_argument("--overload-s", type=float, help="seconds of open-loop arrivals per rate (default 30)")
+    ap.add_argument("--step-s", type=float, help="seconds of each step-test phase (default 20)")
+    ap.add_argument("--tuned-workers", type=int, default=2, help="pool.workers of the hand-tuned fixed system")
+    ap.add_argument("--tuned-queue", type=int, default=2, help="pool.max_queue of the hand-tuned fixed system")
+    ap.add_argument("--capacity-rps", type=float,
+                    help="skip the closed loop and use this as the best closed-loop throughput (open loop only)")
+    ap.add_argument("--timeout-s", type=float, default=120.0, help="client timeout per request")
+    ap.add_argument("--reject-backoff-s", type=float, default=0.1, help="closed-loop client pause after a 503")
+    args = ap.parse_args(argv)
+    quick = {"point_s": 3.0, "warmup_s": 1.0, "overload_s": 4.0, "step_s": 4.0}
+    full = {"point_s": 25.0, "warmup_s": 5.0, "overload_s": 30.0, "step_s": 20.0}
+    for key, default in (quick if args.quick else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, default)
+    args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    args.factors = [float(f) for f in args.factors.split(",") if f.strip()]
+    args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    args.out = Path(args.out or ("reports/bench-admission-quick" if args.quick else "docs/benchmarks"))
+    return args
+
+
+def pool_settings(system: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The pool section each system runs with; ``defaults`` has none at all."""
+    if system == "defaults":
+        return {}
+    if system == "before":
+        return {"admission": "fixed"}
+    if system == "tuned":
+        return {"admission": "fixed", "workers": args.tuned_workers, "max_queue": args.tuned_queue}
+    raise ValueError(f"unknown system {system!r}")
+
+
+def server(system: str, args: argparse.Namespace, model_dir: str, run_dir: Path) -> ServerProc:
+    config: dict[str, Any] = {
+        "server": {"log_level": "info", "access_log": True, "drain_timeout_s": 5},  # 503s timed server-side too
+        "engine": {"model_dir": model_dir},
+        "voices": {"dir": str(run_dir / "voices")},
+    }
+    pool = pool_settings(system, args)
+    if pool:
+        config["pool"] = pool
+    path = run_dir / f"{system}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    argv = python_module("app.cli", "serve", "--config", str(path), "--host", "127.0.0.1", "--port", str(port))
+    return ServerProc(system, argv, port, "/health/ready", run_dir)
+
+
+def work() -> RequestSpec:
+    return RequestSpec("POST", "/v1/tts", json={"text": TEXT, "format": "pcm", "stream": True})
+
+
+async def gauges(client: httpx.AsyncClient) -> dict[str, float | None]:
+    samples = prom.parse_samples((await client.get("/metrics", timeout=5)).text)
+    return {k: samples.get(name) for k, name in GAUGES.items()}
+
+
+class Poller:
+    """Reads the admission gauges every ``every_s`` into ``series`` (seconds since ``t0``)."""
+
+    def __init__(self, url: str, t0: float, every_s: float = 0.5) -> None:
+        self.url, self.t0, self.every_s = url, t0, every_s
+        self.series: list[dict[str, Any]] = []
+        self._task: asyncio.Task | None = None
+
+    async def _run(self) -> None:
+        async with httpx.AsyncClient(base_url=self.url) as client:
+            while True:
+                try:
+                    self.series.append({"t": round(time.monotonic() - self.t0, 2), **await gauges(client)})
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(self.every_s)
+
+    def __enter__(self) -> Poller:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+async def open_phases(url: str, spec: RequestSpec, phases: list[tuple[float, float]], timeout_s: float,
+                      seed: int = 1) -> tuple[list[Result], float]:
+    """Poisson arrivals at ``rate`` for ``seconds``, phase after phase; every request awaited. (results, t0)"""
+    lc = LoadClient(url, timeout_s)
+    rng = random.Random(seed)
+    tasks: list[asyncio.Task[Result]] = []
+    try:
+        t0 = time.monotonic()
+        start = 0.0
+        for rate, seconds in phases:
+            at = start
+            while True:
+                at += rng.expovariate(rate)
+                if at >= start + seconds:
+                    break
+                delay = t0 + at - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(lc.send(spec)))
+            start += seconds
+        return list(await asyncio.gather(*tasks)), t0
+    finally:
+        for t in tasks:
+            t.cancel()
+        await lc.aclose()
+
+
+def phase_summary(results: list[Result], t0: float, lo: float, hi: float, rate: float) -> dict[str, Any]:
+    """The requests sent in [lo, hi) seconds after ``t0``: latency, 503s, goodput over that span."""
+    sent = [r for r in results if lo <= r.start - t0 < hi]
+    s = load.summarize(sent, hi - lo)
+    return {"rate_rps": rate, "from_s": lo, "to_s": hi, **s.to_dict()}
+
+
+async def bench_system(system: str, srv: ServerProc, args: argparse.Namespace) -> dict[str, Any]:
+    url, spec = srv.base_url, work()
+    out: dict[str, Any] = {"system": system, "pool": pool_settings(system, args), "points": [], "open": []}
+    await load.fixed_count(url, spec, 4, 2, args.timeout_s)  # warm-up (allocator, caches), not measured
+    if args.capacity_rps is None:
+        for c in args.concurrency:
+            with Poller(url, time.monotonic()) as poll:
+                s = await load.closed_loop(url, spec, c, args.point_s, warmup_s=args.warmup_s,
+                                           timeout_s=args.timeout_s, reject_backoff_s=args.reject_backoff_s)
+            limits = [g["limit"] for g in poll.series if g.get("limit") is not None]
+            out["points"].append({"kind": "closed", "concurrency": c, **s.to_dict(),
+                                  "limit_last": limits[-1] if limits else None, "limits": limits})
+            log(f"  {system} c={c}: {brief(s)} limit={limits[-1] if limits else '-'}")
+        capacity = max(p["throughput_rps"] for p in out["points"])
+    else:
+        capacity = args.capacity_rps
+    out["capacity_rps"] = capacity
+    for factor in args.factors:
+        rate = factor * capacity
+        with Poller(url, time.monotonic()) as poll:
+            results, t0 = await open_phases(url, spec, [(rate, args.overload_s)], args.timeout_s)
+        ends = [r.start + r.latency_s for r in results]
+        elapsed = max(max(ends) - t0 if ends else 0.0, args.overload_s)
+        s = load.summarize(results, elapsed)
+        s.offered_rps = len(results) / args.overload_s
+        out["open"].append({"factor": factor, "rate_rps": rate, **s.to_dict(),
+                            "limits": [g["limit"] for g in poll.series if g.get("limit") is not None]})
+        log(f"  {system} open {factor:g}x ({rate:.2f}/s): {brief(s)}")
+    phases = [(0.5 * capacity, args.step_s), (3.0 * capacity, args.step_s), (0.5 * capacity, args.step_s)]
+    t_start = time.monotonic()
+    with Poller(url, t_start) as poll:
+        results, t0 = await open_phases(url, spec, phases, args.timeout_s, seed=2)
+        await asyncio.sleep(0.6)
+    out["step"] = {
+        "phases": [phase_summary(results, t0, i * args.step_s, (i + 1) * args.step_s, rate)
+                   for i, (rate, _) in enumerate(phases)],
+        "series": poll.series, "step_s": args.step_s, "poll_offset_s": t0 - t_start,
+    }
+    out["step"]["settle_s"] = settle_times(out["step"])
+    log(f"  {system} step 0.5x -> 3x -> 0.5x: limit settled after {out['step']['settle_s']} s "
+        f"(admitted p99 per phase: {[ms(p['latency_p99_s']) for p in out['step']['phases']]})")
+    return out
+
+
+def ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f}ms"
+
+
+def brief(s: load.Summary) -> str:
+    return (f"{s.throughput_rps:.2f} rps {s.audio_per_s:.1f} audio-s/s ok={s.ok} p50={ms(s.latency_p50_s)} "
+            f"p99={ms(s.latency_p99_s)} 503={s.rejected} (p99 {ms(s.reject_p99_s)}) err={s.errors} "
+            f"timeout={s.timeouts}")
+
+
+def server_rejects(srv: ServerProc) -> dict[str, Any]:
+    """503s as the server timed them (access log: first request byte to last response byte, in the app)."""
+    ms = sorted(float(m.group(1)) for m in re.finditer(r" /v1/tts 503 ([0-9.]+)ms", srv.log_tail(1 << 30)))
+    return {"count": len(ms), "p50_ms": load.percentile(ms, 50), "p99_ms": load.percentile(ms, 99)}
+
+
+def startup_line(srv: ServerProc) -> str | None:
+    """The server's own one-line account of its admission choice."""
+    for line in srv.log_tail(200_000).splitlines():
+        if "admission:" in line:
+            return line.split("admission:", 1)[1].strip()
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.model_dir:
+        model_dir = args.model_dir
+    else:
+        from bench.model import ensure_model
+
+        model_dir = ensure_model(2)
+    run_dir = ROOT / ".bench" / ("admission-" + time.strftime("%Y%m%d-%H%M%S"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    load1 = os.getloadavg()[0]
+    log(f"model {model_dir}; out {args.out}; logs {run_dir}; {os.cpu_count()} cores; load average {load1:.2f}")
+    results: dict[str, Any] = {
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "model": Path(model_dir).name, "text": TEXT, "cores": os.cpu_count(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg_start": os.getloadavg(), "systems": {},
+    }
+    for system in args.systems:
+        log(f"{system}: starting (pool {pool_settings(system, args) or 'defaults'})")
+        srv = server(system, args, model_dir, run_dir)
+        try:
+            with srv:
+                results["systems"][system] = asyncio.run(bench_system(system, srv, args))
+                results["systems"][system]["admission_log"] = startup_line(srv)
+                results["systems"][system]["server_503"] = server_rejects(srv)
+        except Exception as exc:  # noqa: BLE001 - one system failing must not lose the others' results
+            log(f"  {system} FAILED: {type(exc).__name__}: {str(exc)[:2000]}")
+            results["systems"][system] = {"system": system, "failed": f"{type(exc).__name__}: {exc}"[:4000]}
+    results["loadavg_end"] = os.getloadavg()
+    results["goals"] = evaluate_goals(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "admission.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "admission.md").write_text(markdown(results))
+    print("\nGoals")
+    for g in results["goals"]:
+        mark = {True: "PASS", False: "FAIL", None: "info"}[g["pass"]]
+        print(f"  [{mark}] {g['goal']}: {g['value']} (target {g['target']})")
+    log(f"wrote {args.out}/admission.json, admission.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

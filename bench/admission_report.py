@@ -1,0 +1,191 @@
+"""The admission benchmark's pure parts: when the limit settled, the goals of issue 20, the tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+SETTLE_GOAL_S = 10.0
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f}"
+
+
+def _goal(goals: list, name: str, value: str, target: str, ok: bool | None) -> None:
+    goals.append({"goal": name, "value": value, "target": target, "pass": ok})
+
+
+def settle_times(step: dict) -> list[float | None]:
+    """Seconds from each load change (0.5x -> 3x, 3x -> 0.5x) to the limit's last change in that phase.
+
+    0 when the limit did not move; None when the series has no limit (a fixed server reports its
+    constant capacity, so it shows 0).
+    """
+    series = [(p["t"], p.get("limit")) for p in step.get("series", []) if p.get("limit") is not None]
+    if not series:
+        return [None, None]
+    offset, length = step.get("poll_offset_s", 0.0), step["step_s"]
+    out: list[float | None] = []
+    for boundary in (offset + length, offset + 2 * length):
+        before = [v for t, v in series if t < boundary]
+        last = before[-1] if before else series[0][1]
+        settled = 0.0
+        for t, v in series:
+            if boundary <= t < boundary + length:
+                if v != last:
+                    settled = t - boundary
+                last = v
+        out.append(round(settled, 1))
+    return out
+
+
+def knee(points: list[dict]) -> dict | None:
+    """The closed-loop point with the fewest clients reaching 0.9x the best throughput."""
+    if not points:
+        return None
+    best = max(p["throughput_rps"] for p in points)
+    return min((p for p in points if p["throughput_rps"] >= 0.9 * best), key=lambda p: p["concurrency"])
+
+
+def evaluate_goals(r: dict) -> list[dict]:
+    goals: list[dict] = []
+    systems = r.get("systems", {})
+    for key, sys_ in systems.items():
+        if sys_.get("failed") or not sys_.get("points"):
+            continue
+        graded = key == "defaults"  # the issue's goals are for the defaults; the others are shown for comparison
+
+        def verdict(ok: bool) -> bool | None:
+            return ok if graded else None
+
+        k = knee(sys_["points"])
+        best = max(p["throughput_rps"] for p in sys_["points"])
+        k_p99 = k["latency_p99_s"] if k else None
+        _goal(goals, f"[{key}] knee (fewest clients at >= 0.9x the best {best:.2f} req/s)",
+              f"c={k['concurrency']}, p99 {_ms(k_p99)} ms" if k else "-", "info", None)
+        for o in sys_.get("open", []):
+            name = f"[{key}] open loop {o['factor']:g}x"
+            if o["latency_p99_s"] is not None and k_p99:
+                ratio = o["latency_p99_s"] / k_p99
+                _goal(goals, f"{name}: admitted p99 / p99 at the knee", f"{ratio:.2f}", "<= 2", verdict(ratio <= 2))
+            ratio = o["throughput_rps"] / best if best else 0.0
+            _goal(goals, f"{name}: throughput / best closed loop", f"{ratio:.2f}", ">= 0.95", verdict(ratio >= 0.95))
+            rej = o.get("reject_p99_s")
+            _goal(goals, f"{name}: 503 p99 (ms)", _ms(rej), "< 10", verdict(rej is None or rej < 0.010))
+            bad = o["errors"] + o["timeouts"]
+            _goal(goals, f"{name}: errors + timeouts", str(bad), "0", verdict(bad == 0))
+        p8 = next((p for p in sys_["points"] if p["concurrency"] == 8), None)
+        if p8 and p8["latency_p50_s"]:
+            ratio = p8["latency_p99_s"] / p8["latency_p50_s"]
+            _goal(goals, f"[{key}] c=8: p99 / p50 (starvation)", f"{ratio:.2f}", "<= 2", verdict(ratio <= 2))
+        settle = (sys_.get("step") or {}).get("settle_s") or []
+        if settle and all(s is not None for s in settle):
+            worst = max(settle)
+            _goal(goals, f"[{key}] step 0.5x -> 3x -> 0.5x: the limit settles within (s)",
+                  " / ".join(f"{s:g}" for s in settle), f"<= {SETTLE_GOAL_S:g}", verdict(worst <= SETTLE_GOAL_S))
+    d = systems.get("defaults") or {}
+    fixed = [s for k, s in systems.items() if k != "defaults" and s.get("points")]
+    for p in d.get("points", []):
+        rivals = [q["throughput_rps"] for s in fixed for q in s["points"] if q["concurrency"] == p["concurrency"]]
+        if rivals and max(rivals) > 0:
+            ratio = p["throughput_rps"] / max(rivals)
+            _goal(goals, f"[defaults] c={p['concurrency']}: throughput / best fixed", f"{ratio:.2f}", ">= 0.95",
+                  ratio >= 0.95)
+    return goals
+
+
+def _rows(sys_: dict) -> list[tuple[str, dict, Any]]:
+    rows: list[tuple[str, dict, Any]] = [(f"closed c={p['concurrency']}", p, p.get("limit_last"))
+                                         for p in sys_.get("points", [])]
+    rows += [(f"open {o['factor']:g}x ({o['rate_rps']:.2f}/s)", o, None) for o in sys_.get("open", [])]
+    step = sys_.get("step") or {}
+    names = ("step 0.5x", "step 3x", "step 0.5x again")
+    rows += [(f"{names[i]} ({p['rate_rps']:.2f}/s)", p, None) for i, p in enumerate(step.get("phases", []))]
+    return rows
+
+
+def markdown(r: dict) -> str:
+    cfg = r["config"]
+    runs = r.get("runs") or []
+    merged = (" Systems measured in separate runs (each under an exclusive lock of the machine): "
+              + "; ".join(f"{', '.join(x['systems'])} at {x['started']} (load average {x['loadavg_start'][0]:.2f})"
+                          for x in runs) + ".") if len(runs) > 1 else ""
+    lines = [
+        "# Overload with the defaults: admission benchmark", "",
+        (f"Run {r['started']}, {r['cores']} cores, model `{r['model']}`; every request `POST /v1/tts` streamed "
+         f"16-bit PCM of \"{r['text']}\". "
+         f"{'QUICK SMOKE RUN: the numbers mean nothing. ' if cfg.get('quick') else ''}"
+         f"Closed loop {cfg['point_s']:g} s measured after {cfg['warmup_s']:g} s (a 503 costs its client "
+         f"{cfg['reject_backoff_s']:g} s); open loop {cfg['overload_s']:g} s per rate; step phases {cfg['step_s']:g} s. "
+         f"Load average at start {r['loadavg_start'][0]:.2f}, at end {r['loadavg_end'][0]:.2f}. "
+         "Latencies in ms (send to last byte, admitted requests); goodput in requests and audio seconds per "
+         f"wall second.{merged}"), "",
+    ]
+    for key, sys_ in r["systems"].items():
+        lines += [f"## {key}: pool {sys_.get('pool') or '(no settings)'}", ""]
+        if sys_.get("admission_log"):
+            lines += [f"Startup log: `admission: {sys_['admission_log']}`", ""]
+        rej = sys_.get("server_503") or {}
+        if rej.get("count"):
+            lines += [f"503s as the server timed them (access log, the whole run): {rej['count']}, p50 "
+                      f"{rej['p50_ms']:.1f} ms, p99 {rej['p99_ms']:.1f} ms.", ""]
+        if sys_.get("failed"):
+            lines += [f"**failed:** `{sys_['failed'][:300]}`", ""]
+            continue
+        lines += ["| load | req/s | audio-s/s | p50 | p99 | TTFA p50 | 503s | 503 p99 | errors | timeouts | limit |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name, p, limit in _rows(sys_):
+            lines.append(f"| {name} | {p['throughput_rps']:.2f} | {p.get('audio_per_s', 0.0):.1f} | "
+                         f"{_ms(p['latency_p50_s'])} | {_ms(p['latency_p99_s'])} | {_ms(p['ttfa_p50_s'])} | "
+                         f"{p['rejected']} | {_ms(p['reject_p99_s'])} | {p['errors']} | {p['timeouts']} | "
+                         f"{'-' if limit is None else f'{limit:g}'} |")
+        step = sys_.get("step") or {}
+        series = step.get("series") or []
+        if series:
+            every = max(1, len(series) // 40)
+            pts = ", ".join(f"{p['t']:.0f}s:{p['limit']:g}" for p in series[::every] if p.get("limit") is not None)
+            lines += ["", f"Step test, admission limit over time (s since the first phase began at "
+                          f"{step.get('poll_offset_s', 0):.1f} s; phases change every {step['step_s']:g} s; "
+                          f"settled {step.get('settle_s')} s after each change): {pts}"]
+        lines.append("")
+    lines += ["## Goals", "", "| goal | value | target | result |", "|---|---|---|---|"]
+    for g in r.get("goals", []):
+        lines.append(f"| {g['goal']} | {g['value']} | {g['target']} | "
+                     f"{({True: 'PASS', False: 'FAIL', None: 'info'})[g['pass']]} |")
+    return "\n".join(lines) + "\n"
+
+
+def merge(runs: list[dict]) -> dict:
+    """One report from runs of single systems (each run short enough for a quiet machine): the first run's
+    header, every run's systems (a later run's system of the same name wins), the goals graded again."""
+    out = dict(runs[0])
+    out["systems"] = {}
+    out["runs"] = [{"started": r["started"], "systems": list(r["systems"]), "loadavg_start": r["loadavg_start"],
+                    "loadavg_end": r["loadavg_end"]} for r in runs]
+    for r in runs:
+        out["systems"].update(r["systems"])
+    out["loadavg_end"] = runs[-1]["loadavg_end"]
+    out["goals"] = evaluate_goals(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.admission_report OUT_DIR RUN.json...``: merge runs into OUT_DIR/admission.{json,md}."""
+    import json
+    import sys
+    from pathlib import Path
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) < 2:
+        print("usage: python -m bench.admission_report OUT_DIR RUN.json [RUN.json ...]", file=sys.stderr)
+        return 2
+    out_dir = Path(args[0])
+    merged = merge([json.loads(Path(p).read_text()) for p in args[1:]])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "admission.json").write_text(json.dumps(merged, indent=1) + "\n")
+    (out_dir / "admission.md").write_text(markdown(merged))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

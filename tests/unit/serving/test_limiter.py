@@ -1,0 +1,218 @@
+"""The adaptive admission limit (app/serving/limiter.py), driven by a fake clock and a synthetic server.
+
+The synthetic server: ``clients`` closed-loop clients, of which ``min(clients, limit)`` are
+admitted; with ``n`` in flight a request takes ``latency(n)`` seconds and requests finish at
+``n / latency(n)`` per second. By default a saturating queue: ``max(unloaded, n / capacity)``
+(Little's law once saturated); ``slope`` makes latency grow by that share of the unloaded
+latency per extra request instead (throughput still rising); ``table`` gives it outright.
+Everything is deterministic.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from app.serving.limiter import LatencyLimit, LimiterConfig
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Server:
+    """A closed loop against the limiter; ``run`` advances the fake clock and feeds latency samples."""
+
+    def __init__(self, limiter: LatencyLimit, clock: Clock, *, unloaded_s: float = 1.0, capacity: float = 1.25,
+                 slope: float | None = None, table: dict[int, float] | None = None, dt: float = 0.05) -> None:
+        self.lim, self.clock = limiter, clock
+        self.unloaded_s, self.capacity, self.dt = unloaded_s, capacity, dt
+        self.slope, self.table = slope, table
+        self._due = 0.0
+        self.history: list[tuple[float, int]] = []  # (time, limit) after each tick
+
+    def latency(self, n: int) -> float:
+        if self.table is not None:
+            return self.table[min(n, max(self.table))]
+        if self.slope is not None:
+            return self.unloaded_s * (1 + self.slope * (n - 1))
+        return max(self.unloaded_s, n / self.capacity)
+
+    def run(self, seconds: float, clients: int) -> None:
+        end = self.clock.t + seconds
+        while self.clock.t < end - 1e-9:
+            n = min(clients, self.lim.value)
+            self.lim.note_load(n)
+            if clients > self.lim.value:
+                self.lim.note_refused()
+            s = self.latency(n)
+            self._due += n / s * self.dt
+            while self._due >= 1.0:
+                self._due -= 1.0
+                self.lim.observe(s, admitted_at=self.clock.t - s, alone=(n == 1 and clients == 1))
+            self.clock.t += self.dt
+            self.history.append((self.clock.t, self.lim.value))
+
+    def changes_after(self, t: float) -> list[tuple[float, int]]:
+        """(time, new limit) of every change after ``t``."""
+        out, last = [], None
+        for when, value in self.history:
+            if last is not None and value != last and when > t:
+                out.append((when, value))
+            last = value
+        return out
+
+
+def make(initial: float, ceiling: int = 16, server: dict | None = None, **kw) -> tuple[LatencyLimit, Server]:
+    clock = Clock()
+    lim = LatencyLimit(LimiterConfig(ceiling=ceiling, initial=initial, **kw), clock=clock)
+    return lim, Server(lim, clock, **(server or {}))
+
+
+def test_it_lowers_the_limit_when_latency_rises_where_littles_law_says_then_finds_the_knee():
+    lim, srv = make(initial=16, tolerance=4.0)  # unloaded 1 s: target 4 s; capacity 1.25/s -> 5 in flight
+    srv.run(10, clients=1)  # lone requests: the unloaded latency
+    assert lim.unloaded_s == pytest.approx(1.0) and lim.target_s == pytest.approx(4.0)
+    assert lim.value == 16  # nothing pressed it yet
+    t0 = srv.clock.t
+    srv.run(60, clients=32)
+    changes = srv.changes_after(t0)
+    assert [v for _, v in changes[:2]] == [8, 5]  # over budget: at most halved, then onto 1.25/s x 4 s
+    # saturated from 2 in flight: 3 to 5 only add latency, so it probes its way down to the knee
+    assert lim.value == 2 and srv.changes_after(t0 + 35) == []
+
+
+def test_it_raises_the_limit_when_there_is_headroom_and_demand():
+    # latency 1, 1.25, 1.5, ... s: throughput keeps rising (1, 1.6, 2, 2.3, 2.5/s ...); the 2 s budget binds at 5
+    lim, srv = make(initial=1, budget_s=2.0, server={"slope": 0.25})
+    srv.run(40, clients=32)
+    assert lim.value == 5
+    assert srv.changes_after(srv.clock.t - 15) == []
+
+
+def test_it_does_not_grow_when_the_limit_is_not_reached():
+    lim, srv = make(initial=3, budget_s=4.0)
+    srv.run(30, clients=2)  # latency 1.6 s, far below the budget, but only 2 of 3 places are used
+    assert lim.value == 3 and lim.steps == 0
+
+
+def test_never_above_the_ceiling():
+    lim, srv = make(initial=2, ceiling=6, budget_s=100.0, server={"slope": 0.05})
+    srv.run(60, clients=64)
+    assert lim.value == 6
+    assert max(v for _, v in srv.history) == 6
+
+
+def test_never_below_one():
+    lim, srv = make(initial=8, budget_s=0.01)  # no request can ever meet this budget
+    srv.run(60, clients=64)
+    assert lim.value == 1 and lim.limit >= 1.0
+    assert min(v for _, v in srv.history) == 1
+
+
+def test_it_settles_after_a_load_step_at_the_knee_within_the_budget():
+    # latency 1, 1.25, 1.5 ... s, throughput 1, 1.6, 2 ... 3.25/s at 13 (the 4 s budget): 11 is within 3 % of it
+    lim, srv = make(initial=4, tolerance=4.0, server={"slope": 0.25})
+    srv.run(10, clients=1)  # learn the unloaded latency
+    srv.run(40, clients=3)  # below the limit: it does not move
+    assert lim.value == 4
+    t0 = srv.clock.t
+    srv.run(40, clients=24)  # a step past what it admits: up by the headroom, then down to the knee
+    assert lim.value == 11 and srv.changes_after(t0 + 25) == []
+    t1 = srv.clock.t
+    srv.run(30, clients=3)  # and back: below the limit again, nothing moves
+    assert srv.changes_after(t1) == [] and lim.value == 11
+
+
+def test_samples_of_requests_admitted_before_a_change_do_not_move_it_again():
+    clock = Clock()
+    lim = LatencyLimit(LimiterConfig(ceiling=16, initial=16, budget_s=1.0, window_s=0.5), clock=clock)
+    for _ in range(3):
+        lim.observe(8.0, admitted_at=0.0)
+    clock.t = 1.0
+    lim.observe(8.0, admitted_at=0.0)  # a step: 16 x max(1/8, 0.5)
+    assert lim.value == 8 and lim.steps == 1
+    for i in range(10):  # still the old, crowded requests: ignored for the next step
+        clock.t = 2.0 + i
+        lim.observe(8.0, admitted_at=0.5)
+    assert lim.value == 8 and lim.steps == 1
+    for _ in range(3):  # requests admitted after the change count again
+        clock.t += 1.0
+        lim.observe(8.0, admitted_at=1.5)
+    assert lim.value == 4 and lim.steps == 2
+
+
+def test_the_unloaded_latency_is_the_median_of_lone_requests_else_the_lowest_seen():
+    lim = LatencyLimit(LimiterConfig(ceiling=8, initial=8), clock=Clock())
+    assert lim.unloaded_s is None and lim.target_s is None
+    lim.observe(3.0, admitted_at=0.0)
+    lim.observe(2.0, admitted_at=0.0)
+    assert lim.unloaded_s == 2.0  # nobody ran alone yet: the lowest latency stands in
+    for s in (1.0, 1.2, 5.0):
+        lim.observe(s, admitted_at=0.0, alone=True)
+    assert lim.unloaded_s == 1.2 and lim.target_s == pytest.approx(3.0)  # the default tolerance: 2.5
+
+
+def test_the_waiting_room_admits_while_the_predicted_latency_is_within_the_budget():
+    clock = Clock()
+    lim = LatencyLimit(LimiterConfig(ceiling=16, initial=8, budget_s=2.1), clock=clock)
+    assert lim.allows(7.0) and lim.predicted_wait_s(7.0) == 0.0  # runs at once
+    assert not lim.allows(8.0)  # nothing measured yet: no waiting room
+    assert lim.allows(0.0, weight=20.0)  # an empty server takes even a very long request
+    lim.note_load(8.0)  # the limit was reached ...
+    clock.t = 2.0
+    for _ in range(3):
+        lim.observe(2.0, admitted_at=1.0)  # ... and 8 running took 2 s each: 4 requests a second
+    assert lim.value == 7  # within the budget, the level below unknown: it probes 7
+    assert lim.rate() == pytest.approx(3.5)  # 4/s at 8 scaled to 7: each runs no slower with fewer
+    assert lim.predicted_wait_s(7.0) == pytest.approx(1 / 3.5)  # one must end
+    assert lim.allows(7.0)  # 0.29 s + 7 / 3.5 = 2 s of service <= 2.1 s (+10 %)
+    assert lim.predicted_wait_s(8.0) == pytest.approx(2 / 3.5) and not lim.allows(8.0)  # 2.57 s
+    assert lim.predicted_wait_s(6.5, weight=2.0) == pytest.approx(2 / 3.5)  # a double-size request needs 2 places
+
+
+@pytest.mark.parametrize("kw", [{"ceiling": 0, "initial": 1}, {"ceiling": 4, "initial": 1, "budget_s": 0},
+                                {"ceiling": 4, "initial": 1, "tolerance": 1.0},
+                                {"ceiling": 4, "initial": 1, "max_up": 0.9}])
+def test_config_is_validated(kw):
+    with pytest.raises(ValueError):
+        LimiterConfig(**kw)
+
+
+def test_the_initial_limit_is_clamped_into_range():
+    assert LatencyLimit(LimiterConfig(ceiling=4, initial=10)).value == 4
+    assert LatencyLimit(LimiterConfig(ceiling=4, initial=0)).value == 1
+
+
+def test_an_optimum_between_two_integers_does_not_make_it_flap():
+    lim, srv = make(initial=4, tolerance=2.0)  # target 2 s; 1.25/s x 2 s = 2.5 in flight
+    srv.run(10, clients=1)
+    t0 = srv.clock.t
+    srv.run(100, clients=32)
+    assert lim.value == 2 and srv.latency(2) <= lim.target_s < srv.latency(3)
+    # 4 -> 2 (Little's law), a probe of 3 (misses the target) and of 1 (finishes less), back to 2; then quiet
+    assert [v for _, v in srv.changes_after(t0)] == [2, 3, 2, 1, 2]
+    assert srv.changes_after(t0 + 15) == []
+    srv.run(60, clients=32)  # past probe_after_s (120 s): its neighbours are checked again, once each
+    assert [v for _, v in srv.changes_after(t0 + 100)] == [3, 2, 1, 2] and lim.value == 2
+
+
+def test_it_stops_at_the_knee_more_in_flight_that_finish_no_faster_only_add_latency():
+    # saturated from 2 in flight (1.25/s): the 4 s budget would admit 5, but 3 to 5 add nothing but latency
+    lim, srv = make(initial=1, budget_s=4.0)
+    srv.run(100, clients=32)
+    assert lim.value == 2
+    assert srv.changes_after(srv.clock.t - 80) == []
+
+
+def test_it_steps_down_when_fewer_in_flight_finish_more():
+    # a GIL-bound CPU model: 2 in flight is fastest (1.43/s), 3 is within the budget but slower (1.30/s)
+    table = {1: 1.0, 2: 1.4, 3: 2.3, 4: 3.2, 5: 4.5}
+    lim, srv = make(initial=3, tolerance=2.5, server={"table": table})
+    srv.run(5, clients=1)
+    srv.run(100, clients=32)
+    assert lim.value == 2 and srv.latency(3) <= lim.target_s  # not the budget: the throughput
+    assert srv.changes_after(srv.clock.t - 80) == []

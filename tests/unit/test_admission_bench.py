@@ -1,0 +1,85 @@
+"""The admission benchmark's pure parts (bench/admission_report.py): settling, the knee, the goals."""
+
+from __future__ import annotations
+
+from bench.admission import parse_args, pool_settings
+from bench.admission_report import evaluate_goals, knee, markdown, settle_times
+
+
+def point(c: int, rps: float, p50: float, p99: float) -> dict:
+    return {"concurrency": c, "throughput_rps": rps, "audio_per_s": rps * 3, "latency_p50_s": p50,
+            "latency_p99_s": p99, "ttfa_p50_s": 0.3, "rejected": 0, "reject_p99_s": None, "errors": 0,
+            "timeouts": 0}
+
+
+def test_settle_times_measure_from_each_load_change_to_the_last_limit_change():
+    series = [{"t": t / 2, "limit": 4} for t in range(0, 20)]  # 0..9.5 s: 4
+    series += [{"t": 10 + t / 2, "limit": 6 if t < 6 else 5} for t in range(0, 20)]  # step at 10 s: 6, then 5 at 13 s
+    series += [{"t": 20 + t / 2, "limit": 5} for t in range(0, 20)]  # back to 0.5x at 20 s: no change
+    assert settle_times({"series": series, "step_s": 10.0, "poll_offset_s": 0.0}) == [3.0, 0.0]
+    assert settle_times({"series": [], "step_s": 10.0}) == [None, None]
+
+
+def test_the_knee_is_the_fewest_clients_at_nine_tenths_of_the_best():
+    pts = [point(1, 0.8, 1.0, 1.2), point(2, 1.1, 1.7, 2.0), point(4, 1.2, 3.2, 3.6), point(8, 1.25, 6, 7)]
+    assert knee(pts)["concurrency"] == 4  # 1.2 >= 0.9 x 1.25 = 1.125 > 1.1
+    assert knee([]) is None
+
+
+def test_goals_grade_the_defaults_and_show_the_others():
+    defaults = {"points": [point(1, 0.8, 1.0, 1.2), point(2, 1.1, 1.7, 2.0), point(8, 1.25, 6.0, 7.0)],
+                "open": [{"factor": 3.0, **point(0, 1.2, 3.0, 3.8), "rejected": 40, "reject_p99_s": 0.004}],
+                "step": {"settle_s": [4.0, 0.0]}}
+    before = {"points": [point(1, 0.8, 1.0, 1.2), point(2, 1.1, 1.7, 2.0), point(8, 1.3, 6.0, 16.9)],
+              "open": [{"factor": 3.0, **point(0, 0.9, 17.0, 35.0)}]}
+    goals = {g["goal"]: g for g in evaluate_goals({"systems": {"defaults": defaults, "before": before}})}
+    assert goals["[defaults] open loop 3x: admitted p99 / p99 at the knee"]["pass"] is True  # 3.8 / 2.0
+    assert goals["[defaults] open loop 3x: 503 p99 (ms)"]["pass"] is True
+    assert goals["[defaults] c=8: p99 / p50 (starvation)"]["pass"] is True
+    assert goals["[defaults] step 0.5x -> 3x -> 0.5x: the limit settles within (s)"]["pass"] is True
+    assert goals["[before] c=8: p99 / p50 (starvation)"]["pass"] is None  # shown, not graded
+    assert goals["[before] open loop 3x: admitted p99 / p99 at the knee"]["value"] == "2.07"  # its knee: c=8
+    assert goals["[defaults] c=8: throughput / best fixed"]["value"] == "0.96"  # 1.25 / 1.3
+    assert goals["[defaults] c=8: throughput / best fixed"]["pass"] is True
+    defaults["points"][1] = point(2, 0.9, 1.7, 2.0)
+    goals = {g["goal"]: g for g in evaluate_goals({"systems": {"defaults": defaults, "before": before}})}
+    assert goals["[defaults] c=2: throughput / best fixed"]["pass"] is False  # 0.9 / 1.1
+
+
+def test_the_defaults_system_has_no_pool_settings_and_the_report_renders():
+    args = parse_args(["--quick"])
+    assert pool_settings("defaults", args) == {}
+    assert pool_settings("before", args) == {"admission": "fixed"}
+    assert pool_settings("tuned", args)["admission"] == "fixed"
+    r = {"config": vars(args) | {"out": str(args.out)}, "started": "now", "cores": 2, "model": "tiny", "text": "x",
+         "loadavg_start": [0.1], "loadavg_end": [0.2],
+         "systems": {"defaults": {"pool": {}, "points": [point(1, 0.8, 1.0, 1.2)], "open": [],
+                                  "step": {"series": [{"t": 0.0, "limit": 4.0}], "step_s": 4.0, "settle_s": [0, 0],
+                                           "phases": []}}}}
+    r["goals"] = evaluate_goals(r)
+    text = markdown(r)
+    assert "| closed c=1 | 0.80 |" in text and "0s:4" in text
+
+
+def test_runs_of_single_systems_merge_into_one_report(tmp_path):
+    import json
+
+    from bench.admission_report import main
+
+    args = parse_args(["--quick"])
+    base = {"config": vars(args) | {"out": str(args.out)}, "cores": 2, "model": "tiny", "text": "x",
+            "loadavg_start": [0.1], "loadavg_end": [0.2]}
+    before = {**base, "started": "t1", "systems": {"before": {"pool": {"admission": "fixed"},
+                                                              "points": [point(8, 1.3, 6.0, 16.9)], "open": []}}}
+    after = {**base, "started": "t2", "systems": {"defaults": {"pool": {}, "points": [point(8, 1.25, 2.0, 3.0)],
+                                                               "open": []}}}
+    paths = []
+    for i, run in enumerate((before, after)):
+        paths.append(tmp_path / f"{i}.json")
+        paths[-1].write_text(json.dumps(run))
+    assert main([str(tmp_path / "out"), *map(str, paths)]) == 0
+    merged = json.loads((tmp_path / "out" / "admission.json").read_text())
+    assert list(merged["systems"]) == ["before", "defaults"]
+    goals = {g["goal"]: g for g in merged["goals"]}
+    assert goals["[defaults] c=8: throughput / best fixed"]["value"] == "0.96"  # graded across the two runs
+    assert "separate runs" in (tmp_path / "out" / "admission.md").read_text()
