@@ -10,10 +10,10 @@ waits, so a refusal costs next to nothing (TEI's ``try_acquire_permit``). Two mo
   else it is refused as ``over_budget`` with a ``Retry-After`` from the predicted wait.
   Never more than ``workers + max_queue`` in flight. Size enters in two steps: at the edge, before the body is read, a
   request counts as one average request (the refusal stays free); once its plan is
-  known its holder ``charge()``\ s its size (text characters), so a long text takes
+  known its holder ``charge()``s its size (text characters), so a long text takes
   more of the limit and its latency is read per unit of size. Work whose latency says
   nothing about capacity (text that arrives over time, voice registration) is
-  ``exclude()``\ d from the latency samples.
+  ``exclude()``d from the latency samples.
 
 A ticket is an owned handle on one permit (TEI's ``OwnedSemaphorePermit``):
 exactly one holder has it at a time. ``take()`` moves the permit to a new
