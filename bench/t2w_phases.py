@@ -207,13 +207,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-chunk-tokens", type=int, default=None)
     ap.add_argument("--text", default=TEXT)
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the engine")
+    ap.add_argument("--flow-runtime", default="auto", help="engine.flow_runtime (default auto, the server's: "
+                    "ONNX Runtime on a CPU for the per-request flow)")
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args(argv)
     print(header())
     results = compare(args.model_dir, batches=tuple(args.batch.split(",")),
                       concurrency=tuple(int(c) for c in args.concurrency.split(",")), requests=args.requests,
                       stream=not args.whole, text=args.text, first_chunk_tokens=args.first_chunk_tokens,
-                      engine_kw={"torch_threads": args.threads, "llm_greedy": False})
+                      engine_kw={"torch_threads": args.threads, "llm_greedy": False,
+                                 "flow_runtime": args.flow_runtime})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
