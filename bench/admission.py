@@ -143,9 +143,13 @@ class Poller:
 
 
 async def open_phases(url: str, spec: RequestSpec, phases: list[tuple[float, float]], timeout_s: float,
-                      seed: int = 1) -> tuple[list[Result], float]:
-    """Poisson arrivals at ``rate`` for ``seconds``, phase after phase; every request awaited. (results, t0)"""
+                      seed: int = 1, errors: list[str] | None = None) -> tuple[list[Result], float]:
+    """Poisson arrivals at ``rate`` for ``seconds``, phase after phase; every request awaited. (results, t0)
+
+    ``errors``: receives the client's error texts (the first 20)."""
     lc = LoadClient(url, timeout_s)
+    if errors is not None:
+        lc.errors = errors
     rng = random.Random(seed)
     tasks: list[asyncio.Task[Result]] = []
     try:
@@ -196,10 +200,11 @@ async def bench_system(system: str, srv: ServerProc, args: argparse.Namespace) -
     for factor in args.factors:
         rate = factor * capacity
         with Poller(url, time.monotonic()) as poll:
-            results, t0 = await open_phases(url, spec, [(rate, args.overload_s)], args.timeout_s)
+            errors: list[str] = []
+            results, t0 = await open_phases(url, spec, [(rate, args.overload_s)], args.timeout_s, errors=errors)
         ends = [r.start + r.latency_s for r in results]
         elapsed = max(max(ends) - t0 if ends else 0.0, args.overload_s)
-        s = load.summarize(results, elapsed)
+        s = load.summarize(results, elapsed, errors)
         s.offered_rps = len(results) / args.overload_s
         out["open"].append({"factor": factor, "rate_rps": rate, **s.to_dict(),
                             "limits": [g["limit"] for g in poll.series if g.get("limit") is not None]})
