@@ -135,6 +135,8 @@ class EngineSettings(_Section):
     # batched v2/v3: every request's flow runs in one thread, in batched rounds (auto: on for CUDA, off on a CPU)
     token2wav_batch: Literal["auto", "on", "off"] = "auto"
     token2wav_max_batch: int | None = Field(None, ge=1, le=256)  # flow calls per round (None: max_batch_size)
+    # batched v2/v3: sequences joining at one step prefilled in one forward (auto: on for CUDA, off on a CPU)
+    prefill_batch: Literal["auto", "on", "off"] = "auto"
     llm_greedy: bool = False  # testing only: argmax instead of CosyVoice's sampling (deterministic output)
     text_normalization: Literal["auto", "off"] = "auto"  # auto: wetext (zh / en / ja, per sentence) before splitting
     tiny_version: Literal[1, 2, 3] = 2

@@ -369,3 +369,18 @@ def test_seeded_sequences_joining_together_draw_from_their_own_generators(lm, re
     again = bistream_join(lm, references, False)
     assert first == again
     assert first != bistream_join(lm, references, True)
+
+
+@pytest.mark.parametrize(("setting", "together"), [("auto", False), ("on", True), ("off", False)])
+def test_engine_prefill_batch_decides_whether_joiners_share_a_forward(tiny_models, setting, together):
+    """``engine.prefill_batch``: auto is off on a CPU (one forward per joiner measured faster there)."""
+    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+
+    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
+                                          max_batch_size=8, prefill_batch=setting))
+    eng.load()
+    try:
+        joins = eng.runner.scheduler._joins
+        assert joins.max_batch == (8 if together else 1)
+    finally:
+        eng.close()

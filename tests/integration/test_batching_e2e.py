@@ -81,7 +81,8 @@ def test_default_config_batches_concurrent_requests_and_each_gets_its_own_audio(
     assert metric(after, "tts_llm_step_seconds_count") == metric(after, "tts_llm_batch_size_count")
     forwards = metric(after, "tts_llm_prefill_batch_size_count") - metric(before, "tts_llm_prefill_batch_size_count")
     joined = metric(after, "tts_llm_prefill_batch_size_sum") - metric(before, "tts_llm_prefill_batch_size_sum")
-    assert joined == len(TEXTS) and 1 <= forwards <= len(TEXTS)  # each request prefilled once, some together
+    # each request prefilled once; on a CPU one by one (engine.prefill_batch: auto, off there: measured slower)
+    assert joined == len(TEXTS) and forwards == len(TEXTS)
     assert metric(after, "tts_llm_prefill_seconds_count") == metric(after, "tts_llm_prefill_batch_size_count")
     for stage in ("frontend", "llm", "flow", "hift", "encode"):  # every request timed every stage
         name = f'tts_stage_seconds_count{{stage="{stage}"}}'

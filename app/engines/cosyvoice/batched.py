@@ -61,8 +61,9 @@ class BatchedRunner:
                  flow_cache: bool = False, flow_cache_window_frames: int | None = None,
                  flow_prompt_cache_mb: float = 0, flow_cache_budget_mb: float | None = None,
                  token2wav_batch: bool = False, token2wav_max_batch: int | None = None,
-                 flow_observer: FlowObserver | None = None) -> None:
-        """``flow_cache_budget_mb``: what all streams' flow caches may hold together (None: no limit)."""
+                 flow_observer: FlowObserver | None = None, prefill_batch: bool = True) -> None:
+        """``flow_cache_budget_mb``: what all streams' flow caches may hold together (None: no limit).
+        ``prefill_batch``: the sequences joining at one step are prefilled in one forward (else one by one)."""
         if not supports_batching(getattr(model, "llm", None)):
             raise TypeError("this CosyVoice model's LLM cannot be batched")
         if token2wav_batch and flow_cache:
@@ -89,7 +90,7 @@ class BatchedRunner:
                         "streaming recomputes the prefix")
         self.scheduler = LLMScheduler(self.lm, max_batch_size=max_batch_size,
                                       rules=SamplingRules.from_llm(model.llm, greedy=greedy),
-                                      observer=observer)
+                                      observer=observer, max_prefill_batch=None if prefill_batch else 1)
         self.flow_rounds: FlowScheduler | None = None
         if token2wav_batch:
             self.flow_rounds = FlowScheduler(BatchedFlow(model.flow, prompts=self.prompt_cache is not None),

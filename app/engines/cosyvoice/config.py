@@ -34,6 +34,7 @@ class CosyVoiceConfig:
     onnx_cache_dir: str | None = None  # where exported ONNX graphs are kept, keyed by weights (None: memory only)
     token2wav_batch: str = "auto"  # auto | on | off: every request's flow in one thread, batched rounds (auto: CUDA)
     token2wav_max_batch: int | None = None  # calls per flow round (None: max_batch_size)
+    prefill_batch: str = "auto"  # auto | on | off: joiners of one step in one prefill forward (auto: CUDA)
 
     def levers(self) -> Any:
         """The cost levers as ``load_model_dir`` takes them."""
