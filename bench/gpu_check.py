@@ -20,7 +20,10 @@ reports:
 * host syncs per decode step (``set_sync_debug_mode`` on CUDA, and the CPU proxy's
   count), peak GPU memory;
 * prefill: the running batch's stall when 16 requests join it at once, one-by-one vs
-  batched prefill (``bench/prefill_stall.py``).
+  batched prefill (``bench/prefill_stall.py``);
+* token2wav: ``engine.token2wav_batch`` off vs on, one engine each (``bench/t2w_phases.py``):
+  time to first audio p50/p95, audio seconds per wall second, flow rounds (batch, ms) and
+  LLM step ms at 1, 4, 8 and 16 streams (quick: 1 and 4).
 
 A phase that would overrun the budget is skipped and says so. Nothing here is a
 benchmark of the real model: random weights, a calibrated stop (docs/benchmarks/fullsize-model.md).
@@ -427,6 +430,17 @@ def prefill(eng: Any, quick: bool) -> dict:
     return compare(lm, joiners=16, running=4, rounds=1 if quick else 3, prompt=(50, 150) if quick else (100, 300))
 
 
+def token2wav(mdir: str, device: str, quick: bool, threads: int) -> dict:
+    """``engine.token2wav_batch`` off vs on: the same streamed requests on one engine per setting."""
+    from bench.t2w_phases import compare
+
+    levels = (1, 4) if quick else (1, 4, 8, 16)
+    runs = compare(mdir, batches=("off", "on"), concurrency=levels, requests=1 if quick else 2, stream=True,
+                   text=STREAM_TEXT, engine_kw={"device": device, "torch_threads": threads,
+                                                "text_normalization": "off"}, log=None)
+    return {"levels": list(levels), "runs": runs}
+
+
 def gpu_memory(device: Any) -> dict | None:
     """Peak GPU memory while streaming (the model, the KV cache, 16 requests' flow/HiFT)."""
     import torch
@@ -496,6 +510,18 @@ def run(args: argparse.Namespace) -> dict:
         doc["gpu_memory"] = gpu_memory(device)
     finally:
         eng.close()
+    needs = 60 if args.quick else 150  # two more engines (one per setting) and their streams
+    if deadline.left() < needs:
+        doc["token2wav"] = {"skipped": f"time budget ({deadline.left():.0f} s left, needs ~{needs} s)"}
+    else:
+        t = time.monotonic()
+        try:
+            doc["token2wav"] = token2wav(mdir, str(device), args.quick, args.threads)
+        except Exception as exc:  # noqa: BLE001 - a finding, reported
+            log.exception("phase token2wav failed")
+            doc["token2wav"] = {"failed": repr(exc)}
+        doc["token2wav_s"] = round(time.monotonic() - t, 1)
+        say(f"token2wav: {json.dumps(doc['token2wav'], default=str)[:300]}")
     doc["elapsed_s"] = round(args.budget_s - deadline.left(), 1)
     return doc
 

@@ -130,10 +130,21 @@ def markdown(doc: dict) -> str:
             lines.append(f"| {mode.replace('_', ' ')} | {r['prefill_forwards']} | {_f(r['gap_ms'], 1)} | "
                          f"{_f(r['usual_gap_ms'], 1)} | {_f(r['prefill_ms'], 1)} | {r['all_joined_at_once']} |")
         lines.append(f"\nInputs of {pf['prompt_tokens'][0]}-{pf['prompt_tokens'][1]} tokens ({pf['input_tokens']} in "
-                     f"all), median of {pf['rounds']} round(s); batched prefill {_f(pf['speedup'], 1)}x faster; the "
+                     f"all), median of {pf['rounds']} round(s); gap one by one / batched: {_f(pf['speedup'], 2)}x; the "
                      f"joiners' first tokens {'equal' if pf['first_tokens_equal'] else 'DIFFER'} between the modes.")
     else:
         lines.append(f"{_why(doc, 'prefill')}.")
+    lines += ["", "## Batched token2wav: engine.token2wav_batch off vs on", ""]
+    tw = _phase(doc, "token2wav")
+    if tw:
+        from bench.t2w_phases import header, line
+
+        lines.append(header())
+        for setting, rows in tw["runs"].items():
+            lines += [line(setting, r) for r in rows]
+        lines.append("\nStreamed requests, one engine per setting, closed loop; flow rounds only with the setting on.")
+    else:
+        lines.append(f"{_why(doc, 'token2wav')}.")
     mem = doc.get("gpu_memory")
     lines += ["", "## GPU memory", ""]
     if mem:

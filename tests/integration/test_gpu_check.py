@@ -46,7 +46,14 @@ def test_the_gpu_check_runs_on_a_cpu_and_writes_its_report(tiny_models, tmp_path
     assert pf["one_by_one"]["all_joined_at_once"] and pf["batched"]["all_joined_at_once"]
     assert pf["batched"]["gap_ms"] > pf["batched"]["prefill_ms"] > 0
     md = out.with_suffix(".md").read_text()
+    tw = doc["token2wav"]
+    assert tw["levels"] == [1, 4] and set(tw["runs"]) == {"off", "on"}
+    for setting, rows in tw["runs"].items():
+        assert [r["concurrency"] for r in rows] == [1, 4]
+        assert all(not r["errors"] and r["requests"] == r["concurrency"] and r["ttfa_p50_s"] > 0 for r in rows)
+        assert all((r["flow_rounds"] > 0) == (setting == "on") for r in rows)
     assert "none of these numbers is a GPU figure" in md and "## Streaming" in md and "## Prefill" in md
+    assert "## Batched token2wav" in md and "| on | 4 |" in md
 
 
 def test_its_cpu_against_device_comparison_runs_where_both_are_the_cpu(engines):
