@@ -176,6 +176,7 @@ def test_plan_puts_long_inputs_first_within_the_token_cap():
 def scheduler(lm, greedy: bool, start: bool = True, **kw) -> tuple[LLMScheduler, Recorder, JoinGate]:
     """A scheduler with a ``Recorder`` observer and a ``JoinGate`` step probe; ``start=False``: queue first."""
     rec, gate = kw.pop("observer", None) or Recorder(), JoinGate()
+    kw.setdefault("max_prefill_batch", None)  # batched prefill (the scheduler's default is one by one)
     sched = LLMScheduler(lm, max_batch_size=kw.pop("max_batch_size", 32),
                          rules=SamplingRules.from_llm(lm.llm, greedy=greedy), observer=rec, step_probe=gate, **kw)
     if start:

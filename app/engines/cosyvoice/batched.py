@@ -61,7 +61,7 @@ class BatchedRunner:
                  flow_cache: bool = False, flow_cache_window_frames: int | None = None,
                  flow_prompt_cache_mb: float = 0, flow_cache_budget_mb: float | None = None,
                  token2wav_batch: bool = False, token2wav_max_batch: int | None = None,
-                 flow_observer: FlowObserver | None = None, prefill_batch: bool = True) -> None:
+                 flow_observer: FlowObserver | None = None, prefill_batch: bool = False) -> None:
         """``flow_cache_budget_mb``: what all streams' flow caches may hold together (None: no limit).
         ``prefill_batch``: the sequences joining at one step are prefilled in one forward (else one by one)."""
         if not supports_batching(getattr(model, "llm", None)):

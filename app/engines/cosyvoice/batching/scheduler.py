@@ -12,8 +12,9 @@ A new sequence joins at the next step after its prefill; a finished, cancelled
 or failed one leaves at once and its cache row is freed. At most
 ``max_batch_size`` sequences run; later ones wait (FIFO) for a row. The sequences
 that join at one step (new ones, and bistream ones back with more text) are
-prefilled together, in as few forwards as ``max_prefill_tokens`` allows
-(``prefill.py``), so a burst of arrivals stalls the running batch once.
+prefilled together when ``max_prefill_batch`` allows (``engine.prefill_batch``, on for
+CUDA), in as few forwards as ``max_prefill_tokens`` allows (``prefill.py``), so a burst
+of arrivals stalls the running batch once; by default one forward each.
 
 Sampling runs on the host: each step's log-probs ``[n, V]`` come off the device in
 one copy (fp32), and every sequence samples from its row with its own CPU
@@ -86,11 +87,12 @@ class LLMScheduler:
     def __init__(self, lm: BatchedLM, max_batch_size: int = 16, rules: SamplingRules | None = None,
                  observer: LLMObserver | None = None, trace_logp: bool = False,
                  step_probe: Callable[[], Any] | None = None, max_prefill_tokens: int | None = None,
-                 max_prefill_batch: int | None = None) -> None:
+                 max_prefill_batch: int | None = 1) -> None:
         """``step_probe`` (measurement): a context manager factory entered around each decode step,
         in the scheduler thread (``bench/syncs.py`` counts host syncs with it). ``max_prefill_tokens``:
         padded input tokens per prefill forward (None: ``prefill.MAX_PREFILL_TOKENS``); ``max_prefill_batch``:
-        joiners per prefill forward (None: as many as join; 1: one by one)."""
+        joiners per prefill forward (1, the default: one by one, what a CPU does best; None: as many as join,
+        ``engine.prefill_batch`` on a GPU)."""
         if max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         self.lm = lm
