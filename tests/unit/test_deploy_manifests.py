@@ -68,6 +68,16 @@ def container(docs: list[dict]) -> dict:
     return one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
 
 
+def container_env(c: dict) -> dict[str, str]:
+    """The container's env as the kubelet sets it: ``$(NAME)`` expands to a variable set earlier in the list."""
+    env: dict[str, str] = {}
+    for e in c["env"]:
+        value = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), e["value"])
+        assert "$(" not in value, f"{e['name']}: {e['value']} refers to a variable not set before it"
+        env[e["name"]] = value
+    return env
+
+
 def unknown_fields(obj, schema: dict, path: str = "") -> list[str]:
     """Fields the structural schema does not declare (the API server would prune or reject them)."""
     if schema.get("x-kubernetes-preserve-unknown-fields"):
@@ -151,7 +161,7 @@ def container_settings(docs: list[dict], tmp_path: Path, monkeypatch) -> Setting
     """The server's own loader on config.yaml + the container's COSYSERVE_* env (model dir: a stand-in)."""
     for name in [n for n in os.environ if n.startswith("COSYSERVE_")]:
         monkeypatch.delenv(name)
-    env = {e["name"]: e["value"] for e in container(docs)["env"]}
+    env = container_env(container(docs))
     assert env["COSYSERVE_ENGINE__MODEL_DIR"].startswith("/models/")
     env["COSYSERVE_ENGINE__MODEL_DIR"] = str(tmp_path)  # the loader checks that the dir exists
     keys_file = env["COSYSERVE_SERVER__API_KEYS_FILE"]  # mounted from the Secret cosyserve-api-keys
@@ -200,8 +210,10 @@ def test_non_root_read_only_root_and_the_volumes(overlay):
     assert pvcs[models["claimName"]]["spec"]["accessModes"] == ["ReadOnlyMany"]
     voices = volumes[mounts["/voices"]["name"]]["persistentVolumeClaim"]
     assert pvcs[voices["claimName"]]["spec"]["accessModes"] == ["ReadWriteMany"]
-    env = {e["name"]: e["value"] for e in c["env"]}
+    env = container_env(c)
     assert env["HOME"].startswith("/tmp") and env["XDG_CACHE_HOME"].startswith("/tmp")
+    assert all(env[k].startswith(env["HOME"] + "/") for k in ("XDG_CACHE_HOME", "NUMBA_CACHE_DIR",
+                                                              "COSYSERVE_ENGINE__TINY_CACHE_DIR"))
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
