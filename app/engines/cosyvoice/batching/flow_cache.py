@@ -206,6 +206,43 @@ def supports_flow_cache(flow: Any) -> bool:
     return hasattr(flow, "encoder") and hasattr(flow.decoder, "rand_noise")
 
 
+def project(attn: Any, hidden_states: Any) -> tuple[Any, Any, Any]:
+    """A diffusers ``Attention``'s own query, key and value of ``hidden_states``, each ``[b, heads, t, hd]``."""
+    b, t, _ = hidden_states.shape
+    q, k, v = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+    hd = k.shape[-1] // attn.heads
+    return tuple(x.view(b, t, attn.heads, hd).transpose(1, 2) for x in (q, k, v))  # type: ignore[return-value]
+
+
+def attend(attn: Any, q: Any, k: Any, v: Any, bias: Any, hidden_states: Any) -> Any:
+    """Attention of ``q`` over ``k``/``v`` with an additive ``bias`` ``[b, 1, t, keys]`` (or None), then the
+    ``Attention``'s output projection, residual and rescale, as its own processor ends."""
+    import torch.nn.functional as F
+
+    b, heads, t, hd = q.shape
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=0.0, is_causal=False)
+    out = attn.to_out[0](out.transpose(1, 2).reshape(b, t, heads * hd).to(q.dtype))
+    out = attn.to_out[1](out)
+    if attn.residual_connection:
+        out = out + hidden_states
+    return out / attn.rescale_output_factor
+
+
+def hook_estimator(estimator: Any, marker: str, conv_pre: Any, conv_post: Any, processor: Any) -> bool:
+    """Hook every causal convolution (``conv_pre``/``conv_post``) and wrap every attention's processor in
+    ``processor``; once per ``marker``. False: already hooked."""
+    if getattr(estimator, marker, False):
+        return False
+    for m in estimator.modules():
+        if type(m).__name__ == "CausalConv1d":
+            m.register_forward_pre_hook(conv_pre)
+            m.register_forward_hook(conv_post)
+        if hasattr(m, "set_processor") and hasattr(m, "to_k"):
+            m.set_processor(processor(m.processor))
+    setattr(estimator, marker, True)
+    return True
+
+
 class CachedAttention:
     """An attention processor that, with a FlowStream bound, attends over cached + new frames."""
 
@@ -221,9 +258,7 @@ class CachedAttention:
         import torch.nn.functional as F
 
         b, t, _ = hidden_states.shape
-        q, k, v = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
-        hd = k.shape[-1] // attn.heads
-        q, k, v = (x.view(b, t, attn.heads, hd).transpose(1, 2) for x in (q, k, v))
+        q, k, v = project(attn, hidden_states)
         key = (stream.step, id(attn))
         cached = stream.kv.get(key)
         if cached is not None:
@@ -234,12 +269,7 @@ class CachedAttention:
         bias = attention_mask  # [b, t, t] additive chunk mask over the new frames
         if bias is not None:
             bias = F.pad(bias, (past, 0), value=0.0).view(b, 1, t, past + t)  # every earlier frame is visible
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=0.0, is_causal=False)
-        out = attn.to_out[0](out.transpose(1, 2).reshape(b, t, attn.heads * hd).to(q.dtype))
-        out = attn.to_out[1](out)
-        if attn.residual_connection:
-            out = out + hidden_states
-        return out / attn.rescale_output_factor
+        return attend(attn, q, k, v, bias, hidden_states)
 
 
 def _conv_pre(module: Any, args: tuple) -> tuple | None:
@@ -265,16 +295,8 @@ def _conv_post(module: Any, _args: tuple, out: Any) -> Any:
 
 def install(flow: Any) -> None:
     """Make ``flow`` streamable incrementally (no-op behaviour while no FlowStream is bound)."""
-    estimator = flow.decoder.estimator
-    if getattr(estimator, "_cosyserve_flow_cache", False):
+    if not hook_estimator(flow.decoder.estimator, "_cosyserve_flow_cache", _conv_pre, _conv_post, CachedAttention):
         return
-    for m in estimator.modules():
-        if type(m).__name__ == "CausalConv1d":
-            m.register_forward_pre_hook(_conv_pre)
-            m.register_forward_hook(_conv_post)
-        if hasattr(m, "set_processor") and hasattr(m, "to_k"):
-            m.set_processor(CachedAttention(m.processor))
-    estimator._cosyserve_flow_cache = True
     original = flow.inference
 
     def inference(*args: Any, **kw: Any) -> Any:

@@ -108,12 +108,11 @@ class PrefixAttention:
         if rows is None or encoder_hidden_states is not None:
             return self.inner(attn, hidden_states, encoder_hidden_states, attention_mask, temb, *args, **kwargs)
         import torch
-        import torch.nn.functional as F
+
+        from app.engines.cosyvoice.batching.flow_cache import attend, project
 
         b, t, _ = hidden_states.shape
-        q, k, v = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
-        hd = k.shape[-1] // attn.heads
-        q, k, v = (x.view(b, t, attn.heads, hd).transpose(1, 2) for x in (q, k, v))
+        q, k, v = project(attn, hidden_states)
         bias = attention_mask  # [b, t, t]: the estimator's own chunk and length mask over the new frames
         past = rows.past(attn, k)
         if past is not None:
@@ -123,12 +122,7 @@ class PrefixAttention:
             bias = torch.cat([prefix, bias], dim=-1)
         if bias is not None:
             bias = bias.view(b, 1, t, -1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=0.0, is_causal=False)
-        out = attn.to_out[0](out.transpose(1, 2).reshape(b, t, attn.heads * hd).to(q.dtype))
-        out = attn.to_out[1](out)
-        if attn.residual_connection:
-            out = out + hidden_states
-        return out / attn.rescale_output_factor
+        return attend(attn, q, k, v, bias, hidden_states)
 
 
 def _conv_pre(module: Any, args: tuple) -> tuple | None:
@@ -147,13 +141,6 @@ def _conv_post(module: Any, _args: tuple, out: Any) -> Any:
 
 def install(flow: Any) -> None:
     """Hook ``flow``'s estimator (CosyVoice2's; ``flow_cache.supports_flow_cache``) for prefixed rows. Idempotent."""
-    estimator = flow.decoder.estimator
-    if getattr(estimator, "_cosyserve_flow_prefix", False):
-        return
-    for m in estimator.modules():
-        if type(m).__name__ == "CausalConv1d":
-            m.register_forward_pre_hook(_conv_pre)
-            m.register_forward_hook(_conv_post)
-        if hasattr(m, "set_processor") and hasattr(m, "to_k"):
-            m.set_processor(PrefixAttention(m.processor))
-    estimator._cosyserve_flow_prefix = True
+    from app.engines.cosyvoice.batching.flow_cache import hook_estimator
+
+    hook_estimator(flow.decoder.estimator, "_cosyserve_flow_prefix", _conv_pre, _conv_post, PrefixAttention)
