@@ -204,6 +204,18 @@ def alone(lm, xs, greedy: bool, max_len: int = MAX_LEN) -> list[list[int]]:
     return out
 
 
+def queued_together(lm, xs, greedy: bool, **kw) -> tuple[list[list[int]], Recorder, dict]:
+    """Every input queued before the loop first looks, decoded: (tokens, the recorder, the stopped scheduler's stats)."""
+    sched, rec, _ = scheduler(lm, greedy, start=False, **kw)
+    try:
+        seqs = [submit(sched, x, i) for i, x in enumerate(xs)]
+        sched.start()
+        got = finish(seqs)
+    finally:
+        sched.stop()
+    return got, rec, sched.stats()
+
+
 def finish(seqs) -> list[list[int]]:
     for seq in seqs:
         seq.wait_for(1 << 30, timeout=120)
@@ -229,17 +241,11 @@ def references(lm):
 @pytest.mark.parametrize("count", [1, 3, 16])
 def test_sequences_arriving_together_join_in_one_forward_and_decode_as_alone(lm, references, greedy, count):
     xs, want = references("mixed", MIXED, greedy)
-    sched, rec, _ = scheduler(lm, greedy, start=False)
-    try:
-        seqs = [submit(sched, x, i) for i, x in enumerate(xs[:count])]
-        sched.start()  # all queued when the loop first looks
-        got = finish(seqs)
-    finally:
-        sched.stop()
+    got, rec, stats = queued_together(lm, xs[:count], greedy)
     assert got == want[:count]
     assert all(len(t) >= 8 for t in got)
     assert [n for _, n, _ in rec.prefills] == [count]
-    assert sched.stats()["prefill_forwards"] == 1 and sched.stats()["kv_bytes"] == 0
+    assert stats["prefill_forwards"] == 1 and stats["kv_bytes"] == 0
 
 
 @pytest.mark.parametrize("greedy", [True], ids=["greedy"])  # seeded: test_seeded_sequences_joining_...
@@ -266,13 +272,7 @@ def test_sixteen_joining_a_running_batch_decode_as_alone_and_the_running_ones_to
 @pytest.mark.parametrize("greedy", [True], ids=["greedy"])  # seeded: test_seeded_sequences_joining_...
 def test_long_prompts_are_split_over_forwards_within_the_cap_and_decode_as_alone(lm, references, greedy):
     xs, want = references("long", LONG, greedy)
-    sched, rec, _ = scheduler(lm, greedy, start=False, max_prefill_tokens=1024)
-    try:
-        seqs = [submit(sched, x, i) for i, x in enumerate(xs)]
-        sched.start()
-        got = finish(seqs)
-    finally:
-        sched.stop()
+    got, rec, _ = queued_together(lm, xs, greedy, max_prefill_tokens=1024)
     assert got == want
     sizes = [n for _, n, _ in rec.prefills]
     assert sum(sizes) == len(LONG) and 1 < len(sizes) < len(LONG)  # [620], [500], [380, 260], [44, 33, 15, 9]

@@ -17,8 +17,8 @@ import pytest
 from bench.prefill_stall import Recorder
 from tests.integration.test_batched_prefill import (
     MIXED,
-    finish,
     make_inputs,
+    queued_together,
     scheduler,
     submit,
 )
@@ -43,13 +43,7 @@ def lm(tiny_models):
 def want(lm):
     """The 8 inputs and their tokens, all joining in one forward with nothing going wrong (greedy)."""
     xs = make_inputs(lm, MIXED[:COUNT], seed=4)
-    sched, rec, _ = scheduler(lm, greedy=True, start=False)
-    try:
-        seqs = [submit(sched, x, i) for i, x in enumerate(xs)]
-        sched.start()
-        tokens = finish(seqs)
-    finally:
-        sched.stop()
+    tokens, rec, _ = queued_together(lm, xs, greedy=True)
     assert [n for _, n, _ in rec.prefills] == [COUNT]
     return xs, tokens
 

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import re
 import threading
 
 import httpx
 import pytest
 
 from tests.integration.server import ServerProcess
+from tests.integration.test_batching_e2e import metric
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 TEXT = "Six requests of the same sentence finish their tokens at the same step."
-
-
-def metric(text: str, name: str) -> float:
-    m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
-    assert m, f"{name} missing from /metrics"
-    return float(m.group(1))
 
 
 @pytest.fixture(scope="module")
