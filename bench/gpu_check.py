@@ -351,41 +351,14 @@ def stages(eng: Any, device: Any, repeats: int = 3) -> dict:
 
 def streaming(eng: Any, steps: Steps, concurrency: int, requests: int, deadline: Deadline) -> dict:
     """Closed loop: ``concurrency`` threads stream ``requests`` requests in all."""
-    ttfa, audio, errors = [], [], []
-    todo = list(range(requests))
-    lock = threading.Lock()
-
-    def worker() -> None:
-        while True:
-            with lock:
-                if not todo or deadline.left() < 0:
-                    return
-                i = todo.pop()
-            req = request(eng, STREAM_TEXT, stream=True, seed=i)
-            t0 = time.perf_counter()
-            first, seconds = None, 0.0
-            try:
-                for chunk in eng.synthesize(req, threading.Event()):
-                    first = first if first is not None else time.perf_counter() - t0
-                    seconds += chunk.duration_s
-            except Exception as exc:  # noqa: BLE001 - reported, not raised: the other points still run
-                with lock:
-                    errors.append(repr(exc))
-                continue
-            with lock:
-                ttfa.append(first if first is not None else float("nan"))
-                audio.append(seconds)
+    from bench.t2w_phases import closed_loop
 
     steps.steps.clear()
     steps.recording = True
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    got = closed_loop(eng, [request(eng, STREAM_TEXT, stream=True, seed=i) for i in range(requests)], concurrency,
+                      keep_going=lambda: deadline.left() >= 0)
     steps.recording = False
+    ttfa, audio, errors, wall = got.ttfa, got.audio, got.errors, got.wall_s
     step_s = [s for _, s in steps.steps]
     return {"concurrency": concurrency, "requests": len(ttfa), "errors": errors[:3], "error_count": len(errors),
             "ttfa_p50_s": percentile(ttfa, 50), "ttfa_p95_s": percentile(ttfa, 95),

@@ -93,28 +93,29 @@ def _pct(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def phase(engine: Any, concurrency: int, *, requests: int = 2, stream: bool = True, text: str = TEXT,
-          first_chunk_tokens: int | None = None, seed: int = 1) -> dict:
-    """One concurrency level on a loaded engine (see the module docstring)."""
-    from app.engines.base import SynthesisRequest
+@dataclass
+class Streamed:
+    """What closed-loop clients got: per request its time to first audio and audio seconds; errors; wall time."""
 
-    speaker = engine.voices()[0]
-    todo = list(range(requests * concurrency))
+    ttfa: list[float]
+    audio: list[float]
+    errors: list[str]
+    wall_s: float
+
+
+def closed_loop(engine: Any, requests: list[Any], concurrency: int, keep_going: Any = lambda: True) -> Streamed:
+    """``concurrency`` client threads take ``requests`` (``SynthesisRequest``s) from the list until it is empty
+    (or ``keep_going()`` says stop) and run each through ``engine.synthesize``; an error is counted, not raised."""
+    todo = list(requests)
     lock = threading.Lock()
-    ttfa: list[float] = []
-    audio: list[float] = []
-    errors: list[str] = []
-    recorder: Recorder = engine.recorder
-    steps0, rounds0 = recorder.mark()
+    out = Streamed([], [], [], 0.0)
 
     def client() -> None:
         while True:
             with lock:
-                if not todo:
+                if not todo or not keep_going():
                     return
-                i = todo.pop()
-            extra = {"first_chunk_tokens": first_chunk_tokens} if stream and first_chunk_tokens else {}
-            req = SynthesisRequest(text=text, mode="sft", speaker=speaker, stream=stream, seed=seed + i, **extra)
+                req = todo.pop()
             t0 = time.perf_counter()
             first, seconds = None, 0.0
             try:
@@ -123,11 +124,11 @@ def phase(engine: Any, concurrency: int, *, requests: int = 2, stream: bool = Tr
                     seconds += chunk.duration_s
             except Exception as exc:  # noqa: BLE001 - reported, not fatal to the phase
                 with lock:
-                    errors.append(f"{type(exc).__name__}: {exc}")
+                    out.errors.append(f"{type(exc).__name__}: {exc}")
                 continue
             with lock:
-                ttfa.append(first if first is not None else float("nan"))
-                audio.append(seconds)
+                out.ttfa.append(first if first is not None else float("nan"))
+                out.audio.append(seconds)
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=client, name=f"t2w-bench-{k}") for k in range(concurrency)]
@@ -135,7 +136,23 @@ def phase(engine: Any, concurrency: int, *, requests: int = 2, stream: bool = Tr
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
+    out.wall_s = time.perf_counter() - t0
+    return out
+
+
+def phase(engine: Any, concurrency: int, *, requests: int = 2, stream: bool = True, text: str = TEXT,
+          first_chunk_tokens: int | None = None, seed: int = 1) -> dict:
+    """One concurrency level on a loaded engine (see the module docstring)."""
+    from app.engines.base import SynthesisRequest
+
+    speaker = engine.voices()[0]
+    extra = {"first_chunk_tokens": first_chunk_tokens} if stream and first_chunk_tokens else {}
+    reqs = [SynthesisRequest(text=text, mode="sft", speaker=speaker, stream=stream, seed=seed + i, **extra)
+            for i in range(requests * concurrency)]
+    recorder: Recorder = engine.recorder
+    steps0, rounds0 = recorder.mark()
+    got = closed_loop(engine, reqs, concurrency)
+    ttfa, audio, errors, wall = got.ttfa, got.audio, got.errors, got.wall_s
     with recorder.lock:
         steps = recorder.steps[steps0:]
         rounds = recorder.rounds[rounds0:]
