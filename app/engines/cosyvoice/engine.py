@@ -144,13 +144,18 @@ class CosyVoiceEngine:
             log.info("LLM batching on: up to %d requests per decode step; token2wav %s", self.config.max_batch_size,
                      "batched in one flow thread" if self.runner.flow_rounds is not None else "per request")
 
+    @property
+    def _on_cuda(self) -> bool:
+        """The loaded model computes on a CUDA device (what the ``auto`` settings below follow)."""
+        return str(getattr(self.loaded.model, "device", "cpu")).startswith("cuda")
+
     def _prefill_batch(self) -> bool:
         """``engine.prefill_batch``: on, off, or auto (on for CUDA, where one forward over all joiners replaces
         one per joiner; off on a CPU, where the packed forward measured 15-30 % slower than one by one,
         docs/batching.md)."""
         if self.config.prefill_batch != "auto":
             return self.config.prefill_batch == "on"
-        return str(getattr(self.loaded.model, "device", "cpu")).startswith("cuda")
+        return self._on_cuda
 
     def _token2wav_batch(self) -> bool:
         """``engine.token2wav_batch``: on, off, or auto (on for CUDA, where one batched flow pass per round
@@ -168,16 +173,15 @@ class CosyVoiceEngine:
             if reason is not None:
                 raise EngineFailure(f"engine.token2wav_batch is on, but {reason}")
             return True
-        cuda = str(getattr(self.loaded.model, "device", "cpu")).startswith("cuda")
-        if cuda and reason is not None:
+        if self._on_cuda and reason is not None:
             log.info("token2wav batching (auto) stays off: %s", reason)
-        return cuda and reason is None
+        return self._on_cuda and reason is None
 
     def _token2wav_workers(self) -> int | None:
         """On a CPU flow + HiFT are compute-bound: about one call per core; a GPU overlaps them."""
         if self.config.token2wav_workers:
             return self.config.token2wav_workers
-        if str(getattr(self.loaded.model, "device", "cpu")).startswith("cuda"):
+        if self._on_cuda:
             return None
         return max(1, (os.cpu_count() or 1) // max(1, self.config.torch_threads))
 
