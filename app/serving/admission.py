@@ -195,7 +195,7 @@ class Admission:
         self.load += 1.0
         self._idle.clear()
         if self.limiter is not None:
-            self.limiter.note_load(self.load)
+            self.limiter.note_load(self.load, self.in_flight - self.queued)
         self._observer.on_queue_depth(self.queued)
         return Ticket(_Permit(self, self.admitted, alone))
 
@@ -272,11 +272,13 @@ class Admission:
         self.load += weight - permit.weight
         permit.weight = weight
         if self.limiter is not None:
-            self.limiter.note_load(self.load)
+            self.limiter.note_load(self.load, self.in_flight - self.queued)
 
     def _left_queue(self) -> None:
         self.queued -= 1
         self._observer.on_queue_depth(self.queued)
+        if self.limiter is not None:
+            self.limiter.note_load(self.load, self.in_flight - self.queued)
 
     def _give_back(self, permit: _Permit) -> None:
         self.in_flight -= 1
@@ -284,6 +286,8 @@ class Admission:
         if permit.queued:
             permit.queued = False
             self._left_queue()
+        elif self.limiter is not None:
+            self.limiter.note_load(self.load, self.in_flight - self.queued)
         if self.in_flight == 0:
             self._idle.set()
 

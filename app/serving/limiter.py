@@ -3,7 +3,9 @@
 Two decisions, both against a latency **budget** (``target_s``): ``budget_s`` when the
 operator sets one (``pool.admission_budget_s``), else ``tolerance`` x the unloaded
 latency, the median latency of recent requests that ran alone (nothing else in flight from
-their admission to their end; until one has, the lowest latency seen stands in).
+their admission to their end; until one has, the lowest window median seen stands in, and
+before any window the lowest latency: never a recent loaded one, or the budget would rise with the
+load it admits).
 
 * **The limit** (``value``): requests of average size running at once. The pool leases no
   more slots than this; admission.py weighs requests by size once their plan is known.
@@ -20,21 +22,32 @@ How the limit moves (the **controller**):
   engine time without the time the engine sat blocked on a slow client (queue wait is the
   waiting room's business), divided by its weight, so a 4096-character text and "hello"
   both read as "the latency of an average request". Requests admitted before the limit
-  last changed are not used to move it again (one change per round trip, as TCP does).
+  last changed are not used to move it again (one change per round trip, as TCP does);
+  after a step down, neither are those admitted before the requests running beyond the new
+  limit have finished (they ran beside them: their latency is the old level's).
 * **Rule** (at most once per ``window_s``, once enough fresh samples are in): with m the
   median fresh sample and g = target / m, the limit becomes ``limit x g``, at most halved
   and at most x1.5 per step, within a dead band of +-10 % (a real number; the gate uses its
   integer part n; a growth step adds at least one). By Little's law one step under
-  saturation lands on ``throughput x target``. It only grows when the limit was reached (a
+  saturation lands on ``throughput x target``. Growth past the known levels is that fast only
+  while the latency is under target / ``fast_ratio``; nearer the budget it probes one more at a
+  time, once the current level is known. It only grows when the limit was reached (a
   request refused or queued, or the load at the limit) since the last step, so an idle
   server's limit does not creep up to the ceiling.
-* **Levels: the knee.** What was measured at each n is remembered for ``probe_after_s``:
-  the median latency and, when the limit was reached there, the throughput n / median.
+* **Levels: the knee.** What was measured at each n is remembered for ``probe_after_s``,
+  the last ``level_windows`` windows of it, and a level is judged by their median (one
+  window of a dozen requests is too noisy to tell 2 from 3 running on a busy CPU): the
+  median latency and, for windows where the places were kept busy (the time-weighted
+  running load L at least n - 1/2), the throughput L / median (Little's law with the load
+  that was really there: a lightly loaded window must not read as capacity).
   Within the budget the limit settles on the knee, the fewest running requests that finish
   within ``min_gain`` (3 %) of the best throughput seen: it steps down to n - 1 when that
   level did, grows to a known n + 1 only while n did not and n + 1 gave more, and never
   grows back onto a level that missed the budget. (More requests running that finish no
-  faster only add latency; on a GIL-bound CPU model they even slow it down.) When it cannot
+  faster only add latency; on a GIL-bound CPU model they even slow it down.) Growing onto a
+  known level needs it to have finished twice ``min_gain`` more than this one (a hysteresis: a
+  level just within ``min_gain`` of the best, stepped down from, is not stepped back onto when
+  its estimate wobbles). When it cannot
   grow and n - 1 is unknown or stale it probes n - 1 for one step, so under sustained load
   it re-checks its neighbours every ``probe_after_s``.
 * **Bounds.** Never above ``ceiling``, never below 1.
@@ -44,12 +57,15 @@ Pure and synchronous (a clock is injected), so the tests drive it with synthetic
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+
+log = logging.getLogger("cosyserve.admission")
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,9 @@ class LimiterConfig:
     unloaded_samples: int = 32  # latencies of lone requests kept for the unloaded latency
     probe_after_s: float = 120.0  # what a level gave is trusted this long (then it is probed again)
     min_gain: float = 0.03  # one more request in flight must add this share of throughput
+    level_windows: int = 8  # windows remembered per level (a level is judged by them pooled)
+    level_samples: int = 24  # requests a level's throughput needs before the knee search trusts it
+    fast_ratio: float = 2.0  # latency under target / fast_ratio: grow by the headroom, else probe one more
     ema_alpha: float = 0.2  # average latency (for the predicted wait)
 
     def __post_init__(self) -> None:
@@ -90,12 +109,17 @@ class LatencyLimit:
         self.limit = float(min(config.ceiling, max(1.0, config.initial)))
         self._fresh: list[float] = []  # samples of requests admitted since the last change
         self._alone: deque[float] = deque(maxlen=config.unloaded_samples)
-        self._recent: deque[float] = deque(maxlen=64)  # every sample, for the stand-in unloaded latency
+        self._lowest_s = math.inf  # stand-ins for the unloaded latency: the lowest sample ...
+        self._lowest_window_s = math.inf  # ... and the lowest window median (since the start)
         self._avg_s: float | None = None
         self._changed_at = -math.inf  # requests admitted before this saw another limit
+        self._draining = False  # stepped down: requests beyond the new limit are still running
+        self._hears_running = False  # note_load is given the running count (else no drain is awaited)
         self._stepped_at = clock()
-        self._levels: dict[int, tuple[float, float, bool]] = {}  # value -> (median latency, when, limit reached)
+        # value -> its last windows: (median latency, when, samples, mean latency, running load if kept busy)
+        self._levels: dict[int, deque[tuple[float, float, int, float, float | None]]] = {}
         self._peak_load = 0.0  # since the last step
+        self._load, self._load_at, self._area = 0.0, self._stepped_at, 0.0  # running load x seconds, this window
         self._refused = 0  # since the last step
         self.steps = 0  # changes made (observable)
 
@@ -106,10 +130,14 @@ class LatencyLimit:
 
     @property
     def unloaded_s(self) -> float | None:
-        """Median latency of recent lone requests, else the lowest latency seen (None before any)."""
+        """Median latency of recent lone requests, else the lowest window median seen, else the lowest
+        latency seen (None before any)."""
         if self._alone:
             return statistics.median(self._alone)
-        return min(self._recent) if self._recent else None
+        for stand_in in (self._lowest_window_s, self._lowest_s):
+            if stand_in < math.inf:
+                return stand_in
+        return None
 
     @property
     def target_s(self) -> float | None:
@@ -163,18 +191,25 @@ class LatencyLimit:
             return max(measured)
         return 1.0 / self._avg_s if self._avg_s else None
 
+    def _windows(self, level: int, now: float) -> list[tuple[float, float, int, float, float | None]]:
+        """``level``'s windows within ``probe_after_s`` (older ones are forgotten: probed again)."""
+        return [w for w in self._levels.get(level, ()) if now - w[1] <= self.config.probe_after_s]
+
     def _missed(self, level: int, target: float, now: float) -> bool:
         """``level`` was tried within ``probe_after_s`` and its latency missed the target."""
-        median, when, _ = self._levels[level]
-        return now - when <= self.config.probe_after_s and median > target * (1.0 + self.config.deadband)
+        windows = self._windows(level, now)
+        return bool(windows) and statistics.median(w[0] for w in windows) > target * (1.0 + self.config.deadband)
 
     def _throughput(self, level: int, now: float) -> float | None:
-        """Requests per second at ``level`` (Little's law: level / latency), if it was reached there lately."""
-        entry = self._levels.get(level)
-        if entry is None:
+        """Requests per second at ``level``, if known lately: its busy windows pooled (Little's law, the mean
+        running load over the mean latency), once they hold ``level_samples`` requests."""
+        busy = [w for w in self._windows(level, now) if w[4] is not None]
+        count = sum(w[2] for w in busy)
+        if not busy or count < self.config.level_samples:
             return None
-        median, when, reached = entry
-        return level / median if reached and now - when <= self.config.probe_after_s else None
+        running = sum(w[4] * w[2] for w in busy) / count
+        latency = sum(w[3] * w[2] for w in busy) / count
+        return running / latency
 
     def _decide(self, n: int, ratio: float, pressed: bool, target: float, now: float) -> float:
         """The next limit, at value ``n`` whose fresh median latency is ``target / ratio``."""
@@ -184,15 +219,17 @@ class LatencyLimit:
         enough = (1.0 - cfg.min_gain) * max(known) if known else None  # within min_gain of the best seen
         if ratio < 1.0 - cfg.deadband:
             return old * max(ratio, cfg.max_down)  # over budget: Little's law says how far down
-        if below is not None and enough is not None and below >= enough:
+        if here is not None and below is not None and enough is not None and below >= enough:
             return n - 0.5  # one fewer in flight finishes about as many as the best: the knee is below
         if ratio > 1.0 + cfg.deadband and pressed:
             if above is not None:  # known: one more, if n is short of the knee and n + 1 finished more
                 short = here is not None and enough is not None and here < enough
-                if short and above > here and not self._missed(n + 1, target, now):
+                gains = here is not None and above > here * (1.0 + 2 * cfg.min_gain)  # hysteresis: see the knee
+                if short and gains and not self._missed(n + 1, target, now):
                     return n + 1.0
-            else:  # unknown: grow by the latency headroom, below the nearest level that missed
-                new = max(old * min(ratio, cfg.max_up), n + 1.0)
+            elif ratio >= cfg.fast_ratio or here is not None:  # unknown: far below the budget, grow by the
+                # headroom (up to max_up); else one more, once n is known (a probe)
+                new = max(old * min(ratio, cfg.max_up), n + 1.0) if ratio >= cfg.fast_ratio else n + 1.0
                 missed = [k for k in self._levels if k > n and self._missed(k, target, now)]
                 if missed:
                     new = min(new, min(missed) - 1e-6)
@@ -203,9 +240,24 @@ class LatencyLimit:
         return old
 
     # -- what it hears ---------------------------------------------------------------------------
-    def note_load(self, load: float) -> None:
-        """The admitted load after an admission (the peak tells whether the limit was reached)."""
+    def note_load(self, load: float, running: int | None = None) -> None:
+        """The admitted load after every change (admission, sizing, start, release): the peak tells whether
+        the limit was reached, the time-weighted running part whether the places were kept busy.
+        ``running``: requests holding a place now; after a step down, once they fit the new limit,
+        requests admitted from then on are the new level's samples."""
+        now = self._clock()
+        self._integrate(now)
+        self._load = load
         self._peak_load = max(self._peak_load, load)
+        self._hears_running = self._hears_running or running is not None
+        if self._draining and running is not None and running <= self.value:
+            self._draining = False
+            self._changed_at = now
+            self._fresh.clear()
+
+    def _integrate(self, now: float) -> None:
+        self._area += min(self._load, float(self.value)) * max(0.0, now - self._load_at)
+        self._load_at = now
 
     def note_refused(self) -> None:
         self._refused += 1
@@ -213,12 +265,12 @@ class LatencyLimit:
     def observe(self, latency_s: float, *, admitted_at: float, alone: bool = False) -> None:
         """One finished request's latency (already divided by its weight); may step the limit."""
         latency_s = max(1e-6, float(latency_s))
-        self._recent.append(latency_s)
+        self._lowest_s = min(self._lowest_s, latency_s)
         if alone:
             self._alone.append(latency_s)
         a = self.config.ema_alpha
         self._avg_s = latency_s if self._avg_s is None else self._avg_s + a * (latency_s - self._avg_s)
-        if admitted_at >= self._changed_at:
+        if admitted_at >= self._changed_at and not self._draining:
             self._fresh.append(latency_s)
         self._maybe_step()
 
@@ -230,17 +282,28 @@ class LatencyLimit:
             return
         median = statistics.median(self._fresh)
         ratio = target / median
+        self._lowest_window_s = min(self._lowest_window_s, median)
         n = self.value
         pressed = self._refused > 0 or self._peak_load + 1.0 > n + 1e-9
-        self._levels[n] = (median, now, pressed)
+        self._integrate(now)
+        running = self._area / max(1e-9, now - self._stepped_at)  # time-weighted, this window
+        busy = pressed and running >= n - 0.5
+        windows = self._levels.setdefault(n, deque(maxlen=self.config.level_windows))
+        windows.append((median, now, len(self._fresh), statistics.fmean(self._fresh), running if busy else None))
         old = self.limit
         new = self._decide(n, ratio, pressed, target, now)
         new = min(float(self.config.ceiling), max(1.0, new))
         self._stepped_at = now
+        self._area = 0.0
         self._fresh.clear()
         self._refused = 0
         self._peak_load = 0.0
+        if int(new + 1e-9) != n:
+            log.debug("admission limit %d -> %d: median %.3f s, target %.3f s%s; throughput known %s", n,
+                      int(new + 1e-9), median, target, ", pressed" if pressed else "",
+                      {k: round(x, 2) for k in sorted(self._levels) if (x := self._throughput(k, now)) is not None})
         if new != old:
+            self._draining = self._hears_running and int(new + 1e-9) < n
             self.limit = new
             self._changed_at = now
             self.steps += 1
