@@ -1,7 +1,10 @@
 """Engine slots and the FIFO hand-off of free ones: a ``Lease`` returns its slot itself.
 
 A slot is one preloaded engine and the single thread that may call it. ``Slots``
-keeps the idle ones and the waiters, oldest first: a freed slot goes straight to
+keeps the idle ones, the most recently used handed out first (with more slots than the
+adaptive limit lets run, the same few threads stay warm, their allocator arenas and caches
+with them, instead of the work rotating through all of them), and the waiters, oldest
+first: a freed slot goes straight to
 the oldest live waiter, never to a later arrival (no barging), and a waiter
 cancelled just after a slot was handed to it passes the slot on. A ``Lease`` is
 one slot held by one holder; ``release()`` gives it back exactly once (a second
@@ -87,7 +90,7 @@ class Slots:
         if self._closed or not self._idle or self.has_waiters() or not self._room():
             return None
         self.busy += 1
-        return self._lease(self._idle.popleft())
+        return self._lease(self._idle.pop())
 
     async def acquire(self, timeout_s: float) -> Lease:
         """Wait FIFO for a slot; TimeoutError after ``timeout_s``, or what ``close`` fails waiters with."""
@@ -127,7 +130,7 @@ class Slots:
     def refill(self) -> None:
         """Hand idle slots to the oldest waiters while the cap allows (after the cap rose)."""
         while not self._closed and self._idle and self._room() and self.has_waiters():
-            slot = self._idle.popleft()
+            slot = self._idle.pop()
             self.busy += 1  # counted as leased while it is handed over (the waiter leases it)
             self._give(slot)
 

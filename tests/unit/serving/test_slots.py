@@ -122,6 +122,26 @@ def test_a_lease_returns_itself_once() -> None:
     run(main())
 
 
+def test_the_most_recently_used_idle_slot_is_handed_out_first() -> None:
+    async def main():
+        slots, made = make_slots(4)
+        try:
+            first = slots.try_acquire()
+            assert first is not None and first.slot is made[3]  # the last one added
+            first.release()
+            again = slots.try_acquire()
+            assert again is not None and again.slot is made[3]  # the same, warm one: not made[0]
+            other = slots.try_acquire()
+            assert other is not None and other.slot is made[2]
+            other.release()
+            again.release()
+            assert slots.try_acquire().slot is made[3]  # the last released
+        finally:
+            shutdown(made)
+
+    run(main())
+
+
 def test_timeout_and_close() -> None:
     async def main():
         slots, made = make_slots(1)
