@@ -30,7 +30,7 @@ from app.voices.library import VoiceLibrary
 log = logging.getLogger("cosyserve")
 
 # Adaptive admission on a CPU starts at this many requests in flight per core (then follows latency).
-CPU_START_PER_CORE = 2
+CPU_START_PER_CORE = 1
 
 
 def resolve_model_dir(settings: Settings) -> str:
