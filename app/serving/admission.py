@@ -56,13 +56,13 @@ class _Permit:
 
     __slots__ = ("admission", "admitted_at", "queued", "weight", "serial", "first_alone", "sampled")
 
-    def __init__(self, admission: Admission, serial: int, alone: bool) -> None:
+    def __init__(self, admission: Admission) -> None:
         self.admission = admission
         self.admitted_at = admission.clock()
         self.queued = True
         self.weight = 1.0  # an average request until charge() says otherwise
-        self.serial = serial  # the admission count when it was admitted
-        self.first_alone = alone  # nothing else was in flight when it was admitted
+        self.serial = 0  # the start count when it started (0: not started)
+        self.first_alone = False  # nothing else was running when it started
         self.sampled = True  # its latency is a capacity sample (exclude() turns it off)
 
 
@@ -112,7 +112,7 @@ class Ticket:
         self._check("start")
         if self._permit.queued:
             self._permit.queued = False
-            self._permit.admission._left_queue()
+            self._permit.admission._started(self._permit)
 
     def release(self) -> None:
         """Give the permit back. A moved-from handle: nothing to do. A released one: PermitError."""
@@ -146,6 +146,7 @@ class Admission:
         self.queued = 0  # permits whose holder waits for a slot
         self.load = 0.0  # the permits out, in average requests (their weights)
         self.admitted = 0
+        self.starts = 0  # permits that got a slot (a request ran alone if no other started meanwhile)
         self.rejected: dict[str, int] = {}
         self.misuses = 0  # tickets released twice or moved after release (a bug if ever above 0)
         self._mean_units: float | None = None  # the average charged size
@@ -188,7 +189,6 @@ class Admission:
             self.reject("over_budget")
             raise Overloaded(f"{self.limiter.value} requests are running and the wait for a place would take "
                              f"this one past the server's latency budget", self.retry_after_s())
-        alone = self.in_flight == 0
         self.in_flight += 1
         self.queued += 1
         self.admitted += 1
@@ -197,7 +197,7 @@ class Admission:
         if self.limiter is not None:
             self.limiter.note_load(self.load, self.in_flight - self.queued)
         self._observer.on_queue_depth(self.queued)
-        return Ticket(_Permit(self, self.admitted, alone))
+        return Ticket(_Permit(self))
 
     def reject(self, reason: str) -> None:
         """Count a refusal (one of ``stats.REJECT_REASONS``)."""
@@ -231,7 +231,7 @@ class Admission:
         permit = ticket._permit
         if self.limiter is None or not permit.sampled:
             return
-        alone = permit.first_alone and self.admitted == permit.serial
+        alone = permit.first_alone and self.starts == permit.serial  # ran with nothing else running
         self.limiter.observe(latency_s / max(permit.weight, 1e-3), admitted_at=permit.admitted_at, alone=alone)
 
     @property
@@ -273,6 +273,12 @@ class Admission:
         permit.weight = weight
         if self.limiter is not None:
             self.limiter.note_load(self.load, self.in_flight - self.queued)
+
+    def _started(self, permit: _Permit) -> None:
+        self.starts += 1
+        permit.serial = self.starts
+        permit.first_alone = self.in_flight - self.queued == 0  # before it counts as running
+        self._left_queue()
 
     def _left_queue(self) -> None:
         self.queued -= 1

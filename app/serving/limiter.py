@@ -2,8 +2,10 @@
 
 Two decisions, both against a latency **budget** (``target_s``): ``budget_s`` when the
 operator sets one (``pool.admission_budget_s``), else ``tolerance`` x the unloaded
-latency, the median latency of recent requests that ran alone (nothing else in flight from
-their admission to their end; until one has, the lowest window median seen stands in, and
+latency, the median latency of the requests that ran alone (nothing else running from their
+start to their end; at a limit of 1 every one does) in the last ``unloaded_horizon_s`` (a
+shared host's speed drifts; the probes re-measure it); until one has, the lowest window
+median seen stands in, and
 before any window the lowest latency: never a recent loaded one, or the budget would rise with the
 load it admits).
 
@@ -31,9 +33,10 @@ How the limit moves (the **controller**):
   integer part n; a growth step adds at least one). By Little's law one step under
   saturation lands on ``throughput x target``. Growth past the known levels is that fast only
   while the latency is under target / ``fast_ratio``; nearer the budget it probes one more at a
-  time, once the current level is known. It only grows when the limit was reached (a
-  request refused or queued, or the load at the limit) since the last step, so an idle
-  server's limit does not creep up to the ceiling.
+  time, once the current level is known. It only grows when the places were kept busy since
+  the last step (the limit reached, and the time-weighted running load at least n - 1/2), so
+  neither an idle server's limit nor a lightly loaded one's (whose bursts touch the limit for
+  an instant) creeps up to the ceiling.
 * **Levels: the knee.** What was measured at each n is remembered for ``probe_after_s``,
   the last ``level_windows`` windows of it, and a level is judged by their median (one
   window of a dozen requests is too noisy to tell 2 from 3 running on a busy CPU): the
@@ -79,7 +82,8 @@ class LimiterConfig:
     deadband: float = 0.1  # no step while the median is within +-10 % of the target
     max_down: float = 0.5  # a step at most halves the limit ...
     max_up: float = 1.5  # ... and at most multiplies it by 1.5
-    unloaded_samples: int = 32  # latencies of lone requests kept for the unloaded latency
+    unloaded_samples: int = 32  # latencies of lone requests kept for the unloaded latency ...
+    unloaded_horizon_s: float = 240.0  # ... for this long (a machine's speed drifts: shared hosts)
     probe_after_s: float = 120.0  # what a level gave is trusted this long (then it is probed again)
     min_gain: float = 0.03  # one more request in flight must add this share of throughput
     level_windows: int = 8  # windows remembered per level (a level is judged by them pooled)
@@ -108,7 +112,7 @@ class LatencyLimit:
         self._clock = clock
         self.limit = float(min(config.ceiling, max(1.0, config.initial)))
         self._fresh: list[float] = []  # samples of requests admitted since the last change
-        self._alone: deque[float] = deque(maxlen=config.unloaded_samples)
+        self._alone: deque[tuple[float, float]] = deque(maxlen=config.unloaded_samples)  # (latency, when)
         self._lowest_s = math.inf  # stand-ins for the unloaded latency: the lowest sample ...
         self._lowest_window_s = math.inf  # ... and the lowest window median (since the start)
         self._avg_s: float | None = None
@@ -132,8 +136,10 @@ class LatencyLimit:
     def unloaded_s(self) -> float | None:
         """Median latency of recent lone requests, else the lowest window median seen, else the lowest
         latency seen (None before any)."""
-        if self._alone:
-            return statistics.median(self._alone)
+        horizon = self._clock() - self.config.unloaded_horizon_s
+        lone = [x for x, when in self._alone if when >= horizon]
+        if lone:
+            return statistics.median(lone)
         for stand_in in (self._lowest_window_s, self._lowest_s):
             if stand_in < math.inf:
                 return stand_in
@@ -211,7 +217,7 @@ class LatencyLimit:
         latency = sum(w[3] * w[2] for w in busy) / count
         return running / latency
 
-    def _decide(self, n: int, ratio: float, pressed: bool, target: float, now: float) -> float:
+    def _decide(self, n: int, ratio: float, busy: bool, target: float, now: float) -> float:
         """The next limit, at value ``n`` whose fresh median latency is ``target / ratio``."""
         cfg, old = self.config, self.limit
         here, below, above = (self._throughput(k, now) for k in (n, n - 1, n + 1))
@@ -221,7 +227,7 @@ class LatencyLimit:
             return old * max(ratio, cfg.max_down)  # over budget: Little's law says how far down
         if here is not None and below is not None and enough is not None and below >= enough:
             return n - 0.5  # one fewer in flight finishes about as many as the best: the knee is below
-        if ratio > 1.0 + cfg.deadband and pressed:
+        if ratio > 1.0 + cfg.deadband and busy:
             if above is not None:  # known: one more, if n is short of the knee and n + 1 finished more
                 short = here is not None and enough is not None and here < enough
                 gains = here is not None and above > here * (1.0 + 2 * cfg.min_gain)  # hysteresis: see the knee
@@ -267,7 +273,7 @@ class LatencyLimit:
         latency_s = max(1e-6, float(latency_s))
         self._lowest_s = min(self._lowest_s, latency_s)
         if alone:
-            self._alone.append(latency_s)
+            self._alone.append((latency_s, self._clock()))
         a = self.config.ema_alpha
         self._avg_s = latency_s if self._avg_s is None else self._avg_s + a * (latency_s - self._avg_s)
         if admitted_at >= self._changed_at and not self._draining:
@@ -291,7 +297,7 @@ class LatencyLimit:
         windows = self._levels.setdefault(n, deque(maxlen=self.config.level_windows))
         windows.append((median, now, len(self._fresh), statistics.fmean(self._fresh), running if busy else None))
         old = self.limit
-        new = self._decide(n, ratio, pressed, target, now)
+        new = self._decide(n, ratio, busy, target, now)
         new = min(float(self.config.ceiling), max(1.0, new))
         self._stepped_at = now
         self._area = 0.0
@@ -300,7 +306,7 @@ class LatencyLimit:
         self._peak_load = 0.0
         if int(new + 1e-9) != n:
             log.debug("admission limit %d -> %d: median %.3f s, target %.3f s%s; throughput known %s", n,
-                      int(new + 1e-9), median, target, ", pressed" if pressed else "",
+                      int(new + 1e-9), median, target, ", busy" if busy else "",
                       {k: round(x, 2) for k in sorted(self._levels) if (x := self._throughput(k, now)) is not None})
         if new != old:
             self._draining = self._hears_running and int(new + 1e-9) < n

@@ -277,18 +277,24 @@ def test_a_long_request_takes_more_of_the_limit_once_charged_and_is_read_per_uni
 
 def test_only_lone_requests_teach_the_unloaded_latency_and_excluded_ones_teach_nothing() -> None:
     adm, _ = adaptive(limit=4)
-    first = adm.admit()  # admitted alone ...
-    other = adm.admit()  # ... but not alone for long
+    first = adm.admit()
+    first.started()  # started alone ...
+    other = adm.admit()
+    other.started()  # ... but not alone for long
     adm.observe_latency(first, 2.0)
     assert adm.limiter.unloaded_s == 2.0  # nobody ran alone yet: the lowest latency stands in
     first.release()
     other.release()
     lone = adm.admit()
+    waiting = adm.admit()  # admitted beside it, but it only waits: the first still runs alone
+    lone.started()
     adm.observe_latency(lone, 3.0)
     lone.release()
+    waiting.release()
     assert adm.limiter.unloaded_s == 3.0  # the lone request's latency, not the lowest seen
     average = adm.limiter.average_s
     quiet = adm.admit()
+    quiet.started()
     quiet.exclude()  # e.g. text arriving over time: its latency is the client's pace
     adm.observe_latency(quiet, 50.0)
     quiet.release()

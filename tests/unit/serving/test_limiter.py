@@ -284,3 +284,19 @@ def test_a_lightly_loaded_window_is_not_read_as_capacity():
         lim.observe(0.2, admitted_at=clock.t - 0.2)
     # 4 / 0.2 s would read as 20 requests a second; about one ran at a time: 5 a second at most
     assert all(x is None or x <= 6.0 for x in (lim._throughput(k, clock.t) for k in range(1, 17)))
+    assert lim.value == 4 and lim.steps == 0  # far within the budget, but the places were not kept busy: no growth
+
+
+def test_lone_latencies_older_than_the_horizon_no_longer_set_the_budget():
+    # a shared host slows down: the lone requests of long ago no longer say what "unloaded" is
+    clock = Clock()
+    lim = LatencyLimit(LimiterConfig(ceiling=8, initial=2, unloaded_horizon_s=240.0), clock=clock)
+    for _ in range(5):
+        lim.observe(0.2, admitted_at=clock.t, alone=True)
+    assert lim.unloaded_s == pytest.approx(0.2)
+    clock.t = 200.0
+    for _ in range(3):
+        lim.observe(0.4, admitted_at=clock.t, alone=True)  # slower now
+    assert lim.unloaded_s == pytest.approx(0.2)  # 5 old, 3 new: still the old median
+    clock.t = 300.0  # the old ones fall out of the horizon
+    assert lim.unloaded_s == pytest.approx(0.4) and lim.target_s == pytest.approx(1.0)
