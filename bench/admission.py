@@ -2,8 +2,11 @@
 
     python -m bench.admission [--quick] [--systems defaults,before,tuned] [--out DIR]
 
-One server at a time (the real ``cosyserve serve`` subprocess on the tiny CosyVoice2 model,
-or ``--model-dir``), every request ``POST /v1/tts`` streamed 16-bit PCM of one sentence:
+The systems' servers (the real ``cosyserve serve`` subprocess on the tiny CosyVoice2 model, or
+``--model-dir``) are started together and measured phase by phase in turn, one at a time while
+the others sit idle (``--sequential``: one server after another), so a machine whose speed
+drifts during the run slows each system's same phase alike. Every request ``POST /v1/tts``
+streamed 16-bit PCM of one sentence:
 
 * ``defaults``: cosyserve as a user starts it, no pool settings at all (adaptive admission);
 * ``before``: ``pool.admission: fixed`` with today's defaults otherwise (with batching:
@@ -23,11 +26,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import json
 import os
 import random
 import re
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tuned-queue", type=int, default=2, help="pool.max_queue of the hand-tuned fixed system")
     ap.add_argument("--capacity-rps", type=float,
                     help="skip the closed loop and use this as the best closed-loop throughput (open loop only)")
+    ap.add_argument("--sequential", action="store_true",
+                    help="one server after another (default: all started, their phases interleaved)")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="client timeout per request")
     ap.add_argument("--reject-backoff-s", type=float, default=0.1, help="closed-loop client pause after a 503")
     args = ap.parse_args(argv)
@@ -180,49 +188,73 @@ def phase_summary(results: list[Result], t0: float, lo: float, hi: float, rate: 
     return {"rate_rps": rate, "from_s": lo, "to_s": hi, **s.to_dict()}
 
 
-async def bench_system(system: str, srv: ServerProc, args: argparse.Namespace) -> dict[str, Any]:
-    url, spec = srv.base_url, work()
-    out: dict[str, Any] = {"system": system, "pool": pool_settings(system, args), "points": [], "open": []}
-    await load.fixed_count(url, spec, 4, 2, args.timeout_s)  # warm-up (allocator, caches), not measured
-    if args.capacity_rps is None:
-        for c in args.concurrency:
-            with Poller(url, time.monotonic()) as poll:
-                s = await load.closed_loop(url, spec, c, args.point_s, warmup_s=args.warmup_s,
-                                           timeout_s=args.timeout_s, reject_backoff_s=args.reject_backoff_s)
-            limits = [g["limit"] for g in poll.series if g.get("limit") is not None]
-            out["points"].append({"kind": "closed", "concurrency": c, **s.to_dict(),
-                                  "limit_last": limits[-1] if limits else None, "limits": limits})
-            log(f"  {system} c={c}: {brief(s)} limit={limits[-1] if limits else '-'}")
-        capacity = max(p["throughput_rps"] for p in out["points"])
-    else:
-        capacity = args.capacity_rps
-    out["capacity_rps"] = capacity
-    for factor in args.factors:
-        rate = factor * capacity
-        with Poller(url, time.monotonic()) as poll:
+class SystemRun:
+    """One system's measurements, phase by phase (each phase an ``async`` call against its running server)."""
+
+    def __init__(self, system: str, srv: ServerProc, args: argparse.Namespace) -> None:
+        self.system, self.srv, self.args = system, srv, args
+        self.url, self.spec = srv.base_url, work()
+        self.out: dict[str, Any] = {"system": system, "pool": pool_settings(system, args), "points": [], "open": []}
+
+    async def warm(self) -> None:
+        await load.fixed_count(self.url, self.spec, 4, 2, self.args.timeout_s)  # allocator, caches: not measured
+
+    async def closed(self, c: int) -> None:
+        args = self.args
+        with Poller(self.url, time.monotonic()) as poll:
+            s = await load.closed_loop(self.url, self.spec, c, args.point_s, warmup_s=args.warmup_s,
+                                       timeout_s=args.timeout_s, reject_backoff_s=args.reject_backoff_s)
+        limits = [g["limit"] for g in poll.series if g.get("limit") is not None]
+        self.out["points"].append({"kind": "closed", "concurrency": c, **s.to_dict(),
+                                   "limit_last": limits[-1] if limits else None, "limits": limits})
+        log(f"  {self.system} c={c}: {brief(s)} limit={limits[-1] if limits else '-'}")
+
+    @property
+    def capacity(self) -> float:
+        if self.args.capacity_rps is not None:
+            return self.args.capacity_rps
+        return max(p["throughput_rps"] for p in self.out["points"])
+
+    async def overload(self, factor: float) -> None:
+        args, rate = self.args, factor * self.capacity
+        self.out["capacity_rps"] = self.capacity
+        with Poller(self.url, time.monotonic()) as poll:
             errors: list[str] = []
-            results, t0 = await open_phases(url, spec, [(rate, args.overload_s)], args.timeout_s, errors=errors)
+            results, t0 = await open_phases(self.url, self.spec, [(rate, args.overload_s)], args.timeout_s,
+                                            errors=errors)
         ends = [r.start + r.latency_s for r in results]
         elapsed = max(max(ends) - t0 if ends else 0.0, args.overload_s)
         s = load.summarize(results, elapsed, errors)
         s.offered_rps = len(results) / args.overload_s
-        out["open"].append({"factor": factor, "rate_rps": rate, **s.to_dict(),
-                            "limits": [g["limit"] for g in poll.series if g.get("limit") is not None]})
-        log(f"  {system} open {factor:g}x ({rate:.2f}/s): {brief(s)}")
-    phases = [(0.5 * capacity, args.step_s), (3.0 * capacity, args.step_s), (0.5 * capacity, args.step_s)]
-    t_start = time.monotonic()
-    with Poller(url, t_start) as poll:
-        results, t0 = await open_phases(url, spec, phases, args.timeout_s, seed=2)
-        await asyncio.sleep(0.6)
-    out["step"] = {
-        "phases": [phase_summary(results, t0, i * args.step_s, (i + 1) * args.step_s, rate)
-                   for i, (rate, _) in enumerate(phases)],
-        "series": poll.series, "step_s": args.step_s, "poll_offset_s": t0 - t_start,
-    }
-    out["step"]["settle_s"] = settle_times(out["step"])
-    log(f"  {system} step 0.5x -> 3x -> 0.5x: limit settled after {out['step']['settle_s']} s "
-        f"(admitted p99 per phase: {[ms(p['latency_p99_s']) for p in out['step']['phases']]})")
-    return out
+        self.out["open"].append({"factor": factor, "rate_rps": rate, **s.to_dict(),
+                                 "limits": [g["limit"] for g in poll.series if g.get("limit") is not None]})
+        log(f"  {self.system} open {factor:g}x ({rate:.2f}/s): {brief(s)}")
+
+    async def step(self) -> None:
+        args, capacity = self.args, self.capacity
+        phases = [(0.5 * capacity, args.step_s), (3.0 * capacity, args.step_s), (0.5 * capacity, args.step_s)]
+        t_start = time.monotonic()
+        with Poller(self.url, t_start) as poll:
+            results, t0 = await open_phases(self.url, self.spec, phases, args.timeout_s, seed=2)
+            await asyncio.sleep(0.6)
+        step = {
+            "phases": [phase_summary(results, t0, i * args.step_s, (i + 1) * args.step_s, rate)
+                       for i, (rate, _) in enumerate(phases)],
+            "series": poll.series, "step_s": args.step_s, "poll_offset_s": t0 - t_start,
+        }
+        step["settle_s"] = settle_times(step)
+        self.out["step"] = step
+        log(f"  {self.system} step 0.5x -> 3x -> 0.5x: limit settled after {step['settle_s']} s "
+            f"(admitted p99 per phase: {[ms(p['latency_p99_s']) for p in step['phases']]})")
+
+    def phases(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
+        """(name, call) in order: warm-up, closed loop per concurrency, open loop per factor, the step test."""
+        out: list[tuple[str, Callable[[], Awaitable[None]]]] = [("warm", self.warm)]
+        if self.args.capacity_rps is None:
+            out += [(f"c={c}", functools.partial(self.closed, c)) for c in self.args.concurrency]
+        out += [(f"open {f:g}x", functools.partial(self.overload, f)) for f in self.args.factors]
+        out.append(("step", self.step))
+        return out
 
 
 def ms(v: float | None) -> str:
@@ -249,6 +281,38 @@ def startup_line(srv: ServerProc) -> str | None:
     return None
 
 
+def run_systems(args: argparse.Namespace, systems: list[str], model_dir: str, run_dir: Path,
+                results: dict[str, Any]) -> None:
+    """Start ``systems``' servers together and run their phases interleaved, phase by phase (one
+    system at a time: the others sit idle), so a machine that slows down mid-run slows every
+    system's same phase alike. One system failing does not lose the others' results."""
+    with contextlib.ExitStack() as stack:
+        runs: dict[str, SystemRun] = {}
+        for system in systems:
+            log(f"{system}: starting (pool {pool_settings(system, args) or 'defaults'})")
+            try:
+                srv = stack.enter_context(server(system, args, model_dir, run_dir))
+                runs[system] = SystemRun(system, srv, args)
+            except Exception as exc:  # noqa: BLE001
+                fail(results, system, exc)
+        plans = {system: run.phases() for system, run in runs.items()}
+        for i in range(max((len(p) for p in plans.values()), default=0)):
+            for system, run in list(runs.items()):
+                try:
+                    asyncio.run(plans[system][i][1]())
+                except Exception as exc:  # noqa: BLE001
+                    fail(results, system, exc)
+                    del runs[system]
+        for system, run in runs.items():
+            results["systems"][system] = {**run.out, "admission_log": startup_line(run.srv),
+                                          "server_503": server_rejects(run.srv)}
+
+
+def fail(results: dict[str, Any], system: str, exc: BaseException) -> None:
+    log(f"  {system} FAILED: {type(exc).__name__}: {str(exc)[:2000]}")
+    results["systems"][system] = {"system": system, "failed": f"{type(exc).__name__}: {exc}"[:4000]}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.model_dir:
@@ -266,17 +330,11 @@ def main(argv: list[str] | None = None) -> int:
         "model": Path(model_dir).name, "text": TEXT, "cores": os.cpu_count(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg_start": os.getloadavg(), "systems": {},
     }
-    for system in args.systems:
-        log(f"{system}: starting (pool {pool_settings(system, args) or 'defaults'})")
-        srv = server(system, args, model_dir, run_dir)
-        try:
-            with srv:
-                results["systems"][system] = asyncio.run(bench_system(system, srv, args))
-                results["systems"][system]["admission_log"] = startup_line(srv)
-                results["systems"][system]["server_503"] = server_rejects(srv)
-        except Exception as exc:  # noqa: BLE001 - one system failing must not lose the others' results
-            log(f"  {system} FAILED: {type(exc).__name__}: {str(exc)[:2000]}")
-            results["systems"][system] = {"system": system, "failed": f"{type(exc).__name__}: {exc}"[:4000]}
+    if args.sequential:
+        for system in args.systems:
+            run_systems(args, [system], model_dir, run_dir, results)
+    else:
+        run_systems(args, args.systems, model_dir, run_dir, results)
     results["loadavg_end"] = os.getloadavg()
     results["goals"] = evaluate_goals(results)
     args.out.mkdir(parents=True, exist_ok=True)
