@@ -88,6 +88,8 @@ class LimiterConfig:
     min_gain: float = 0.03  # one more request in flight must add this share of throughput
     level_windows: int = 8  # windows remembered per level (a level is judged by them pooled)
     level_samples: int = 24  # requests a level's throughput needs before the knee search trusts it
+    clear_samples: int = 8  # ... or this many when it finished under clear_share of the best known level
+    clear_share: float = 0.8
     fast_ratio: float = 2.0  # latency under target / fast_ratio: grow by the headroom, else probe one more
     ema_alpha: float = 0.2  # average latency (for the predicted wait)
 
@@ -206,16 +208,23 @@ class LatencyLimit:
         windows = self._windows(level, now)
         return bool(windows) and statistics.median(w[0] for w in windows) > target * (1.0 + self.config.deadband)
 
-    def _throughput(self, level: int, now: float) -> float | None:
+    def _throughput(self, level: int, now: float, strict: bool = False) -> float | None:
         """Requests per second at ``level``, if known lately: its busy windows pooled (Little's law, the mean
-        running load over the mean latency), once they hold ``level_samples`` requests."""
+        running load over the mean latency), once they hold ``level_samples`` requests, or already
+        ``clear_samples`` when it is clearly worse (under ``clear_share`` of the best level fully known):
+        a probe of a level far off the knee need not dwell there."""
         busy = [w for w in self._windows(level, now) if w[4] is not None]
         count = sum(w[2] for w in busy)
-        if not busy or count < self.config.level_samples:
+        if not busy:
             return None
         running = sum(w[4] * w[2] for w in busy) / count
-        latency = sum(w[3] * w[2] for w in busy) / count
-        return running / latency
+        rate = running / (sum(w[3] * w[2] for w in busy) / count)
+        if count >= self.config.level_samples:
+            return rate
+        if strict or count < self.config.clear_samples:
+            return None
+        others = [x for k in self._levels if k != level and (x := self._throughput(k, now, strict=True)) is not None]
+        return rate if others and rate < self.config.clear_share * max(others) else None
 
     def _decide(self, n: int, ratio: float, busy: bool, target: float, now: float) -> float:
         """The next limit, at value ``n`` whose fresh median latency is ``target / ratio``."""

@@ -226,6 +226,19 @@ def test_it_steps_down_when_fewer_in_flight_finish_more():
     assert srv.changes_after(srv.clock.t - 80) == []
 
 
+def longest_stay(srv: Server, value: int, after: float) -> float:
+    """The longest time the limit stayed at ``value`` after ``after`` (seconds)."""
+    longest, since = 0.0, None
+    for when, v in srv.history:
+        if when <= after:
+            continue
+        if v == value and since is None:
+            since = when
+        elif v != value and since is not None:
+            longest, since = max(longest, when - since), None
+    return longest
+
+
 @pytest.mark.parametrize("seed", [7, 8])
 def test_on_a_noisy_cpu_pooled_levels_find_and_hold_the_knee_where_single_windows_miss_it(seed):
     # a GIL-bound CPU model (2 in flight is fastest, 3 and 4 finish less) and +-25 % noise per request
@@ -241,6 +254,8 @@ def test_on_a_noisy_cpu_pooled_levels_find_and_hold_the_knee_where_single_window
         at_knee[level_samples] = at.count(2) / len(at)
         if level_samples == 24:  # settled within 15 s; then one probe of each neighbour per probe_after_s
             assert len(srv.changes_after(t0 + 15)) <= 10 and lim.value == 2
+            # a probe of 1 (clearly worse: ~60 % of 2's throughput) is over after clear_samples, not 24
+            assert longest_stay(srv, 1, after=t0) <= 3.0
     assert at_knee[24] >= 0.9 and at_knee[1] < 0.7  # one window of noisy samples read 3 as the better level
 
 
