@@ -275,7 +275,9 @@ def server_rejects(srv: ServerProc) -> dict[str, Any]:
 
 def startup_line(srv: ServerProc) -> str | None:
     """The server's own one-line account of its admission choice."""
-    for line in srv.log_tail(200_000).splitlines():
+    with open(srv.log_path, "rb") as f:  # near the start: the access log follows it
+        head = f.read(200_000).decode(errors="replace")
+    for line in head.splitlines():
         if "admission:" in line:
             return line.split("admission:", 1)[1].strip()
     return None
