@@ -5,9 +5,8 @@ operator sets one (``pool.admission_budget_s``), else ``tolerance`` x the unload
 latency, the median latency of the requests that ran alone (nothing else running from their
 start to their end; at a limit of 1 every one does) in the last ``unloaded_horizon_s`` (a
 shared host's speed drifts; the probes re-measure it); until one has, the lowest window
-median seen stands in, and
-before any window the lowest latency: never a recent loaded one, or the budget would rise with the
-load it admits).
+median seen stands in, and before any window the lowest latency (never a recent loaded one,
+or the budget would rise with the load it admits).
 
 * **The limit** (``value``): requests of average size running at once. The pool leases no
   more slots than this; admission.py weighs requests by size once their plan is known.
@@ -38,11 +37,13 @@ How the limit moves (the **controller**):
   neither an idle server's limit nor a lightly loaded one's (whose bursts touch the limit for
   an instant) creeps up to the ceiling.
 * **Levels: the knee.** What was measured at each n is remembered for ``probe_after_s``,
-  the last ``level_windows`` windows of it, and a level is judged by their median (one
-  window of a dozen requests is too noisy to tell 2 from 3 running on a busy CPU): the
-  median latency and, for windows where the places were kept busy (the time-weighted
-  running load L at least n - 1/2), the throughput L / median (Little's law with the load
-  that was really there: a lightly loaded window must not read as capacity).
+  the last ``level_windows`` windows of it, and a level is judged by them pooled (one window
+  of a dozen requests is too noisy to tell 2 from 3 running on a busy CPU): the median of
+  their latency medians and, from windows where the places were kept busy (the
+  time-weighted running load L at least n - 1/2), the throughput mean L / mean latency
+  (Little's law with the load that was really there: a lightly loaded window must not read
+  as capacity), known once they hold ``level_samples`` requests (``clear_samples`` when it
+  is clearly worse than the best level fully known).
   Within the budget the limit settles on the knee, the fewest running requests that finish
   within ``min_gain`` (3 %) of the best throughput seen: it steps down to n - 1 when that
   level did, grows to a known n + 1 only while n did not and n + 1 gave more, and never
@@ -50,9 +51,9 @@ How the limit moves (the **controller**):
   faster only add latency; on a GIL-bound CPU model they even slow it down.) Growing onto a
   known level needs it to have finished twice ``min_gain`` more than this one (a hysteresis: a
   level just within ``min_gain`` of the best, stepped down from, is not stepped back onto when
-  its estimate wobbles). When it cannot
-  grow and n - 1 is unknown or stale it probes n - 1 for one step, so under sustained load
-  it re-checks its neighbours every ``probe_after_s``.
+  its estimate wobbles). When it cannot grow and n - 1 is unknown or stale it probes n - 1
+  (until n - 1 is known), so under sustained load it re-checks its neighbours every
+  ``probe_after_s``.
 * **Bounds.** Never above ``ceiling``, never below 1.
 
 Pure and synchronous (a clock is injected), so the tests drive it with synthetic latencies.
