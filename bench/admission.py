@@ -247,13 +247,13 @@ class SystemRun:
         log(f"  {self.system} step 0.5x -> 3x -> 0.5x: limit settled after {step['settle_s']} s "
             f"(admitted p99 per phase: {[ms(p['latency_p99_s']) for p in step['phases']]})")
 
-    def phases(self) -> list[tuple[str, Callable[[], Awaitable[None]]]]:
-        """(name, call) in order: warm-up, closed loop per concurrency, open loop per factor, the step test."""
-        out: list[tuple[str, Callable[[], Awaitable[None]]]] = [("warm", self.warm)]
+    def phases(self) -> list[Callable[[], Awaitable[None]]]:
+        """The calls in order: warm-up, closed loop per concurrency, open loop per factor, the step test."""
+        out: list[Callable[[], Awaitable[None]]] = [self.warm]
         if self.args.capacity_rps is None:
-            out += [(f"c={c}", functools.partial(self.closed, c)) for c in self.args.concurrency]
-        out += [(f"open {f:g}x", functools.partial(self.overload, f)) for f in self.args.factors]
-        out.append(("step", self.step))
+            out += [functools.partial(self.closed, c) for c in self.args.concurrency]
+        out += [functools.partial(self.overload, f) for f in self.args.factors]
+        out.append(self.step)
         return out
 
 
@@ -301,7 +301,7 @@ def run_systems(args: argparse.Namespace, systems: list[str], model_dir: str, ru
         for i in range(max((len(p) for p in plans.values()), default=0)):
             for system, run in list(runs.items()):
                 try:
-                    asyncio.run(plans[system][i][1]())
+                    asyncio.run(plans[system][i]())
                 except Exception as exc:  # noqa: BLE001
                     fail(results, system, exc)
                     del runs[system]

@@ -194,8 +194,7 @@ class Admission:
         self.admitted += 1
         self.load += 1.0
         self._idle.clear()
-        if self.limiter is not None:
-            self.limiter.note_load(self.load, self.in_flight - self.queued)
+        self._note_load()
         self._observer.on_queue_depth(self.queued)
         return Ticket(_Permit(self))
 
@@ -271,20 +270,28 @@ class Admission:
         weight = units / mean
         self.load += weight - permit.weight
         permit.weight = weight
+        self._note_load()
+
+    @property
+    def running(self) -> int:
+        """Permits holding a slot, or still being consumed (admitted and no longer queued)."""
+        return self.in_flight - self.queued
+
+    def _note_load(self) -> None:
+        """Tell the limiter the load and the running count after any change to them."""
         if self.limiter is not None:
-            self.limiter.note_load(self.load, self.in_flight - self.queued)
+            self.limiter.note_load(self.load, self.running)
 
     def _started(self, permit: _Permit) -> None:
         self.starts += 1
         permit.serial = self.starts
-        permit.first_alone = self.in_flight - self.queued == 0  # before it counts as running
+        permit.first_alone = self.running == 0  # before it counts as running
         self._left_queue()
 
     def _left_queue(self) -> None:
         self.queued -= 1
         self._observer.on_queue_depth(self.queued)
-        if self.limiter is not None:
-            self.limiter.note_load(self.load, self.in_flight - self.queued)
+        self._note_load()
 
     def _give_back(self, permit: _Permit) -> None:
         self.in_flight -= 1
@@ -292,8 +299,8 @@ class Admission:
         if permit.queued:
             permit.queued = False
             self._left_queue()
-        elif self.limiter is not None:
-            self.limiter.note_load(self.load, self.in_flight - self.queued)
+        else:
+            self._note_load()
         if self.in_flight == 0:
             self._idle.set()
 

@@ -215,9 +215,9 @@ class LatencyLimit:
         ``clear_samples`` when it is clearly worse (under ``clear_share`` of the best level fully known):
         a probe of a level far off the knee need not dwell there."""
         busy = [w for w in self._windows(level, now) if w[4] is not None]
-        count = sum(w[2] for w in busy)
         if not busy:
             return None
+        count = sum(w[2] for w in busy)
         running = sum(w[4] * w[2] for w in busy) / count
         rate = running / (sum(w[3] * w[2] for w in busy) / count)
         if count >= self.config.level_samples:
@@ -314,7 +314,7 @@ class LatencyLimit:
         self._fresh.clear()
         self._refused = 0
         self._peak_load = 0.0
-        if int(new + 1e-9) != n:
+        if int(new + 1e-9) != n and log.isEnabledFor(logging.DEBUG):  # the levels' throughputs cost a scan
             log.debug("admission limit %d -> %d: median %.3f s, target %.3f s%s; throughput known %s", n,
                       int(new + 1e-9), median, target, ", busy" if busy else "",
                       {k: round(x, 2) for k in sorted(self._levels) if (x := self._throughput(k, now)) is not None})
