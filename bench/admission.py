@@ -41,7 +41,13 @@ import httpx
 import yaml
 
 from bench import load, prom
-from bench.admission_report import evaluate_goals, markdown, settle_times
+from bench.admission_report import (
+    best_closed_rps,
+    evaluate_goals,
+    markdown,
+    per_point,
+    settle_times,
+)
 from bench.load import LoadClient, RequestSpec, Result
 from bench.procs import ROOT, ServerProc, free_port, python_module
 
@@ -73,6 +79,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="skip the closed loop and use this as the best closed-loop throughput (open loop only)")
     ap.add_argument("--sequential", action="store_true",
                     help="one server after another (default: all started, their phases interleaved)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure every closed- and open-loop point this many times (round after round, "
+                         "interleaved) and report each point's median round: a shared host's speed wanders")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="client timeout per request")
     ap.add_argument("--reject-backoff-s", type=float, default=0.1, help="closed-loop client pause after a 503")
     args = ap.parse_args(argv)
@@ -84,6 +93,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     args.factors = [float(f) for f in args.factors.split(",") if f.strip()]
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     args.out = Path(args.out or ("reports/bench-admission-quick" if args.quick else "docs/benchmarks"))
     return args
 
@@ -213,7 +224,7 @@ class SystemRun:
     def capacity(self) -> float:
         if self.args.capacity_rps is not None:
             return self.args.capacity_rps
-        return max(p["throughput_rps"] for p in self.out["points"])
+        return best_closed_rps(per_point(self.out["points"], "concurrency"))
 
     async def overload(self, factor: float) -> None:
         args, rate = self.args, factor * self.capacity
@@ -224,7 +235,8 @@ class SystemRun:
                                             errors=errors)
         ends = [r.start + r.latency_s for r in results]
         elapsed = max(max(ends) - t0 if ends else 0.0, args.overload_s)
-        s = load.summarize(results, elapsed, errors)
+        # goodput: the work done while the arrivals lasted, as the closed loop counts its window's work
+        s = load.summarize(results, elapsed, errors, window=(t0, t0 + args.overload_s))
         s.offered_rps = len(results) / args.overload_s
         self.out["open"].append({"factor": factor, "rate_rps": rate, **s.to_dict(),
                                  "limits": [g["limit"] for g in poll.series if g.get("limit") is not None]})
@@ -250,10 +262,20 @@ class SystemRun:
     def phases(self) -> list[Callable[[], Awaitable[None]]]:
         """The calls in order: warm-up, closed loop per concurrency, open loop per factor, the step test."""
         out: list[Callable[[], Awaitable[None]]] = [self.warm]
+        rounds = range(self.args.rounds)
         if self.args.capacity_rps is None:
-            out += [functools.partial(self.closed, c) for c in self.args.concurrency]
-        out += [functools.partial(self.overload, f) for f in self.args.factors]
+            out += [functools.partial(self.closed, c) for _ in rounds for c in self.args.concurrency]
+        out += [functools.partial(self.overload, f) for _ in rounds for f in self.args.factors]
         out.append(self.step)
+        return out
+
+    def report(self) -> dict[str, Any]:
+        """What was measured, each point its median round (every round's measurement kept beside it)."""
+        out = dict(self.out)
+        if self.args.rounds > 1:
+            out["points_rounds"], out["open_rounds"] = out["points"], out["open"]
+            out["points"] = per_point(out["points"], "concurrency")
+            out["open"] = per_point(out["open"], "factor")
         return out
 
 
@@ -306,7 +328,7 @@ def run_systems(args: argparse.Namespace, systems: list[str], model_dir: str, ru
                     fail(results, system, exc)
                     del runs[system]
         for system, run in runs.items():
-            results["systems"][system] = {**run.out, "admission_log": startup_line(run.srv),
+            results["systems"][system] = {**run.report(), "admission_log": startup_line(run.srv),
                                           "server_503": server_rejects(run.srv)}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 SETTLE_GOAL_S = 10.0
+COUNTS = ("requests", "ok", "rejected", "timeouts", "errors")  # summed over rounds; the rest: the median round's
 
 
 def _ms(v: float | None) -> str:
@@ -39,11 +40,43 @@ def settle_times(step: dict) -> list[float | None]:
     return out
 
 
+def per_point(measured: list[dict], key: str) -> list[dict]:
+    """One entry per ``key`` (concurrency, or open-loop factor) from rounds of the same point, in first-seen
+    order: the round of median throughput (its latencies, its limit; the lower middle of an even count), the
+    counts summed over all rounds, every round's throughput in ``rounds`` (one round: as measured)."""
+    groups: dict[Any, list[dict]] = {}
+    for m in measured:
+        groups.setdefault(m[key], []).append(m)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        ranked = sorted(group, key=lambda m: m["throughput_rps"])
+        merged = dict(ranked[(len(ranked) - 1) // 2])
+        for count in COUNTS:
+            merged[count] = sum(m.get(count, 0) for m in group)
+        merged["rounds"] = [m["throughput_rps"] for m in group]
+        out.append(merged)
+    return out
+
+
+def best_closed_rps(points: list[dict]) -> float:
+    """The best closed-loop throughput (of the points' median rounds)."""
+    return max(p["throughput_rps"] for p in points)
+
+
+def spread(p: dict) -> str:
+    """``" (min-max of n)"`` when the point was measured in rounds."""
+    rounds = p.get("rounds") or []
+    return f" ({min(rounds):.2f}-{max(rounds):.2f} of {len(rounds)})" if len(rounds) > 1 else ""
+
+
 def knee(points: list[dict]) -> dict | None:
     """The closed-loop point with the fewest clients reaching 0.9x the best throughput."""
     if not points:
         return None
-    best = max(p["throughput_rps"] for p in points)
+    best = best_closed_rps(points)
     return min((p for p in points if p["throughput_rps"] >= 0.9 * best), key=lambda p: p["concurrency"])
 
 
@@ -59,7 +92,7 @@ def evaluate_goals(r: dict) -> list[dict]:
             return ok if graded else None
 
         k = knee(sys_["points"])
-        best = max(p["throughput_rps"] for p in sys_["points"])
+        best = best_closed_rps(sys_["points"])
         k_p99 = k["latency_p99_s"] if k else None
         _goal(goals, f"[{key}] knee (fewest clients at >= 0.9x the best {best:.2f} req/s)",
               f"c={k['concurrency']}, p99 {_ms(k_p99)} ms" if k else "-", "info", None)
@@ -120,8 +153,12 @@ def markdown(r: dict) -> str:
          f"16-bit PCM of \"{r['text']}\". "
          f"{'QUICK SMOKE RUN: the numbers mean nothing. ' if cfg.get('quick') else ''}"
          f"Closed loop {cfg['point_s']:g} s measured after {cfg['warmup_s']:g} s (a 503 costs its client "
-         f"{cfg['reject_backoff_s']:g} s); open loop {cfg['overload_s']:g} s per rate; step phases {cfg['step_s']:g} s. "
-         f"Load average at start {r['loadavg_start'][0]:.2f}, at end {r['loadavg_end'][0]:.2f}. "
+         f"{cfg['reject_backoff_s']:g} s); open loop {cfg['overload_s']:g} s per rate (goodput: the work done "
+         f"while the arrivals lasted); step phases {cfg['step_s']:g} s. "
+         + (f"Every closed- and open-loop point measured in {cfg['rounds']} rounds (all points of a round, then "
+            "the next round): each row is the point's median round, its req/s range over the rounds in "
+            "brackets, its counts summed. " if cfg.get("rounds", 1) > 1 else "")
+         + f"Load average at start {r['loadavg_start'][0]:.2f}, at end {r['loadavg_end'][0]:.2f}. "
          "Latencies in ms (send to last byte, admitted requests); goodput in requests and audio seconds per "
          f"wall second.{merged}"
          + ("" if cfg.get("sequential") or merged else
@@ -143,7 +180,7 @@ def markdown(r: dict) -> str:
         lines += ["| load | req/s | audio-s/s | p50 | p99 | TTFA p50 | 503s | 503 p99 | errors | timeouts | limit |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, p, limit in _rows(sys_):
-            lines.append(f"| {name} | {p['throughput_rps']:.2f} | {p.get('audio_per_s', 0.0):.1f} | "
+            lines.append(f"| {name} | {p['throughput_rps']:.2f}{spread(p)} | {p.get('audio_per_s', 0.0):.1f} | "
                          f"{_ms(p['latency_p50_s'])} | {_ms(p['latency_p99_s'])} | {_ms(p['ttfa_p50_s'])} | "
                          f"{p['rejected']} | {_ms(p['reject_p99_s'])} | {p['errors']} | {p['timeouts']} | "
                          f"{'-' if limit is None else f'{limit:g}'} |")

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from bench.admission import parse_args, pool_settings
-from bench.admission_report import evaluate_goals, knee, markdown, settle_times
+from bench.admission_report import (
+    evaluate_goals,
+    knee,
+    markdown,
+    per_point,
+    settle_times,
+)
 
 
 def point(c: int, rps: float, p50: float, p99: float) -> dict:
@@ -84,3 +90,40 @@ def test_runs_of_single_systems_merge_into_one_report(tmp_path):
     goals = {g["goal"]: g for g in merged["goals"]}
     assert goals["[defaults] c=8: throughput / best fixed"]["value"] == "0.96"  # graded across the two runs
     assert "separate runs" in (tmp_path / "out" / "admission.md").read_text()
+
+
+def test_rounds_of_a_point_report_the_median_round_with_counts_summed():
+    rounds = [point(2, 6.0, 0.30, 0.50), point(4, 7.0, 0.5, 0.8), point(2, 7.4, 0.25, 0.40),
+              point(4, 5.0, 0.7, 0.9), point(2, 6.6, 0.27, 0.45), point(4, 6.5, 0.6, 0.85)]
+    rounds[0]["rejected"], rounds[2]["rejected"] = 3, 4
+    merged = per_point(rounds, "concurrency")
+    assert [p["concurrency"] for p in merged] == [2, 4]  # first-seen order
+    two = merged[0]
+    assert two["throughput_rps"] == 6.6 and two["latency_p99_s"] == 0.45  # the median round, whole
+    assert two["rounds"] == [6.0, 7.4, 6.6] and two["rejected"] == 7
+    assert merged[1]["throughput_rps"] == 6.5
+    assert per_point([point(1, 3.0, 0.2, 0.3)], "concurrency") == [point(1, 3.0, 0.2, 0.3)]  # one round: as measured
+    even = per_point([point(1, 3.0, 0.2, 0.3), point(1, 4.0, 0.2, 0.3)], "concurrency")
+    assert even[0]["throughput_rps"] == 3.0  # an even count: the lower middle (never an optimistic pick)
+
+
+def test_rounds_interleave_every_point_and_the_report_shows_their_range():
+    from bench.admission import SystemRun
+
+    args = parse_args(["--quick", "--rounds", "2", "--concurrency", "1,2", "--factors", "3"])
+
+    class Srv:
+        base_url = "http://x"
+
+    run = SystemRun("defaults", Srv(), args)
+    plan = [(getattr(f, "func", f).__name__, getattr(f, "args", ())) for f in run.phases()]
+    assert plan == [("warm", ()), ("closed", (1,)), ("closed", (2,)), ("closed", (1,)), ("closed", (2,)),
+                    ("overload", (3.0,)), ("overload", (3.0,)), ("step", ())]
+    run.out["points"] = [point(1, 3.0, 0.2, 0.3), point(1, 3.4, 0.2, 0.3)]
+    report = run.report()
+    assert report["points"][0]["rounds"] == [3.0, 3.4] and len(report["points_rounds"]) == 2
+    r = {"config": vars(args) | {"out": str(args.out)}, "started": "now", "cores": 2, "model": "tiny", "text": "x",
+         "loadavg_start": [0.1], "loadavg_end": [0.2], "systems": {"defaults": report}}
+    r["goals"] = evaluate_goals(r)
+    text = markdown(r)
+    assert "| closed c=1 | 3.00 (3.00-3.40 of 2) |" in text and "measured in 2 rounds" in text
