@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--point-s", type=float, help="measured seconds per closed-loop point (default 25)")
     ap.add_argument("--warmup-s", type=float, help="unmeasured seconds before each closed-loop point (default 5)")
     ap.add_argument("--overload-s", type=float, help="seconds of open-loop arrivals per rate (default 30)")
-    ap.add_argument("--step-s", type=float, help="seconds of each step-test phase (default 20)")
+    ap.add_argument("--step-s", type=float, help="seconds of each step-test phase (default 20; 0: no step test)")
     ap.add_argument("--tuned-workers", type=int, default=2, help="pool.workers of the hand-tuned fixed system")
     ap.add_argument("--tuned-queue", type=int, default=2, help="pool.max_queue of the hand-tuned fixed system")
     ap.add_argument("--capacity-rps", type=float,
@@ -266,7 +266,8 @@ class SystemRun:
         if self.args.capacity_rps is None:
             out += [functools.partial(self.closed, c) for _ in rounds for c in self.args.concurrency]
         out += [functools.partial(self.overload, f) for _ in rounds for f in self.args.factors]
-        out.append(self.step)
+        if self.args.step_s > 0:
+            out.append(self.step)
         return out
 
     def report(self) -> dict[str, Any]:

@@ -154,7 +154,8 @@ def markdown(r: dict) -> str:
          f"{'QUICK SMOKE RUN: the numbers mean nothing. ' if cfg.get('quick') else ''}"
          f"Closed loop {cfg['point_s']:g} s measured after {cfg['warmup_s']:g} s (a 503 costs its client "
          f"{cfg['reject_backoff_s']:g} s); open loop {cfg['overload_s']:g} s per rate (goodput: the work done "
-         f"while the arrivals lasted); step phases {cfg['step_s']:g} s. "
+         f"while the arrivals lasted); "
+         + (f"step phases {cfg['step_s']:g} s. " if cfg["step_s"] > 0 else "no step test. ")
          + (f"Every closed- and open-loop point measured in {cfg['rounds']} rounds (all points of a round, then "
             "the next round): each row is the point's median round, its req/s range over the rounds in "
             "brackets, its counts summed. " if cfg.get("rounds", 1) > 1 else "")

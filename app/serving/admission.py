@@ -160,7 +160,8 @@ class Admission:
         if config.admission == "adaptive":
             limiter = LatencyLimit(LimiterConfig(
                 ceiling=config.ceiling, initial=config.admission_initial or config.ceiling,
-                budget_s=config.admission_budget_s, tolerance=config.admission_tolerance))
+                budget_s=config.admission_budget_s, tolerance=config.admission_tolerance,
+                max_wait_s=config.queue_timeout_s))
         return cls(config.workers, config.max_queue, observer, limiter=limiter)
 
     def start_at(self, limit: int) -> None:
@@ -188,7 +189,7 @@ class Admission:
             self.limiter.note_refused()
             self.reject("over_budget")
             raise Overloaded(f"{self.limiter.value} requests are running and the wait for a place would take "
-                             f"this one past the server's latency budget", self.retry_after_s())
+                             f"this one past the server's latency budget or its queue timeout", self.retry_after_s())
         self.in_flight += 1
         self.queued += 1
         self.admitted += 1

@@ -15,7 +15,10 @@ or the budget would rise with the load it admits).
   at ``rate()``: the throughput measured at this limit, else the best measured below it,
   else one at a time) plus its service at this limit (limit / rate, Little's law), is within
   the budget; else it is refused at once, its ``Retry-After`` that predicted wait. The
-  queue keeps the running places busy between arrivals; the budget keeps it short.
+  queue keeps the running places busy between arrivals; the budget keeps it short. Nor
+  does a request wait whose predicted wait is past ``max_wait_s`` (the pool's queue timeout:
+  with requests of tens of seconds, a real model on a CPU, the budget alone would let it wait
+  only to be refused when the timeout ran out).
 
 How the limit moves (the **controller**):
 
@@ -78,6 +81,7 @@ class LimiterConfig:
     initial: float  # where the limit starts (the lifespan picks it from the machine)
     budget_s: float | None = None  # target latency of an average request; None: tolerance x unloaded latency
     tolerance: float = 2.5  # the automatic target, in unloaded latencies
+    max_wait_s: float | None = None  # no request waits to run if its predicted wait is longer (pool.queue_timeout_s)
     window_s: float = 1.0  # at most one step per window
     min_samples: int = 3  # fresh samples a step needs (fewer when the limit itself is lower)
     deadband: float = 0.1  # no step while the median is within +-10 % of the target
@@ -99,6 +103,8 @@ class LimiterConfig:
             raise ValueError("ceiling must be at least 1")
         if self.budget_s is not None and self.budget_s <= 0:
             raise ValueError("budget_s must be positive (or None: automatic)")
+        if self.max_wait_s is not None and self.max_wait_s <= 0:
+            raise ValueError("max_wait_s must be positive (or None: no bound beyond the budget)")
         if self.tolerance <= 1:
             raise ValueError("tolerance must be above 1")
         if self.window_s <= 0 or self.min_samples < 1 or self.probe_after_s < 0:
@@ -164,15 +170,19 @@ class LatencyLimit:
         """Admit a request of ``weight`` on top of ``load`` (all admitted, in average requests)?
 
         It runs at once (an idle server always has room), or it may wait: its predicted latency,
-        the wait plus its service at the current limit, is within the budget.
+        the wait plus its service at the current limit, is within the budget, and the wait within
+        ``max_wait_s`` (the pool's queue timeout, which would refuse it after the wait anyway).
         """
         if load <= 0 or load + weight <= self.value + 1e-9:
             return True
         target, rate = self.target_s, self.rate()
         if target is None or rate is None:
             return False  # nothing measured yet: no waiting room
+        wait = self.predicted_wait_s(load, weight)
+        if self.config.max_wait_s is not None and wait > self.config.max_wait_s:
+            return False
         service = weight * self.value / rate  # Little's law at the current limit
-        return self.predicted_wait_s(load, weight) + service <= target * (1.0 + self.config.deadband)
+        return wait + service <= target * (1.0 + self.config.deadband)
 
     def predicted_wait_s(self, load: float, weight: float = 1.0) -> float:
         """Seconds a request of ``weight`` arriving now would wait to run (0: it runs at once):

@@ -182,8 +182,25 @@ def test_the_waiting_room_admits_while_the_predicted_latency_is_within_the_budge
     assert lim.predicted_wait_s(6.5, weight=2.0) == pytest.approx(2 / 3.5)  # a double-size request needs 2 places
 
 
+def test_no_request_waits_past_max_wait_even_within_the_budget():
+    def measured(max_wait_s: float) -> LatencyLimit:
+        clock = Clock()
+        lim = LatencyLimit(LimiterConfig(ceiling=16, initial=8, budget_s=2.1, max_wait_s=max_wait_s,
+                                         level_samples=3), clock=clock)
+        lim.note_load(8.0)
+        clock.t = 2.0
+        for _ in range(3):
+            lim.observe(2.0, admitted_at=1.0)  # 8 running, 2 s each: 4/s; it probes 7 (3.5/s)
+        assert lim.value == 7 and lim.predicted_wait_s(7.0) == pytest.approx(1 / 3.5)
+        return lim
+
+    assert measured(max_wait_s=0.4).allows(7.0)  # a 0.29 s wait + 2 s of service: within the 2.1 s budget
+    assert not measured(max_wait_s=0.2).allows(7.0)  # the same, but the queue timeout would end the wait first
+
+
 @pytest.mark.parametrize("kw", [{"ceiling": 0, "initial": 1}, {"ceiling": 4, "initial": 1, "budget_s": 0},
                                 {"ceiling": 4, "initial": 1, "tolerance": 1.0},
+                                {"ceiling": 4, "initial": 1, "max_wait_s": 0},
                                 {"ceiling": 4, "initial": 1, "max_up": 0.9}])
 def test_config_is_validated(kw):
     with pytest.raises(ValueError):
