@@ -333,6 +333,14 @@ def run_systems(args: argparse.Namespace, systems: list[str], model_dir: str, ru
                                           "server_503": server_rejects(run.srv)}
 
 
+def shown(path: str | Path | None) -> str | None:
+    """A path as the report may name it: relative to the repository, or only its name (no machine's paths)."""
+    if path is None:
+        return None
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else resolved.name
+
+
 def fail(results: dict[str, Any], system: str, exc: BaseException) -> None:
     log(f"  {system} FAILED: {type(exc).__name__}: {str(exc)[:2000]}")
     results["systems"][system] = {"system": system, "failed": f"{type(exc).__name__}: {exc}"[:4000]}
@@ -351,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     load1 = os.getloadavg()[0]
     log(f"model {model_dir}; out {args.out}; logs {run_dir}; {os.cpu_count()} cores; load average {load1:.2f}")
     results: dict[str, Any] = {
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "config": {k: shown(v) if k in ("out", "model_dir") else v for k, v in vars(args).items()},
         "model": Path(model_dir).name, "text": TEXT, "cores": os.cpu_count(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg_start": os.getloadavg(), "systems": {},
     }

@@ -15,7 +15,7 @@ time-to-first-audio series and a memory run. Results go to ``--out``
   (e) batching: ``bench/batching.py`` (per-request pool vs batched LLM, full-size and tiny
       CosyVoice2; ~20 min more), run last as its own subprocess; batching.{json,md,png}
   (f) admission: ``bench/admission.py`` (overload with the defaults vs fixed sizings, streamed,
-      closed and open loop and a step test; ~17 min), its own subprocess; admission.{json,md}
+      closed and open loop in three rounds and a step test; ~36 min), its own subprocess; admission.{json,md}
 
 cosyserve runs with no pool settings (the server's defaults, as a user starts it) unless
 ``--server-workers`` / ``--max-queue`` say otherwise.
@@ -274,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_admission(args: argparse.Namespace) -> int:
     """(f): overload with the defaults vs fixed sizings (bench/admission.py), one server at a time."""
-    argv = [sys.executable, "-m", "bench.admission", "--out", str(args.out)] + (["--quick"] if args.quick else [])
+    argv = [sys.executable, "-m", "bench.admission", "--out", str(args.out)]
+    argv += ["--quick"] if args.quick else ["--rounds", "3"]  # one round's best point is a lucky moment here
     if args.model_dir:
         argv += ["--model-dir", args.model_dir]
     log("(f) admission benchmark: " + " ".join(argv[1:]))

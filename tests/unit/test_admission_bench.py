@@ -129,3 +129,11 @@ def test_rounds_interleave_every_point_and_the_report_shows_their_range():
     r["goals"] = evaluate_goals(r)
     text = markdown(r)
     assert "| closed c=1 | 3.00 (3.00-3.40 of 2) |" in text and "measured in 2 rounds" in text
+
+
+def test_the_report_names_no_path_outside_the_repository(tmp_path):
+    from bench.admission import ROOT, shown
+
+    assert shown(ROOT / "docs" / "benchmarks") == "docs/benchmarks"
+    assert shown(tmp_path / "models" / "full2") == "full2"
+    assert shown(None) is None
