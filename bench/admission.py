@@ -32,6 +32,7 @@ import json
 import os
 import random
 import re
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -82,6 +83,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure every closed- and open-loop point this many times (round after round, "
                          "interleaved) and report each point's median round: a shared host's speed wanders")
+    ap.add_argument("--server-nice", type=int, default=5,
+                    help="run the servers at this niceness (0: as the load generator), so the load generator "
+                         "on the same cores is not starved by them: a real deployment's clients are elsewhere")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="client timeout per request")
     ap.add_argument("--reject-backoff-s", type=float, default=0.1, help="closed-loop client pause after a 503")
     args = ap.parse_args(argv)
@@ -123,6 +127,8 @@ def server(system: str, args: argparse.Namespace, model_dir: str, run_dir: Path)
     path.write_text(yaml.safe_dump(config))
     port = free_port()
     argv = python_module("app.cli", "serve", "--config", str(path), "--host", "127.0.0.1", "--port", str(port))
+    if args.server_nice > 0 and shutil.which("nice"):
+        argv = ["nice", "-n", str(args.server_nice), *argv]  # nice execs the server: its pid is the server's
     return ServerProc(system, argv, port, "/health/ready", run_dir)
 
 

@@ -137,3 +137,12 @@ def test_the_report_names_no_path_outside_the_repository(tmp_path):
     assert shown(ROOT / "docs" / "benchmarks") == "docs/benchmarks"
     assert shown(tmp_path / "models" / "full2") == "full2"
     assert shown(None) is None
+
+
+def test_the_servers_run_niced_below_the_load_generator_unless_told_not_to(tmp_path):
+    from bench.admission import server
+
+    niced = server("defaults", parse_args(["--quick"]), "model", tmp_path)
+    assert niced.argv[:3] == ["nice", "-n", "5"] and "app.cli" in niced.argv
+    plain = server("defaults", parse_args(["--quick", "--server-nice", "0"]), "model", tmp_path)
+    assert plain.argv[0] != "nice"
