@@ -81,8 +81,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sequential", action="store_true",
                     help="one server after another (default: all started, their phases interleaved)")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="measure every closed- and open-loop point this many times (round after round, "
-                         "interleaved) and report each point's median round: a shared host's speed wanders")
+                    help="measure every closed- and open-loop point this many times (round after round, each "
+                         "closed then open loop) and report each point's median round: a shared host's speed wanders")
     ap.add_argument("--server-nice", type=int, default=5,
                     help="run the servers at this niceness (0: as the load generator), so the load generator "
                          "on the same cores is not starved by them: a real deployment's clients are elsewhere")
@@ -266,12 +266,13 @@ class SystemRun:
             f"(admitted p99 per phase: {[ms(p['latency_p99_s']) for p in step['phases']]})")
 
     def phases(self) -> list[Callable[[], Awaitable[None]]]:
-        """The calls in order: warm-up, closed loop per concurrency, open loop per factor, the step test."""
+        """The calls in order: warm-up; per round, closed loop per concurrency and open loop per factor (at
+        the best closed-loop throughput's median so far); the step test."""
         out: list[Callable[[], Awaitable[None]]] = [self.warm]
-        rounds = range(self.args.rounds)
-        if self.args.capacity_rps is None:
-            out += [functools.partial(self.closed, c) for _ in rounds for c in self.args.concurrency]
-        out += [functools.partial(self.overload, f) for _ in rounds for f in self.args.factors]
+        for _ in range(self.args.rounds):  # each round closed then open loop: a drift hits both alike
+            if self.args.capacity_rps is None:
+                out += [functools.partial(self.closed, c) for c in self.args.concurrency]
+            out += [functools.partial(self.overload, f) for f in self.args.factors]
         if self.args.step_s > 0:
             out.append(self.step)
         return out

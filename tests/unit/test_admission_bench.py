@@ -117,8 +117,8 @@ def test_rounds_interleave_every_point_and_the_report_shows_their_range():
 
     run = SystemRun("defaults", Srv(), args)
     plan = [(getattr(f, "func", f).__name__, getattr(f, "args", ())) for f in run.phases()]
-    assert plan == [("warm", ()), ("closed", (1,)), ("closed", (2,)), ("closed", (1,)), ("closed", (2,)),
-                    ("overload", (3.0,)), ("overload", (3.0,)), ("step", ())]
+    assert plan == [("warm", ()), ("closed", (1,)), ("closed", (2,)), ("overload", (3.0,)),
+                    ("closed", (1,)), ("closed", (2,)), ("overload", (3.0,)), ("step", ())]
     no_step = SystemRun("defaults", Srv(), parse_args(["--quick", "--step-s", "0"]))
     assert "step" not in [getattr(f, "func", f).__name__ for f in no_step.phases()]
     run.out["points"] = [point(1, 3.0, 0.2, 0.3), point(1, 3.4, 0.2, 0.3)]
