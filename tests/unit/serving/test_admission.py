@@ -361,38 +361,21 @@ def test_adaptive_runs_only_limit_requests_and_lets_the_next_wait_within_the_bud
     run(main())
 
 
-def test_adaptive_refuses_a_wait_that_would_break_the_budget() -> None:
+@pytest.mark.parametrize("limits", [
+    {"admission_budget_s": 0.06},  # waiting ~50 ms, then ~50 ms of service: past the 60 ms budget
+    {"admission_budget_s": 60.0, "queue_timeout_s": 0.02},  # a ~50 ms wait: within 60 s, past the 20 ms timeout
+], ids=["past-the-budget", "past-the-queue-timeout"])
+def test_adaptive_refuses_at_once_a_wait_past_the_budget_or_the_queue_timeout(limits) -> None:
     async def main():
-        b = FakeBehaviour(first_chunk_delay_s=0.05)
-        pool = await started(b, workers=3, max_queue=0, admission="adaptive", admission_budget_s=0.06)
-        try:
-            async with await synthesize(pool, req("warm")) as job:  # ~50 ms of the 60 ms budget
-                [c async for c in job]
-            pool.start_admission_at(1)
-            held = pool.admit()
-            with pytest.raises(Overloaded) as refused:
-                pool.admit()  # waiting ~50 ms, then ~50 ms of service: past 60 ms
-            assert refused.value.retry_after_s >= 1
-            assert pool.stats()["rejected"] == {"over_budget": 1}
-            held.release()
-        finally:
-            await pool.close()
-
-    run(main())
-
-
-def test_adaptive_refuses_at_once_a_wait_the_queue_timeout_would_cut_short() -> None:
-    async def main():
-        b = FakeBehaviour(first_chunk_delay_s=0.05)  # ~50 ms per request: the one waiting would wait ~50 ms ...
-        pool = await started(b, workers=3, max_queue=0, admission="adaptive", admission_budget_s=60.0,
-                             queue_timeout_s=0.02)  # ... past its 20 ms queue timeout, well within a 60 s budget
+        b = FakeBehaviour(first_chunk_delay_s=0.05)  # ~50 ms per request
+        pool = await started(b, workers=3, max_queue=0, admission="adaptive", **limits)
         try:
             async with await synthesize(pool, req("warm")) as job:
                 [c async for c in job]
             pool.start_admission_at(1)
             held = pool.admit()
             with pytest.raises(Overloaded) as refused:
-                pool.admit()  # at once, not a 503 queue_timeout 20 ms later
+                pool.admit()  # at once (not a 503 queue_timeout after the wait)
             assert refused.value.retry_after_s >= 1
             assert pool.stats()["rejected"] == {"over_budget": 1}
             held.release()
