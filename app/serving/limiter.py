@@ -178,7 +178,7 @@ class LatencyLimit:
         target, rate = self.target_s, self.rate()
         if target is None or rate is None:
             return False  # nothing measured yet: no waiting room
-        wait = self.predicted_wait_s(load, weight)
+        wait = self._wait_s(load, weight, rate)
         if self.config.max_wait_s is not None and wait > self.config.max_wait_s:
             return False
         service = weight * self.value / rate  # Little's law at the current limit
@@ -193,6 +193,10 @@ class LatencyLimit:
         if rate is None:
             target = self.target_s or 1.0
             rate = self.value / target
+        return self._wait_s(load, weight, rate)
+
+    def _wait_s(self, load: float, weight: float, rate: float) -> float:
+        """The work beyond the limit, and the request's own place, drained at ``rate``."""
         return (max(0.0, load - self.value) + weight) / rate
 
     def rate(self) -> float | None:
