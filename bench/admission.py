@@ -51,6 +51,7 @@ from bench.admission_report import (
 )
 from bench.load import LoadClient, RequestSpec, Result
 from bench.procs import ROOT, ServerProc, free_port, python_module
+from bench.sched import realtime_client
 
 TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 GAUGES = {"limit": "tts_admission_limit", "load": "tts_admission_load",
@@ -86,6 +87,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--server-nice", type=int, default=5,
                     help="run the servers at this niceness (0: as the load generator), so the load generator "
                          "on the same cores is not starved by them: a real deployment's clients are elsewhere")
+    ap.add_argument("--client-rt-priority", type=int, default=1,
+                    help="run the load generator in SCHED_FIFO at this priority where permitted, its servers in the "
+                         "normal class (bench/sched.py), so it is not preempted by their compute threads (0: off)")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="client timeout per request")
     ap.add_argument("--reject-backoff-s", type=float, default=0.1, help="closed-loop client pause after a 503")
     args = ap.parse_args(argv)
@@ -370,11 +374,14 @@ def main(argv: list[str] | None = None) -> int:
         "model": Path(model_dir).name, "text": TEXT, "cores": os.cpu_count(),
         "started": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg_start": os.getloadavg(), "systems": {},
     }
-    if args.sequential:
-        for system in args.systems:
-            run_systems(args, [system], model_dir, run_dir, results)
-    else:
-        run_systems(args, args.systems, model_dir, run_dir, results)
+    with realtime_client(args.client_rt_priority) as scheduling:
+        results["load_generator"] = scheduling
+        log(f"load generator: {scheduling}")
+        if args.sequential:
+            for system in args.systems:
+                run_systems(args, [system], model_dir, run_dir, results)
+        else:
+            run_systems(args, args.systems, model_dir, run_dir, results)
     results["loadavg_end"] = os.getloadavg()
     results["goals"] = evaluate_goals(results)
     args.out.mkdir(parents=True, exist_ok=True)

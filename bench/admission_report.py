@@ -159,9 +159,10 @@ def markdown(r: dict) -> str:
          + (f"Every closed- and open-loop point measured in {cfg['rounds']} rounds (all points of a round, then "
             "the next round): each row is the point's median round, its req/s range over the rounds in "
             "brackets, its counts summed. " if cfg.get("rounds", 1) > 1 else "")
-         + (f"The servers ran at nice {cfg['server_nice']}, the load generator at 0 (on the same cores; a real "
-            "deployment's clients are elsewhere), so the client's timings are not its own wait for a CPU. "
-            if cfg.get("server_nice", 0) > 0 else "")
+         + (f"The servers ran at nice {cfg['server_nice']}. " if cfg.get("server_nice", 0) > 0 else "")
+         + (f"The load generator ran in {r['load_generator']} (bench/sched.py: on the same cores a client in the "
+            "normal class waits behind the servers' compute threads, and its timings with it; a real "
+            "deployment's clients are elsewhere). " if r.get("load_generator") else "")
          + f"Load average at start {r['loadavg_start'][0]:.2f}, at end {r['loadavg_end'][0]:.2f}. "
          "Latencies in ms (send to last byte, admitted requests); goodput in requests and audio seconds per "
          f"wall second.{merged}"

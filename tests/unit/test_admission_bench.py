@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 from bench.admission import parse_args, pool_settings
 from bench.admission_report import (
     evaluate_goals,
@@ -129,6 +133,9 @@ def test_rounds_interleave_every_point_and_the_report_shows_their_range():
     r["goals"] = evaluate_goals(r)
     text = markdown(r)
     assert "| closed c=1 | 3.00 (3.00-3.40 of 2) |" in text and "measured in 2 rounds" in text
+    assert "load generator ran in" not in text  # not recorded: not claimed
+    r["load_generator"] = "SCHED_FIFO priority 1, servers in SCHED_OTHER"
+    assert "The load generator ran in SCHED_FIFO priority 1, servers in SCHED_OTHER" in markdown(r)
 
 
 def test_the_report_names_no_path_outside_the_repository(tmp_path):
@@ -146,3 +153,36 @@ def test_the_servers_run_niced_below_the_load_generator_unless_told_not_to(tmp_p
     assert niced.argv[:3] == ["nice", "-n", "5"] and "app.cli" in niced.argv
     plain = server("defaults", parse_args(["--quick", "--server-nice", "0"]), "model", tmp_path)
     assert plain.argv[0] != "nice"
+
+
+_SCHED_PROBE = """
+import os, subprocess, sys
+from bench.sched import realtime_client
+with realtime_client(int(sys.argv[1])) as how:
+    mine = os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK
+    child = subprocess.check_output([sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"])
+print(how)
+print(mine, int(child), os.sched_getscheduler(0))
+"""
+
+
+def _sched_probe(priority: int) -> tuple[str, list[int]]:
+    from bench.procs import ROOT
+
+    out = subprocess.run([sys.executable, "-c", _SCHED_PROBE, str(priority)], cwd=ROOT, capture_output=True,
+                         text=True, check=True, timeout=60).stdout.splitlines()
+    return out[0], [int(x) for x in out[1].split()]
+
+
+def test_a_realtime_load_generator_starts_its_servers_in_the_normal_class():
+    how, (mine, child, after) = _sched_probe(1)
+    assert child == os.SCHED_OTHER and after == os.SCHED_OTHER  # servers, and the process once done
+    if how.startswith("SCHED_FIFO"):
+        assert mine == os.SCHED_FIFO
+    else:  # no CAP_SYS_NICE here: nothing changed, and the report says why
+        assert "not permitted" in how and mine == os.SCHED_OTHER
+
+
+def test_priority_zero_leaves_the_load_generator_as_it_is():
+    how, (mine, child, after) = _sched_probe(0)
+    assert "off" in how and mine == child == after == os.SCHED_OTHER
