@@ -205,6 +205,7 @@ class PoolSettings(_Section):
     queue_timeout_s: float = Field(30.0, gt=0)
     request_timeout_s: float = Field(300.0, ge=0)
     share_engine: bool = False
+    compute_nice: int = Field(10, ge=0, le=19)  # compute threads run this much nicer than the event loop (Linux)
     stream_buffer_chunks: int = Field(4, ge=1, le=1024)
     health_timeout_s: float = Field(5.0, gt=0)
     stuck_grace_s: float = Field(30.0, ge=0)

@@ -19,6 +19,7 @@ import anyio
 from fastapi import FastAPI
 
 from app.config import Settings
+from app.engines import threads
 from app.runtime import Boot, EngineFactory, Runtime
 from app.serving.config import PoolConfig
 from app.serving.limits import SpeechLimits
@@ -128,6 +129,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
     settings, metrics = boot.settings, boot.metrics
     factory = boot.engine_factory
     batching = factory is None and settings.engine.batching  # an injected factory (tests) is not shared
+    threads.set_offset(settings.pool.compute_nice)  # before any compute thread starts
+    if threads.offset() and threads.supported():
+        log.info("compute threads run at nice +%d below the event loop (pool.compute_nice)", threads.offset())
     if factory is None:
         llm_observer = metrics.llm_observer() if metrics is not None else None
         factory = await anyio.to_thread.run_sync(engine_factory, settings, llm_observer)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engines.base import Engine, EngineInfo, SynthesisRequest
+from app.engines.threads import lower_this_thread
 from app.serving.admission import Admission, PermitError, Ticket
 from app.serving.config import PoolConfig
 from app.serving.errors import Draining, HealthCheckTimeout, NotReady, QueueTimeout
@@ -63,6 +64,7 @@ class Loaded:
 
 def _name_thread(name: str) -> None:
     threading.current_thread().name = name
+    lower_this_thread()  # a slot runs synthesis: below the event loop (app/engines/threads.py)
 
 
 class EnginePool:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from app.engines.cosyvoice.batching.flow_batch import BatchedFlow, FlowItem
+from app.engines.threads import lower_this_thread
 
 log = logging.getLogger("cosyserve.engine")
 
@@ -173,6 +174,7 @@ class FlowScheduler:
 
     # -- the scheduler thread -----------------------------------------------------------------
     def _loop(self) -> None:
+        lower_this_thread()  # below the event loop (app/engines/threads.py)
         try:
             while True:
                 with self._cv:

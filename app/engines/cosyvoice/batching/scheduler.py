@@ -49,6 +49,7 @@ from app.engines.cosyvoice.batching.prefill import (
 )
 from app.engines.cosyvoice.batching.sampling import Sampler, SamplingRules
 from app.engines.cosyvoice.batching.sequence import Sequence
+from app.engines.threads import lower_this_thread
 
 log = logging.getLogger("cosyserve.engine.batch")
 
@@ -188,6 +189,7 @@ class LLMScheduler:
     def _run(self) -> None:
         import torch
 
+        lower_this_thread()  # below the event loop (app/engines/threads.py)
         try:
             with self.io.context(), torch.inference_mode():
                 while True:

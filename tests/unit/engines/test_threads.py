@@ -1,0 +1,73 @@
+"""Compute threads run below the event loop (app/engines/threads.py): a per-thread nice on Linux."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from app.engines import threads
+from app.engines.fake import FakeBehaviour, FakeEngine
+from app.serving import EnginePool, PoolConfig
+from tests.waiting import run
+
+pytestmark = pytest.mark.skipif(not threads.supported(), reason="per-thread nice values are Linux's")
+
+
+@pytest.fixture
+def offset():
+    before = threads.offset()
+    yield threads.set_offset
+    threads.set_offset(before)
+
+
+def nice() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+def in_new_thread() -> tuple[int | None, int]:
+    out: dict = {}
+
+    def body() -> None:
+        out["returned"] = threads.lower_this_thread()
+        out["nice"] = nice()
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    return out["returned"], out["nice"]
+
+
+def test_a_compute_thread_lowers_itself_and_only_itself(offset):
+    mine = nice()
+    offset(3)
+    returned, theirs = in_new_thread()
+    assert theirs == min(19, mine + 3) == returned
+    assert nice() == mine  # the event loop's thread is untouched
+
+
+def test_offset_zero_leaves_threads_as_they_are_and_the_offset_is_clamped(offset):
+    mine = nice()
+    offset(0)
+    assert in_new_thread() == (None, mine)
+    offset(50)
+    assert threads.offset() == 19
+    offset(-4)
+    assert threads.offset() == 0
+
+
+def test_the_pool_slot_threads_run_below_the_thread_that_started_them(offset):
+    mine = nice()
+    offset(2)
+
+    async def main() -> list[int]:
+        pool = EnginePool(lambda i: FakeEngine(FakeBehaviour(), name=f"fake-{i}"), PoolConfig(workers=2))
+        await pool.start()
+        try:
+            return [os.getpriority(os.PRIO_PROCESS, t.native_id) for t in threading.enumerate()
+                    if t.name.startswith("cosyserve-slot-")]
+        finally:
+            await pool.close()
+
+    assert run(main()) == [min(19, mine + 2)] * 2
