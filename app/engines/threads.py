@@ -10,8 +10,9 @@ three pairs): the 503s' p99 fell from 8.8-10.4 ms to 6.2-6.7 ms, throughput unch
 Linux gives every thread its own nice value (``setpriority`` on a thread id), and raising one's
 own needs no privilege, so this works in any container. Elsewhere it does nothing. The lifespan
 sets the offset (``pool.compute_nice``) before any engine loads; every compute thread (the slot
-executors, the LLM and flow schedulers, a streaming-text feed) calls ``lower_this_thread()``
-as it starts.
+executors, the LLM and flow schedulers) calls ``lower_this_thread()`` as it starts. The offset
+counts from the process's main thread (the event loop's), whichever thread starts the compute
+thread, so one started by another compute thread is not lowered twice.
 """
 
 from __future__ import annotations
@@ -43,16 +44,18 @@ def supported() -> bool:
 
 
 def lower_this_thread() -> int | None:
-    """Make the calling thread ``offset()`` nicer; returns its nice value after, or None if unchanged."""
+    """Run the calling thread ``offset()`` nicer than the main thread (only ever lowering it: raising a
+    priority needs a privilege); returns its nice value after, or None when off or not possible."""
     if _offset <= 0 or not supported():
         return None
     tid = threading.get_native_id()
     try:
+        base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread's (Linux: its id is the pid)
         now = os.getpriority(os.PRIO_PROCESS, tid)
-        target = min(MAX_NICE, now + _offset)
-        if target != now:
+        target = min(MAX_NICE, base + _offset)
+        if target > now:
             os.setpriority(os.PRIO_PROCESS, tid, target)
-        return target
-    except OSError as exc:  # seccomp or an odd kernel: run as is, say so once
+        return max(now, target)
+    except OSError as exc:  # a seccomp profile that forbids it: run as is
         log.debug("could not lower compute thread %s: %s", threading.current_thread().name, exc)
         return None

@@ -47,6 +47,21 @@ def test_a_compute_thread_lowers_itself_and_only_itself(offset):
     assert nice() == mine  # the event loop's thread is untouched
 
 
+def test_a_compute_thread_started_by_another_is_not_lowered_twice(offset):
+    mine = nice()
+    offset(3)
+    out: dict = {}
+
+    def outer() -> None:
+        threads.lower_this_thread()
+        out["inner"] = in_new_thread()  # started from a lowered thread: inherits +3, stays there
+
+    t = threading.Thread(target=outer)
+    t.start()
+    t.join()
+    assert out["inner"] == (min(19, mine + 3), min(19, mine + 3))
+
+
 def test_offset_zero_leaves_threads_as_they_are_and_the_offset_is_clamped(offset):
     mine = nice()
     offset(0)
