@@ -4,7 +4,7 @@ Synthesis keeps every core busy; the event loop that answers 503s, health probes
 and stream writes needs a core for a moment, often. At the same priority it waits for a
 compute thread's time slice; with the compute threads a few steps nicer it preempts them at
 once. Measured on 2 cores at 3x overload (tiny v2, 30 s open loop, a real-time load generator,
-three pairs): the 503s' p99 fell from 8.8-10.4 ms to 6.2-6.7 ms, throughput unchanged
+six pairs): the 503s' p99 fell from 8.8-13.7 ms to 6.2-8.0 ms, throughput unchanged
 (docs/concurrency.md).
 
 Linux gives every thread its own nice value (``setpriority`` on a thread id), and raising one's
