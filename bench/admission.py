@@ -85,8 +85,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="measure every closed- and open-loop point this many times (round after round, each "
                          "closed then open loop) and report each point's median round: a shared host's speed wanders")
     ap.add_argument("--server-nice", type=int, default=5,
-                    help="run the servers at this niceness (0: as the load generator), so the load generator "
-                         "on the same cores is not starved by them: a real deployment's clients are elsewhere")
+                    help="run the servers at this niceness (0: as the load generator); on its own it did not "
+                         "keep the load generator from waiting for a CPU (see --client-rt-priority)")
     ap.add_argument("--client-rt-priority", type=int, default=1,
                     help="run the load generator in SCHED_FIFO at this priority where permitted, its servers in the "
                          "normal class (bench/sched.py), so it is not preempted by their compute threads (0: off)")

@@ -20,12 +20,6 @@ import os
 from collections.abc import Iterator
 
 
-def _policy_name(policy: int) -> str:
-    names = {getattr(os, n): n for n in ("SCHED_OTHER", "SCHED_FIFO", "SCHED_RR", "SCHED_BATCH", "SCHED_IDLE")
-             if hasattr(os, n)}
-    return names.get(policy & ~getattr(os, "SCHED_RESET_ON_FORK", 0), str(policy))
-
-
 @contextlib.contextmanager
 def realtime_client(priority: int) -> Iterator[str]:
     """Run this process in ``SCHED_FIFO`` at ``priority`` (children reset to the normal class) while the
@@ -44,6 +38,6 @@ def realtime_client(priority: int) -> Iterator[str]:
         yield f"normal scheduling (real-time client not permitted: {exc.strerror or exc})"
         return
     try:
-        yield f"SCHED_FIFO priority {priority}, servers in {_policy_name(before)}"
+        yield f"SCHED_FIFO priority {priority}, servers in SCHED_OTHER"  # what reset-on-fork gives a child
     finally:
         os.sched_setscheduler(0, before & ~os.SCHED_RESET_ON_FORK, before_param)
