@@ -13,7 +13,8 @@ streamed 16-bit PCM of one sentence:
   16 workers + 16 queued), the behaviour before adaptive admission;
 * ``tuned``: ``pool.admission: fixed`` sized by hand (``--tuned-workers``, ``--tuned-queue``).
 
-Per system: closed loop at 1, 2, 4, 8, 16 clients (a 503 costs its client a 0.1 s pause),
+Per system: closed loop at 1, 2, 4, 8, 16 clients (a 503 costs its client the pause its
+``Retry-After`` names, as clients that honour it do; ``--reject-backoff-s`` for a fixed one),
 then open loop (Poisson) at 1.5x and 3x the best closed-loop throughput, then a step test:
 open loop at 0.5x -> 3x -> 0.5x while ``/metrics`` is read every 0.5 s (the admission limit,
 load, predicted wait, in-flight requests). Per point: admitted latency p50/p99, time to first
@@ -91,7 +92,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="run the load generator in SCHED_FIFO at this priority where permitted, its servers in the "
                          "normal class (bench/sched.py), so it is not preempted by their compute threads (0: off)")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="client timeout per request")
-    ap.add_argument("--reject-backoff-s", type=float, default=0.1, help="closed-loop client pause after a 503")
+    ap.add_argument("--reject-backoff-s", type=float, default=None,
+                    help="closed-loop client pause after a 503 (default: the Retry-After it names, as a client that "
+                         "honours it, the openai SDK's or urllib3's, does)")
     args = ap.parse_args(argv)
     quick = {"point_s": 3.0, "warmup_s": 1.0, "overload_s": 4.0, "step_s": 4.0}
     full = {"point_s": 25.0, "warmup_s": 5.0, "overload_s": 30.0, "step_s": 20.0}

@@ -12,6 +12,11 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.0f}"
 
 
+def backoff(seconds: float | None) -> str:
+    """What a 503 cost a closed-loop client."""
+    return "the pause its Retry-After names" if seconds is None else f"{seconds:g} s"
+
+
 def _goal(goals: list, name: str, value: str, target: str, ok: bool | None) -> None:
     goals.append({"goal": name, "value": value, "target": target, "pass": ok})
 
@@ -153,7 +158,7 @@ def markdown(r: dict) -> str:
          f"16-bit PCM of \"{r['text']}\". "
          f"{'QUICK SMOKE RUN: the numbers mean nothing. ' if cfg.get('quick') else ''}"
          f"Closed loop {cfg['point_s']:g} s measured after {cfg['warmup_s']:g} s (a 503 costs its client "
-         f"{cfg['reject_backoff_s']:g} s); open loop {cfg['overload_s']:g} s per rate (goodput: the work done "
+         f"{backoff(cfg.get('reject_backoff_s'))}); open loop {cfg['overload_s']:g} s per rate (goodput: the work done "
          f"while the arrivals lasted); "
          + (f"step phases {cfg['step_s']:g} s. " if cfg["step_s"] > 0 else "no step test. ")
          + (f"Every closed- and open-loop point measured in {cfg['rounds']} rounds (all points of a round, then "

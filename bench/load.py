@@ -172,15 +172,25 @@ class LoadClient:
             self.errors.append(text)
 
 
+def retry_pause_s(header: str | None, default_s: float = 1.0) -> float:
+    """The pause a client that honours ``Retry-After`` takes (as the openai SDK and urllib3's Retry do):
+    its seconds (an HTTP date, or none: ``default_s``)."""
+    try:
+        return max(0.0, float(header)) if header is not None else default_s
+    except ValueError:
+        return default_s
+
+
 async def closed_loop(base_url: str, spec: RequestSpec, concurrency: int, duration_s: float, *,
-                      warmup_s: float = 0.0, timeout_s: float = 120.0, reject_backoff_s: float = 0.1) -> Summary:
+                      warmup_s: float = 0.0, timeout_s: float = 120.0,
+                      reject_backoff_s: float | None = 0.1) -> Summary:
     """``concurrency`` clients, each sending its next request when the last one ended.
 
     The clients run ``warmup_s`` + ``duration_s``; throughput counts the successful
     requests that ended in the last ``duration_s`` (see ``summarize``). Requests
     still in flight at the end are awaited (up to the client timeout) so their
     errors and timeouts count. A client that gets a 503 waits ``reject_backoff_s``
-    before trying again.
+    before trying again, or with None the ``Retry-After`` the 503 names (``retry_pause_s``).
     """
     lc = LoadClient(base_url, timeout_s, max_connections=max(8, concurrency * 2))
     results: list[Result] = []
@@ -193,8 +203,10 @@ async def closed_loop(base_url: str, spec: RequestSpec, concurrency: int, durati
                 r = await lc.send(spec)
                 if r.start + r.latency_s >= t_measure:
                     results.append(r)
-                if r.kind == "rejected" and reject_backoff_s > 0:
-                    await asyncio.sleep(reject_backoff_s)
+                if r.kind == "rejected":
+                    pause = retry_pause_s(r.retry_after) if reject_backoff_s is None else reject_backoff_s
+                    if pause > 0:
+                        await asyncio.sleep(min(pause, max(0.0, t_end - time.monotonic())))
 
         await asyncio.gather(*(client() for _ in range(concurrency)))
         elapsed = time.monotonic() - t_measure

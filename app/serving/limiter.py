@@ -82,6 +82,7 @@ class LimiterConfig:
     budget_s: float | None = None  # target latency of an average request; None: tolerance x unloaded latency
     tolerance: float = 2.5  # the automatic target, in unloaded latencies
     max_wait_s: float | None = None  # no request waits to run if its predicted wait is longer (pool.queue_timeout_s)
+    wait_rounds: float = 1.0  # a request may always wait this many rounds of the running ones (within max_wait_s)
     window_s: float = 1.0  # at most one step per window
     min_samples: int = 3  # fresh samples a step needs (fewer when the limit itself is lower)
     deadband: float = 0.1  # no step while the median is within +-10 % of the target
@@ -89,8 +90,8 @@ class LimiterConfig:
     max_up: float = 1.5  # ... and at most multiplies it by 1.5
     unloaded_samples: int = 32  # latencies of lone requests kept for the unloaded latency ...
     unloaded_horizon_s: float = 240.0  # ... for this long (a machine's speed drifts: shared hosts)
-    probe_after_s: float = 120.0  # what a level gave is trusted this long (then it is probed again)
-    min_gain: float = 0.03  # one more request in flight must add this share of throughput
+    probe_after_s: float = 300.0  # what a level gave is trusted this long (then it is probed again)
+    min_gain: float = 0.05  # one more request in flight must add this share of throughput
     level_windows: int = 8  # windows remembered per level (a level is judged by them pooled)
     level_samples: int = 24  # requests a level's throughput needs before the knee search trusts it
     clear_samples: int = 8  # ... or this many when it finished under clear_share of the best known level
@@ -181,7 +182,10 @@ class LatencyLimit:
         wait = self._wait_s(load, weight, rate)
         if self.config.max_wait_s is not None and wait > self.config.max_wait_s:
             return False
-        service = weight * self.value / rate  # Little's law at the current limit
+        round_s = self.value / rate  # one round: the running ones all finish once (Little's law)
+        if self.config.budget_s is None and wait <= self.config.wait_rounds * round_s * (1.0 + 1e-9):
+            return True  # automatic budget: a queue as deep as the running set keeps the places busy
+        service = weight * round_s
         return wait + service <= target * (1.0 + self.config.deadband)
 
     def predicted_wait_s(self, load: float, weight: float = 1.0) -> float:

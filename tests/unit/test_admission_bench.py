@@ -186,3 +186,26 @@ def test_a_realtime_load_generator_starts_its_servers_in_the_normal_class():
 def test_priority_zero_leaves_the_load_generator_as_it_is():
     how, (mine, child, after) = _sched_probe(0)
     assert "off" in how and mine == child == after == os.SCHED_OTHER
+
+
+def test_a_closed_loop_client_honours_the_retry_after_of_a_503_unless_given_a_fixed_pause(monkeypatch):
+    import asyncio
+    import time
+
+    from bench import load
+
+    sent: list[float] = []
+
+    async def refused(self, spec):
+        sent.append(time.monotonic())
+        return load.Result(time.monotonic(), 503, 0.001, None, 0, "rejected", retry_after="2")
+
+    monkeypatch.setattr(load.LoadClient, "send", refused)
+    spec = load.RequestSpec("POST", "/v1/tts", json={})
+    asyncio.run(load.closed_loop("http://127.0.0.1:9", spec, 1, 0.6, reject_backoff_s=None))
+    assert len(sent) == 1  # it waited the 2 s named (cut at the end of the phase), not 0.1 s
+    sent.clear()
+    asyncio.run(load.closed_loop("http://127.0.0.1:9", spec, 1, 0.6, reject_backoff_s=0.1))
+    assert 4 <= len(sent) <= 7
+    assert load.retry_pause_s("3") == 3.0 and load.retry_pause_s(None) == 1.0
+    assert load.retry_pause_s("Wed, 21 Oct 2026 07:28:00 GMT") == 1.0  # a date: the default pause

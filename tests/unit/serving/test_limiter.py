@@ -121,18 +121,18 @@ def test_never_below_one():
 
 
 def test_it_settles_after_a_load_step_at_the_knee_within_the_budget():
-    # latency 1, 1.25, 1.5 ... s, throughput 1, 1.6, 2 ... 3.0/s at 9, 3.08/s at 10 (+2.6 %: under min_gain)
+    # latency 1, 1.25, 1.5 ... s, throughput 1, 1.6, 2 ... 2.8/s at 7, 2.91/s at 8 (+3.9 %: under min_gain, 5 %)
     lim, srv = make(initial=4, tolerance=4.0, server={"slope": 0.25})
     srv.run(10, clients=1)  # learn the unloaded latency
     srv.run(40, clients=3)  # below the limit: it does not move
     assert lim.value == 4
     t0 = srv.clock.t
     srv.run(40, clients=24)  # a step past what it admits: up by the headroom, probes one by one, back to the knee
-    assert [v for _, v in srv.changes_after(t0)] == [6, 7, 8, 9, 10, 9]
-    assert lim.value == 9 and srv.changes_after(t0 + 25) == []
+    assert [v for _, v in srv.changes_after(t0)] == [6, 7, 8, 7]
+    assert lim.value == 7 and srv.changes_after(t0 + 25) == []
     t1 = srv.clock.t
     srv.run(30, clients=3)  # and back: below the limit again, nothing moves
-    assert srv.changes_after(t1) == [] and lim.value == 9
+    assert srv.changes_after(t1) == [] and lim.value == 7
 
 
 def test_samples_of_requests_admitted_before_a_change_do_not_move_it_again():
@@ -182,6 +182,24 @@ def test_the_waiting_room_admits_while_the_predicted_latency_is_within_the_budge
     assert lim.predicted_wait_s(6.5, weight=2.0) == pytest.approx(2 / 3.5)  # a double-size request needs 2 places
 
 
+def test_with_the_automatic_budget_a_request_may_always_wait_one_round_of_the_running_ones():
+    # two running take 2 s each (1/s); the unloaded latency is 1 s, so the automatic target is 2.5 s, which a
+    # wait of 1 s plus 2 s of service misses: one round of waiting (a queue as deep as the running set) is
+    # what keeps the places busy between Poisson arrivals (docs/concurrency.md), so it is allowed anyway
+    def limiter(**kw) -> LatencyLimit:
+        lim = LatencyLimit(LimiterConfig(ceiling=16, initial=2, **kw), clock=Clock())
+        lim.observe(1.0, admitted_at=0.0, alone=True)
+        lim.rate = lambda: 1.0
+        return lim
+
+    auto = limiter()
+    assert auto.value == 2 and auto.target_s == pytest.approx(2.5)
+    assert auto.allows(2.0) and auto.allows(3.0)  # waits of 1 s and 2 s: within one round (2 s)
+    assert not auto.allows(4.0)  # a 3 s wait: past the round and the budget
+    assert not limiter(budget_s=2.5).allows(2.0)  # an operator's budget is a promise: 1 s + 2 s > 2.5 s
+    assert not limiter(max_wait_s=1.5).allows(3.0)  # nor past the queue timeout
+
+
 def test_no_request_waits_past_max_wait_even_within_the_budget():
     def measured(max_wait_s: float) -> LatencyLimit:
         clock = Clock()
@@ -221,7 +239,7 @@ def test_an_optimum_between_two_integers_does_not_make_it_flap():
     # 4 -> 2 (Little's law), a probe of 3 (misses the target) and of 1 (finishes less), back to 2; then quiet
     assert [v for _, v in srv.changes_after(t0)] == [2, 3, 2, 1, 2]
     assert srv.changes_after(t0 + 15) == []
-    srv.run(60, clients=32)  # past probe_after_s (120 s): its neighbours are checked again, once each
+    srv.run(230, clients=32)  # past probe_after_s (300 s): its neighbours are checked again, once each
     assert [v for _, v in srv.changes_after(t0 + 100)] == [3, 2, 1, 2] and lim.value == 2
 
 
