@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 from fastapi import FastAPI
 
+from app import gcpolicy
 from app.config import Settings
 from app.engines import threads
 from app.runtime import Boot, EngineFactory, Runtime
@@ -132,17 +133,20 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
     threads.set_offset(settings.pool.compute_nice)  # before any compute thread starts
     if threads.offset() and threads.supported():
         log.info("compute threads run at nice +%d below the event loop (pool.compute_nice)", threads.offset())
-    if factory is None:
-        llm_observer = metrics.llm_observer() if metrics is not None else None
-        factory = await anyio.to_thread.run_sync(engine_factory, settings, llm_observer)
-        if metrics is not None and settings.engine.kind == "cosyvoice":
-            from app.engines.cosyvoice.device import cuda_memory
+    with gcpolicy.paused():  # loading allocates in bulk and frees next to nothing (app/gcpolicy.py)
+        if factory is None:
+            llm_observer = metrics.llm_observer() if metrics is not None else None
+            factory = await anyio.to_thread.run_sync(engine_factory, settings, llm_observer)
+            if metrics is not None and settings.engine.kind == "cosyvoice":
+                from app.engines.cosyvoice.device import cuda_memory
 
-            metrics.watch_gpu_memory(cuda_memory)  # no series on a CPU server
-    observer = metrics.pool_observer() if metrics is not None else None
-    pool = EnginePool(factory, pool_config(settings, batching), observer=observer)
-    log.info("loading %d engine slot(s)...", settings.pool.workers)
-    await pool.start()
+                metrics.watch_gpu_memory(cuda_memory)  # no series on a CPU server
+        observer = metrics.pool_observer() if metrics is not None else None
+        pool = EnginePool(factory, pool_config(settings, batching), observer=observer)
+        log.info("loading %d engine slot(s)...", settings.pool.workers)
+        await pool.start()
+        frozen = gcpolicy.freeze_loaded()  # one full pass over what loading left (not gen 0 over all of it)
+    log.info("gc: %d objects of the loaded model frozen (full collections skip them)", frozen)
     log_admission(settings, pool)
     v = settings.voices
     voices = VoiceLibrary(v.dir, max_voices=v.max_voices, sync_interval_s=v.sync_interval_s)
@@ -169,4 +173,5 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
         if not await pool.wait_idle(settings.server.drain_timeout_s):
             log.warning("drain timeout (%.0fs) reached with work in flight; cancelling it", settings.server.drain_timeout_s)
         await pool.close()
+        gcpolicy.thaw()
         log.info("engine pool closed")

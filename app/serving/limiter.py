@@ -11,11 +11,15 @@ or the budget would rise with the load it admits).
 * **The limit** (``value``): requests of average size running at once. The pool leases no
   more slots than this; admission.py weighs requests by size once their plan is known.
 * **The waiting room**: a request that cannot run at once is admitted to wait (FIFO) if
-  its predicted latency, the wait (the work beyond the limit, and its own place, drained
-  at ``rate()``: the throughput measured at this limit, else the best measured below it,
-  else one at a time) plus its service at this limit (limit / rate, Little's law), is within
-  the budget; else it is refused at once, its ``Retry-After`` that predicted wait. The
-  queue keeps the running places busy between arrivals; the budget keeps it short. Nor
+  its wait (the work beyond the limit, and its own place, drained at ``rate()``: the
+  throughput measured at this limit, else the best measured below it, else one at a time)
+  is at most ``wait_rounds`` (1) rounds of the running ones (limit / rate, Little's law), or
+  if its predicted latency, that wait plus its service at this limit, is within the budget;
+  else it is refused at once, its ``Retry-After`` that predicted wait. The queue keeps the
+  running places busy between (Poisson) arrivals: one round of it carries ~95 % of the
+  capacity at 1.5x overload where none carries 71 % (``bench/queueing.py``); the budget alone
+  held less than one round where two running take nearly twice as long as one. With an
+  operator's ``budget_s`` only the budget test admits a wait (it is a promise). Nor
   does a request wait whose predicted wait is past ``max_wait_s`` (the pool's queue timeout:
   with requests of tens of seconds, a real model on a CPU, the budget alone would let it wait
   only to be refused when the timeout ran out).
@@ -48,7 +52,7 @@ How the limit moves (the **controller**):
   as capacity), known once they hold ``level_samples`` requests (``clear_samples`` when it
   is clearly worse than the best level fully known).
   Within the budget the limit settles on the knee, the fewest running requests that finish
-  within ``min_gain`` (3 %) of the best throughput seen: it steps down to n - 1 when that
+  within ``min_gain`` (5 %) of the best throughput seen: it steps down to n - 1 when that
   level did, grows to a known n + 1 only while n did not and n + 1 gave more, and never
   grows back onto a level that missed the budget. (More requests running that finish no
   faster only add latency; on a GIL-bound CPU model they even slow it down.) Growing onto a

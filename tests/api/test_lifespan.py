@@ -83,3 +83,22 @@ def test_the_startup_log_says_what_admission_was_chosen_and_why(tmp_path, behavi
     with TestClient(create_app(settings, engine_factory=lambda i: FakeEngine(behaviour))):
         lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("admission:")]
     assert len(lines) == 1 and lines[0].startswith(expected), lines
+
+
+def test_no_automatic_collection_while_loading_and_the_loaded_heap_is_frozen_until_shutdown(tmp_path, behaviour):
+    import gc
+
+    seen: list[bool] = []
+
+    def factory(i: int) -> FakeEngine:
+        seen.append(gc.isenabled())  # the engine loads (is built) with automatic collection paused
+        return FakeEngine(behaviour)
+
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    app = create_app(make_settings(tmp_path), engine_factory=factory)
+    with TestClient(app) as client:
+        assert seen and not any(seen)
+        assert gc.isenabled()  # back on once loaded
+        assert gc.get_freeze_count() > 1000  # what the loaded server holds: skipped by full collections
+        assert client.post("/v1/tts", json={"text": "hi"}).status_code == 200
+    assert gc.get_freeze_count() == 0  # thawed at shutdown: an app built again does not pile them up
