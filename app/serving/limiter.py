@@ -50,15 +50,21 @@ How the limit moves (the **controller**):
   time-weighted running load L at least n - 1/2), the throughput mean L / mean latency
   (Little's law with the load that was really there: a lightly loaded window must not read
   as capacity), known once they hold ``level_samples`` requests (``clear_samples`` when it
-  is clearly worse than the best level fully known).
-  Within the budget the limit settles on the knee, the fewest running requests that finish
-  within ``min_gain`` (5 %) of the best throughput seen: it steps down to n - 1 when that
-  level did, grows to a known n + 1 only while n did not and n + 1 gave more, and never
+  is clearly worse than the best level fully known). Levels are compared by a **score**, the
+  throughput discounted for the latency it costs, X(n) / n ** ``latency_weight`` (1/8: see
+  ``_score``), so one more running must buy ~6 % more throughput at 2 and under 1 % at 16.
+  Within the budget the limit settles on the knee, the fewest running requests that score
+  within ``min_gain`` (3 %) of the best score seen: it steps down to n - 1 when that
+  level did, grows to a known n + 1 only while n did not and n + 1 scored more, and never
   grows back onto a level that missed the budget. (More requests running that finish no
   faster only add latency; on a GIL-bound CPU model they even slow it down.) Growing onto a
-  known level needs it to have finished twice ``min_gain`` more than this one (a hysteresis: a
+  known level needs it to have scored twice ``min_gain`` more than this one (a hysteresis: a
   level just within ``min_gain`` of the best, stepped down from, is not stepped back onto when
-  its estimate wobbles). When it cannot grow and n - 1 is unknown or stale it probes n - 1
+  its estimate wobbles). (With throughput alone and 3 %, on tiny v2, where 2, 3 and 4 running
+  finish about as many, a lucky estimate of 3 or 4 held the limit there for minutes at a time,
+  at 1.5-2x the latency of 2; a limiter simulation with that curve and this host's drift,
+  ``tests/unit/serving/test_limiter.py``, keeps 2 ~89 % of the time with the score against
+  ~76 %.) When it cannot grow and n - 1 is unknown or stale it probes n - 1
   (until n - 1 is known), so under sustained load it re-checks its neighbours every
   ``probe_after_s``.
 * **Bounds.** Never above ``ceiling``, never below 1.
@@ -95,7 +101,8 @@ class LimiterConfig:
     unloaded_samples: int = 32  # latencies of lone requests kept for the unloaded latency ...
     unloaded_horizon_s: float = 240.0  # ... for this long (a machine's speed drifts: shared hosts)
     probe_after_s: float = 300.0  # what a level gave is trusted this long (then it is probed again)
-    min_gain: float = 0.05  # one more request in flight must add this share of throughput
+    min_gain: float = 0.03  # one more request in flight must add this share of score (below)
+    latency_weight: float = 0.125  # levels are scored by throughput / n ** latency_weight (the latency they add)
     level_windows: int = 8  # windows remembered per level (a level is judged by them pooled)
     level_samples: int = 24  # requests a level's throughput needs before the knee search trusts it
     clear_samples: int = 8  # ... or this many when it finished under clear_share of the best known level
@@ -249,11 +256,22 @@ class LatencyLimit:
         others = [x for k in self._levels if k != level and (x := self._throughput(k, now, strict=True)) is not None]
         return rate if others and rate < self.config.clear_share * max(others) else None
 
+    def _score(self, level: int, now: float) -> float | None:
+        """``level``'s throughput discounted for the latency it adds: X(n) / n ** latency_weight.
+
+        By Little's law the latency at n is n / X(n), so this is X ** (1 - w) x (X / L) ** w: a blend of
+        throughput and Kleinrock's power (throughput over delay, whose maximum is the knee). One more request
+        running must add about ``latency_weight`` / n of throughput to score higher: 6 % at 2 (where it adds
+        half the latency), 0.8 % at 16 (a GPU batch, where it adds little).
+        """
+        x = self._throughput(level, now)
+        return None if x is None else x / level ** self.config.latency_weight
+
     def _decide(self, n: int, ratio: float, busy: bool, target: float, now: float) -> float:
         """The next limit, at value ``n`` whose fresh median latency is ``target / ratio``."""
         cfg, old = self.config, self.limit
-        here, below, above = (self._throughput(k, now) for k in (n, n - 1, n + 1))
-        known = [x for x in (self._throughput(k, now) for k in self._levels) if x is not None]
+        here, below, above = (self._score(k, now) for k in (n, n - 1, n + 1))
+        known = [x for x in (self._score(k, now) for k in self._levels) if x is not None]
         enough = (1.0 - cfg.min_gain) * max(known) if known else None  # within min_gain of the best seen
         if ratio < 1.0 - cfg.deadband:
             return old * max(ratio, cfg.max_down)  # over budget: Little's law says how far down
