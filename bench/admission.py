@@ -47,6 +47,7 @@ from bench.admission_report import (
     best_closed_rps,
     evaluate_goals,
     markdown,
+    paired_ratios,
     per_point,
     settle_times,
 )
@@ -85,6 +86,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure every closed- and open-loop point this many times (round after round, each "
                          "closed then open loop) and report each point's median round: a shared host's speed wanders")
+    ap.add_argument("--no-paired", dest="paired", action="store_false",
+                    help="do not re-measure the best closed-loop point just before each open-loop rate (default: "
+                         "do, and grade goodput against it too: this host's speed wanders within minutes)")
     ap.add_argument("--server-nice", type=int, default=5,
                     help="run the servers at this niceness (0: as the load generator); on its own it did not "
                          "keep the load generator from waiting for a CPU (see --client-rt-priority)")
@@ -218,7 +222,8 @@ class SystemRun:
     def __init__(self, system: str, srv: ServerProc, args: argparse.Namespace) -> None:
         self.system, self.srv, self.args = system, srv, args
         self.url, self.spec = srv.base_url, work()
-        self.out: dict[str, Any] = {"system": system, "pool": pool_settings(system, args), "points": [], "open": []}
+        self.out: dict[str, Any] = {"system": system, "pool": pool_settings(system, args), "points": [], "open": [],
+                                    "refs": []}
 
     async def warm(self) -> None:
         await load.fixed_count(self.url, self.spec, 4, 2, self.args.timeout_s)  # allocator, caches: not measured
@@ -232,6 +237,18 @@ class SystemRun:
         self.out["points"].append({"kind": "closed", "concurrency": c, **s.to_dict(),
                                    "limit_last": limits[-1] if limits else None, "limits": limits})
         log(f"  {self.system} c={c}: {brief(s)} limit={limits[-1] if limits else '-'}")
+
+    async def reference(self, factor: float) -> None:
+        """The best closed-loop point so far measured again, just before the open loop at ``factor``: the two
+        phases a minute apart see the same host (the sweep's best point ran up to ten minutes earlier, and it
+        is the highest of several noisy medians)."""
+        args = self.args
+        best = max(per_point(self.out["points"], "concurrency"), key=lambda p: p["throughput_rps"])
+        c = best["concurrency"]
+        s = await load.closed_loop(self.url, self.spec, c, args.point_s, warmup_s=args.warmup_s,
+                                   timeout_s=args.timeout_s, reject_backoff_s=args.reject_backoff_s)
+        self.out["refs"].append({"kind": "closed", "factor": factor, "concurrency": c, **s.to_dict()})
+        log(f"  {self.system} c={c} again, before {factor:g}x: {brief(s)}")
 
     @property
     def capacity(self) -> float:
@@ -279,7 +296,10 @@ class SystemRun:
         for _ in range(self.args.rounds):  # each round closed then open loop: a drift hits both alike
             if self.args.capacity_rps is None:
                 out += [functools.partial(self.closed, c) for c in self.args.concurrency]
-            out += [functools.partial(self.overload, f) for f in self.args.factors]
+            for f in self.args.factors:
+                if self.args.paired and self.args.capacity_rps is None:
+                    out.append(functools.partial(self.reference, f))
+                out.append(functools.partial(self.overload, f))
         if self.args.step_s > 0:
             out.append(self.step)
         return out
@@ -287,10 +307,12 @@ class SystemRun:
     def report(self) -> dict[str, Any]:
         """What was measured, each point its median round (every round's measurement kept beside it)."""
         out = dict(self.out)
+        out["paired"] = paired_ratios(out["open"], out["refs"])
         if self.args.rounds > 1:
             out["points_rounds"], out["open_rounds"] = out["points"], out["open"]
             out["points"] = per_point(out["points"], "concurrency")
             out["open"] = per_point(out["open"], "factor")
+            out["refs_rounds"], out["refs"] = out["refs"], per_point(out["refs"], "factor")
         return out
 
 

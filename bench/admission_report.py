@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 SETTLE_GOAL_S = 10.0
@@ -71,6 +72,19 @@ def best_closed_rps(points: list[dict]) -> float:
     return max(p["throughput_rps"] for p in points)
 
 
+def paired_ratios(opened: list[dict], refs: list[dict]) -> list[dict]:
+    """Per open-loop factor: each round's goodput over the best closed-loop point measured just before it
+    (the k-th open phase at a factor with the k-th reference at that factor), and their median."""
+    out = []
+    for factor in dict.fromkeys(o["factor"] for o in opened):
+        runs = [o["throughput_rps"] for o in opened if o["factor"] == factor]
+        before = [r["throughput_rps"] for r in refs if r["factor"] == factor]
+        ratios = [round(x / ref, 4) for x, ref in zip(runs, before, strict=False) if ref > 0]
+        if ratios:
+            out.append({"factor": factor, "ratios": ratios, "median": statistics.median(ratios)})
+    return out
+
+
 def spread(p: dict) -> str:
     """``" (min-max of n)"`` when the point was measured in rounds."""
     rounds = p.get("rounds") or []
@@ -108,6 +122,11 @@ def evaluate_goals(r: dict) -> list[dict]:
                 _goal(goals, f"{name}: admitted p99 / p99 at the knee", f"{ratio:.2f}", "<= 2", verdict(ratio <= 2))
             ratio = o["throughput_rps"] / best if best else 0.0
             _goal(goals, f"{name}: throughput / best closed loop", f"{ratio:.2f}", ">= 0.95", verdict(ratio >= 0.95))
+            pair = next((x for x in sys_.get("paired") or [] if x["factor"] == o["factor"]), None)
+            if pair:
+                rounds = " / ".join(f"{x:.2f}" for x in pair["ratios"])
+                _goal(goals, f"{name}: throughput / the best closed point re-measured just before it (median of "
+                             f"rounds: {rounds})", f"{pair['median']:.2f}", ">= 0.95", verdict(pair["median"] >= 0.95))
             rej = o.get("reject_p99_s")
             _goal(goals, f"{name}: 503 p99 (ms)", _ms(rej), "< 10", verdict(rej is None or rej < 0.010))
             bad = o["errors"] + o["timeouts"]
@@ -139,6 +158,7 @@ def evaluate_goals(r: dict) -> list[dict]:
 def _rows(sys_: dict) -> list[tuple[str, dict, Any]]:
     rows: list[tuple[str, dict, Any]] = [(f"closed c={p['concurrency']}", p, p.get("limit_last"))
                                          for p in sys_.get("points", [])]
+    rows += [(f"closed c={p['concurrency']} again, before {p['factor']:g}x", p, None) for p in sys_.get("refs", [])]
     rows += [(f"open {o['factor']:g}x ({o['rate_rps']:.2f}/s)", o, None) for o in sys_.get("open", [])]
     step = sys_.get("step") or {}
     names = ("step 0.5x", "step 3x", "step 0.5x again")
@@ -164,6 +184,9 @@ def markdown(r: dict) -> str:
          + (f"Every closed- and open-loop point measured in {cfg['rounds']} rounds (all points of a round, then "
             "the next round): each row is the point's median round, its req/s range over the rounds in "
             "brackets, its counts summed. " if cfg.get("rounds", 1) > 1 else "")
+         + ("Just before each open-loop rate the system's best closed-loop point so far ran again (the "
+            "\"again\" rows): goodput is graded against the best point of the whole sweep and, a minute apart "
+            "on the same host, against that one (each round's ratio, their median). " if cfg.get("paired") else "")
          + (f"The servers ran at nice {cfg['server_nice']}. " if cfg.get("server_nice", 0) > 0 else "")
          + (f"The load generator ran in {r['load_generator']} (bench/sched.py: on the same cores a client in the "
             "normal class waits behind the servers' compute threads, and its timings with it; a real "
