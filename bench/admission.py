@@ -15,7 +15,8 @@ streamed 16-bit PCM of one sentence:
 
 Per system: closed loop at 1, 2, 4, 8, 16 clients (a 503 costs its client the pause its
 ``Retry-After`` names, as clients that honour it do; ``--reject-backoff-s`` for a fixed one),
-then open loop (Poisson) at 1.5x and 3x the best closed-loop throughput, then a step test:
+then open loop (Poisson) at 1.5x and 3x the best closed-loop throughput, each right after the
+best closed-loop point run again (goodput is graded against both; ``--no-paired``: no rerun), then a step test:
 open loop at 0.5x -> 3x -> 0.5x while ``/metrics`` is read every 0.5 s (the admission limit,
 load, predicted wait, in-flight requests). Per point: admitted latency p50/p99, time to first
 audio, 503 count and p99, goodput (audio seconds and requests per wall second), errors,

@@ -1,0 +1,122 @@
+"""Open loop against the closed loop next to it, on one server: where open-loop goodput goes.
+
+    python -m bench.overload_pairs [--pool '{"workers": 2, "max_queue": 2, "admission": "fixed"}']
+        [--clients 8] [--rates 9,18] [--pairs 3] [--model-dir DIR]
+
+One ``cosyserve serve`` (the tiny CosyVoice2 model unless ``--model-dir``; no pool settings unless
+``--pool``), then ``--pairs`` times: a closed loop of ``--clients`` clients (25 s after 5 s), then an
+open loop (Poisson, 30 s) at each of ``--rates`` requests/s, each phase right after the other, so
+the host's drift (this one's speed moves by a third within minutes) hits the closed loop and the
+open loop next to it alike. Per phase: goodput, admitted latency, 503s, the server's and the load
+generator's CPU (cores), and from ``/metrics`` every 0.25 s the admission limit and the requests in
+flight (how often a place sat idle: fewer in flight than the limit). The bench/admission.py request, clients and scheduling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+from bench import load
+from bench.admission import Poller, work
+from bench.model import ensure_model
+from bench.procs import ServerProc, free_port, python_module
+from bench.sched import realtime_client
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pool", default="{}", help="the server's pool section, JSON (default: none, as a user starts it)")
+    ap.add_argument("--clients", type=int, default=8, help="closed-loop clients")
+    ap.add_argument("--rates", default="9,18", help="open-loop arrival rates, requests/s, comma list")
+    ap.add_argument("--pairs", type=int, default=3, help="rounds of closed then open loop")
+    ap.add_argument("--closed-s", type=float, default=25.0)
+    ap.add_argument("--open-s", type=float, default=30.0)
+    ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/model.py")
+    args = ap.parse_args(argv)
+    args.pool = json.loads(args.pool)
+    args.rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    return args
+
+
+def cpu_s(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+def shares(values: list[Any]) -> str:
+    """``value: share`` of a gauge's readings, most common first."""
+    counts = collections.Counter(values)
+    return ", ".join(f"{v:g}: {n / len(values):.0%}" for v, n in sorted(counts.items())) if values else "-"
+
+
+async def phase(srv: ServerProc, kind: str, value: float, args: argparse.Namespace) -> dict[str, Any]:
+    me, server = psutil.Process(), psutil.Process(srv.proc.pid)
+    s0, c0, t0 = cpu_s(server), cpu_s(me), time.monotonic()
+    with Poller(srv.base_url, t0, every_s=0.25) as poll:
+        if kind == "closed":
+            s = await load.closed_loop(srv.base_url, work(), int(value), args.closed_s, warmup_s=5.0,
+                                       reject_backoff_s=None)
+        else:
+            s = await load.open_loop(srv.base_url, work(), value, args.open_s)
+    wall = time.monotonic() - t0
+    read = [g for g in poll.series if g.get("limit") is not None and g.get("in_flight") is not None]
+    return {"kind": kind, "value": value, **s.to_dict(), "server_cores": (cpu_s(server) - s0) / wall,
+            "client_cores": (cpu_s(me) - c0) / wall, "limits": [g["limit"] for g in read],
+            "in_flight": [int(g["in_flight"]) for g in read]}
+
+
+def line(p: dict[str, Any]) -> str:
+    name = f"closed c={p['value']:g}" if p["kind"] == "closed" else f"open {p['value']:g}/s"
+    lat = f"p50 {p['latency_p50_s'] * 1000:.0f} p99 {p['latency_p99_s'] * 1000:.0f} ms" if p["latency_p50_s"] else "-"
+    idle = sum(1 for n, lim in zip(p["in_flight"], p["limits"], strict=True) if n < lim) / max(1, len(p["limits"]))
+    return (f"{name:>13}: {p['throughput_rps']:.2f} req/s, {lat}, 503s {p['rejected']}, server "
+            f"{p['server_cores']:.2f} cores, load generator {p['client_cores']:.2f}; limit {shares(p['limits'])}; "
+            f"in flight {shares(p['in_flight'])} (under the limit: {idle:.0%} of readings)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    model = args.model_dir or ensure_model()
+    run_dir = Path(tempfile.mkdtemp(prefix="overload-pairs-"))
+    config: dict[str, Any] = {"server": {"log_level": "info"}, "engine": {"model_dir": model},
+                              "voices": {"dir": str(run_dir / "voices")}}
+    if args.pool:
+        config["pool"] = args.pool
+    (run_dir / "server.yaml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    argv_ = ["nice", "-n", "5", *python_module("app.cli", "serve", "--config", str(run_dir / "server.yaml"),
+                                               "--host", "127.0.0.1", "--port", str(port))]
+    phases: list[dict[str, Any]] = []
+    with realtime_client(1) as sched, ServerProc("server", argv_, port, "/health/ready", run_dir) as srv:
+        print(f"pool {args.pool or '(no settings)'}; load generator {sched}; logs {run_dir}", flush=True)
+        asyncio.run(load.fixed_count(srv.base_url, work(), 4, 2))  # warm-up, not measured
+        for i in range(args.pairs):
+            for kind, value in [("closed", float(args.clients))] + [("open", r) for r in args.rates]:
+                p = asyncio.run(phase(srv, kind, value, args))
+                phases.append(p)
+                print(f"pair {i + 1} {line(p)}", flush=True)
+    closed = [p["throughput_rps"] for p in phases if p["kind"] == "closed"]
+    for rate in args.rates:
+        ratios = []
+        for i, p in enumerate(phases):
+            if p["kind"] == "open" and p["value"] == rate:
+                before = next(q for q in reversed(phases[:i]) if q["kind"] == "closed")
+                ratios.append(p["throughput_rps"] / before["throughput_rps"])
+        print(f"open {rate:g}/s over the closed loop just before it: {' / '.join(f'{r:.2f}' for r in ratios)} "
+              f"(median {statistics.median(ratios):.2f}); closed loop {' / '.join(f'{c:.2f}' for c in closed)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
