@@ -15,7 +15,8 @@ time-to-first-audio series and a memory run. Results go to ``--out``
   (e) batching: ``bench/batching.py`` (per-request pool vs batched LLM, full-size and tiny
       CosyVoice2; ~20 min more), run last as its own subprocess; batching.{json,md,png}
   (f) admission: ``bench/admission.py`` (overload with the defaults vs fixed sizings, streamed,
-      closed and open loop in three rounds and a step test; ~36 min), its own subprocess; admission.{json,md}
+      closed and open loop in three rounds, each open-loop rate right after the best closed point again,
+      and a step test; ~45 min), its own subprocess; admission.{json,md}
 
 cosyserve runs with no pool settings (the server's defaults, as a user starts it) unless
 ``--server-workers`` / ``--max-queue`` say otherwise.
