@@ -45,6 +45,7 @@ import yaml
 
 from bench import load, prom
 from bench.admission_report import (
+    best_closed,
     best_closed_rps,
     evaluate_goals,
     markdown,
@@ -127,21 +128,25 @@ def pool_settings(system: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def server(system: str, args: argparse.Namespace, model_dir: str, run_dir: Path) -> ServerProc:
+    return pool_server(system, pool_settings(system, args), args.server_nice, model_dir, run_dir)
+
+
+def pool_server(name: str, pool: dict[str, Any], nice: int, model_dir: str, run_dir: Path) -> ServerProc:
+    """A ``cosyserve serve`` subprocess with ``pool`` as its pool section (none: the defaults), at ``nice``."""
     config: dict[str, Any] = {
         "server": {"log_level": "info", "access_log": True, "drain_timeout_s": 5},  # 503s timed server-side too
         "engine": {"model_dir": model_dir},
         "voices": {"dir": str(run_dir / "voices")},
     }
-    pool = pool_settings(system, args)
     if pool:
         config["pool"] = pool
-    path = run_dir / f"{system}.yaml"
+    path = run_dir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     port = free_port()
     argv = python_module("app.cli", "serve", "--config", str(path), "--host", "127.0.0.1", "--port", str(port))
-    if args.server_nice > 0 and shutil.which("nice"):
-        argv = ["nice", "-n", str(args.server_nice), *argv]  # nice execs the server: its pid is the server's
-    return ServerProc(system, argv, port, "/health/ready", run_dir)
+    if nice > 0 and shutil.which("nice"):
+        argv = ["nice", "-n", str(nice), *argv]  # nice execs the server: its pid is the server's
+    return ServerProc(name, argv, port, "/health/ready", run_dir)
 
 
 def work() -> RequestSpec:
@@ -244,8 +249,7 @@ class SystemRun:
         phases a minute apart see the same host (the sweep's best point ran up to ten minutes earlier, and it
         is the highest of several noisy medians)."""
         args = self.args
-        best = max(per_point(self.out["points"], "concurrency"), key=lambda p: p["throughput_rps"])
-        c = best["concurrency"]
+        c = best_closed(per_point(self.out["points"], "concurrency"))["concurrency"]
         s = await load.closed_loop(self.url, self.spec, c, args.point_s, warmup_s=args.warmup_s,
                                    timeout_s=args.timeout_s, reject_backoff_s=args.reject_backoff_s)
         self.out["refs"].append({"kind": "closed", "factor": factor, "concurrency": c, **s.to_dict()})

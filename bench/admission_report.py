@@ -67,9 +67,14 @@ def per_point(measured: list[dict], key: str) -> list[dict]:
     return out
 
 
+def best_closed(points: list[dict]) -> dict:
+    """The closed-loop point of the best throughput (of the points' median rounds)."""
+    return max(points, key=lambda p: p["throughput_rps"])
+
+
 def best_closed_rps(points: list[dict]) -> float:
     """The best closed-loop throughput (of the points' median rounds)."""
-    return max(p["throughput_rps"] for p in points)
+    return best_closed(points)["throughput_rps"]
 
 
 def paired_ratios(opened: list[dict], refs: list[dict]) -> list[dict]:

@@ -18,19 +18,18 @@ import argparse
 import asyncio
 import collections
 import json
-import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
-import yaml
 
 from bench import load
-from bench.admission import Poller, work
+from bench.admission import Poller, pool_server, work
+from bench.admission_report import paired_ratios
 from bench.model import ensure_model
-from bench.procs import ServerProc, free_port, python_module
+from bench.procs import ServerProc
 from bench.sched import realtime_client
 
 
@@ -55,7 +54,7 @@ def cpu_s(proc: psutil.Process) -> float:
 
 
 def shares(values: list[Any]) -> str:
-    """``value: share`` of a gauge's readings, most common first."""
+    """``value: share`` of a gauge's readings, by value."""
     counts = collections.Counter(values)
     return ", ".join(f"{v:g}: {n / len(values):.0%}" for v, n in sorted(counts.items())) if values else "-"
 
@@ -89,16 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model = args.model_dir or ensure_model()
     run_dir = Path(tempfile.mkdtemp(prefix="overload-pairs-"))
-    config: dict[str, Any] = {"server": {"log_level": "info"}, "engine": {"model_dir": model},
-                              "voices": {"dir": str(run_dir / "voices")}}
-    if args.pool:
-        config["pool"] = args.pool
-    (run_dir / "server.yaml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    argv_ = ["nice", "-n", "5", *python_module("app.cli", "serve", "--config", str(run_dir / "server.yaml"),
-                                               "--host", "127.0.0.1", "--port", str(port))]
     phases: list[dict[str, Any]] = []
-    with realtime_client(1) as sched, ServerProc("server", argv_, port, "/health/ready", run_dir) as srv:
+    with realtime_client(1) as sched, pool_server("server", args.pool, 5, model, run_dir) as srv:
         print(f"pool {args.pool or '(no settings)'}; load generator {sched}; logs {run_dir}", flush=True)
         asyncio.run(load.fixed_count(srv.base_url, work(), 4, 2))  # warm-up, not measured
         for i in range(args.pairs):
@@ -106,15 +97,18 @@ def main(argv: list[str] | None = None) -> int:
                 p = asyncio.run(phase(srv, kind, value, args))
                 phases.append(p)
                 print(f"pair {i + 1} {line(p)}", flush=True)
-    closed = [p["throughput_rps"] for p in phases if p["kind"] == "closed"]
-    for rate in args.rates:
-        ratios = []
-        for i, p in enumerate(phases):
-            if p["kind"] == "open" and p["value"] == rate:
-                before = next(q for q in reversed(phases[:i]) if q["kind"] == "closed")
-                ratios.append(p["throughput_rps"] / before["throughput_rps"])
-        print(f"open {rate:g}/s over the closed loop just before it: {' / '.join(f'{r:.2f}' for r in ratios)} "
-              f"(median {statistics.median(ratios):.2f}); closed loop {' / '.join(f'{c:.2f}' for c in closed)}")
+    # each open loop against the closed loop of its pair (the one just before it)
+    opened, before = [], []
+    for p in phases:
+        if p["kind"] == "closed":
+            closed = p
+        else:
+            opened.append({"factor": p["value"], "throughput_rps": p["throughput_rps"]})
+            before.append({"factor": p["value"], "throughput_rps": closed["throughput_rps"]})
+    loops = " / ".join(f"{p['throughput_rps']:.2f}" for p in phases if p["kind"] == "closed")
+    for pair in paired_ratios(opened, before):
+        print(f"open {pair['factor']:g}/s over the closed loop just before it: "
+              f"{' / '.join(f'{r:.2f}' for r in pair['ratios'])} (median {pair['median']:.2f}); closed loop {loops}")
     return 0
 
 
