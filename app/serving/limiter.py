@@ -270,8 +270,9 @@ class LatencyLimit:
     def _decide(self, n: int, ratio: float, busy: bool, target: float, now: float) -> float:
         """The next limit, at value ``n`` whose fresh median latency is ``target / ratio``."""
         cfg, old = self.config, self.limit
-        here, below, above = (self._score(k, now) for k in (n, n - 1, n + 1))
-        known = [x for x in (self._score(k, now) for k in self._levels) if x is not None]
+        scores = {k: self._score(k, now) for k in self._levels}  # a level never measured has none
+        here, below, above = (scores.get(k) for k in (n, n - 1, n + 1))
+        known = [x for x in scores.values() if x is not None]
         enough = (1.0 - cfg.min_gain) * max(known) if known else None  # within min_gain of the best seen
         if ratio < 1.0 - cfg.deadband:
             return old * max(ratio, cfg.max_down)  # over budget: Little's law says how far down
