@@ -53,6 +53,10 @@ How the limit moves (the **controller**):
   is clearly worse than the best level fully known). Levels are compared by a **score**, the
   throughput discounted for the latency it costs, X(n) / n ** ``latency_weight`` (1/8: see
   ``_score``), so one more running must buy ~6 % more throughput at 2 and under 1 % at 16.
+  Levels are compared **paired** (``_paired``): at n, another level's throughput counts relative
+  to n's own measured within ``pair_s`` of it (the windows just before and after its probe),
+  scaled to n's latest, since a shared host's speed drifts more within a minute than two
+  neighbouring levels differ.
   Within the budget the limit settles on the knee, the fewest running requests that score
   within ``min_gain`` (3 %) of the best score seen: it steps down to n - 1 when that
   level did, grows to a known n + 1 only while n did not and n + 1 scored more, and never
@@ -74,6 +78,7 @@ Pure and synchronous (a clock is injected), so the tests drive it with synthetic
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import statistics
@@ -103,7 +108,9 @@ class LimiterConfig:
     probe_after_s: float = 300.0  # what a level gave is trusted this long (then it is probed again)
     min_gain: float = 0.03  # one more request in flight must add this share of score (below)
     latency_weight: float = 0.125  # levels are scored by throughput / n ** latency_weight (the latency they add)
-    level_windows: int = 8  # windows remembered per level (a level is judged by them pooled)
+    level_windows: int = 8  # a level is judged by its last this many windows, pooled
+    pair_s: float = 3.0  # another level is compared with this one's windows measured within this of its own
+    history_windows: int = 600  # windows kept per level (within probe_after_s) for those comparisons
     level_samples: int = 24  # requests a level's throughput needs before the knee search trusts it
     clear_samples: int = 8  # ... or this many when it finished under clear_share of the best known level
     clear_share: float = 0.8
@@ -229,9 +236,15 @@ class LatencyLimit:
             return max(measured)
         return 1.0 / self._avg_s if self._avg_s else None
 
-    def _windows(self, level: int, now: float) -> list[tuple[float, float, int, float, float | None]]:
-        """``level``'s windows within ``probe_after_s`` (older ones are forgotten: probed again)."""
+    def _history(self, level: int, now: float) -> list[tuple[float, float, int, float, float | None]]:
+        """``level``'s windows within ``probe_after_s`` (older ones are forgotten: probed again), oldest first."""
         return [w for w in self._levels.get(level, ()) if now - w[1] <= self.config.probe_after_s]
+
+    def _windows(self, level: int, now: float) -> list[tuple[float, float, int, float, float | None]]:
+        """The last ``level_windows`` of ``level``'s windows within ``probe_after_s``: what it is judged by
+        (read from the end: the admission test asks for the rate at every request)."""
+        last = list(itertools.islice(reversed(self._levels.get(level, ())), self.config.level_windows))
+        return [w for w in reversed(last) if now - w[1] <= self.config.probe_after_s]
 
     def _missed(self, level: int, target: float, now: float) -> bool:
         """``level`` was tried within ``probe_after_s`` and its latency missed the target."""
@@ -246,9 +259,7 @@ class LatencyLimit:
         busy = [w for w in self._windows(level, now) if w[4] is not None]
         if not busy:
             return None
-        count = sum(w[2] for w in busy)
-        running = sum(w[4] * w[2] for w in busy) / count
-        rate = running / (sum(w[3] * w[2] for w in busy) / count)
+        count, rate = self._pooled(busy)
         if count >= self.config.level_samples:
             return rate
         if strict or count < self.config.clear_samples:
@@ -256,21 +267,53 @@ class LatencyLimit:
         others = [x for k in self._levels if k != level and (x := self._throughput(k, now, strict=True)) is not None]
         return rate if others and rate < self.config.clear_share * max(others) else None
 
-    def _score(self, level: int, now: float) -> float | None:
-        """``level``'s throughput discounted for the latency it adds: X(n) / n ** latency_weight.
+    @staticmethod
+    def _pooled(busy: list[tuple[float, float, int, float, float | None]]) -> tuple[int, float]:
+        """Requests in busy windows and their throughput pooled: mean running load over mean latency."""
+        count = sum(w[2] for w in busy)
+        running = sum(w[4] * w[2] for w in busy) / count  # type: ignore[operator]
+        return count, running / (sum(w[3] * w[2] for w in busy) / count)
+
+    def _near(self, n: int, level: int, now: float) -> float | None:
+        """``n``'s throughput from its busy windows measured within ``pair_s`` of ``level``'s (the windows
+        next to a probe, before and after it), once they hold ``level_samples`` requests; else None."""
+        times = [w[1] for w in self._windows(level, now) if w[4] is not None]
+        reach = self.config.pair_s
+        near = [w for w in self._history(n, now) if w[4] is not None and any(abs(w[1] - t) <= reach for t in times)]
+        if not near:
+            return None
+        count, rate = self._pooled(near)
+        return rate if count >= self.config.level_samples else None
+
+    def _paired(self, n: int, now: float) -> dict[int, float | None]:
+        """Every level's throughput as seen from ``n`` now: another level's relative to ``n``'s measured
+        within ``pair_s`` of it (a paired comparison), times ``n``'s latest; unpaired when ``n`` has no
+        windows next to it. A shared host's speed drifts by a tenth and more within a minute, so levels
+        measured minutes apart compare the host's minutes as much as the levels: in the limiter's
+        simulation of tiny v2's flat curve the knee is held 99 % of the time on a steady host and, on a
+        drifting one, 86 % compared unpaired, 95 % paired (``tests/unit/serving/test_limiter.py``)."""
+        xs = {k: self._throughput(k, now) for k in self._levels}
+        here = xs.get(n)
+        for k, x in xs.items():
+            if x is not None and here is not None and k != n and (then := self._near(n, k, now)) is not None:
+                xs[k] = x * here / then
+        return xs
+
+    def _score(self, level: int, x: float) -> float:
+        """``level``'s throughput ``x`` discounted for the latency it adds: X(n) / n ** latency_weight.
 
         By Little's law the latency at n is n / X(n), so this is X ** (1 - w) x (X / L) ** w: a blend of
         throughput and Kleinrock's power (throughput over delay, whose maximum is the knee). One more request
         running must add about ``latency_weight`` / n of throughput to score higher: 6 % at 2 (where it adds
         half the latency), 0.8 % at 16 (a GPU batch, where it adds little).
         """
-        x = self._throughput(level, now)
-        return None if x is None else x / level ** self.config.latency_weight
+        return x / level ** self.config.latency_weight
 
     def _decide(self, n: int, ratio: float, busy: bool, target: float, now: float) -> float:
         """The next limit, at value ``n`` whose fresh median latency is ``target / ratio``."""
         cfg, old = self.config, self.limit
-        scores = {k: self._score(k, now) for k in self._levels}  # a level never measured has none
+        # a level never measured has no score; the others' throughputs as seen from n (paired)
+        scores = {k: None if x is None else self._score(k, x) for k, x in self._paired(n, now).items()}
         here, below, above = (scores.get(k) for k in (n, n - 1, n + 1))
         known = [x for x in scores.values() if x is not None]
         enough = (1.0 - cfg.min_gain) * max(known) if known else None  # within min_gain of the best seen
@@ -345,7 +388,7 @@ class LatencyLimit:
         self._integrate(now)
         running = self._area / max(1e-9, now - self._stepped_at)  # time-weighted, this window
         busy = pressed and running >= n - 0.5
-        windows = self._levels.setdefault(n, deque(maxlen=self.config.level_windows))
+        windows = self._levels.setdefault(n, deque(maxlen=self.config.history_windows))
         windows.append((median, now, len(self._fresh), statistics.fmean(self._fresh), running if busy else None))
         old = self.limit
         new = self._decide(n, ratio, busy, target, now)
@@ -358,7 +401,7 @@ class LatencyLimit:
         if int(new + 1e-9) != n and log.isEnabledFor(logging.DEBUG):  # the levels' throughputs cost a scan
             log.debug("admission limit %d -> %d: median %.3f s, target %.3f s%s; throughput known %s", n,
                       int(new + 1e-9), median, target, ", busy" if busy else "",
-                      {k: round(x, 2) for k in sorted(self._levels) if (x := self._throughput(k, now)) is not None})
+                      {k: round(x, 2) for k, x in sorted(self._paired(n, now).items()) if x is not None})
         if new != old:
             self._draining = self._hears_running and int(new + 1e-9) < n
             self.limit = new
