@@ -363,17 +363,26 @@ def test_lone_latencies_older_than_the_horizon_no_longer_set_the_budget():
     assert lim.unloaded_s == pytest.approx(0.4) and lim.target_s == pytest.approx(1.0)
 
 
-def drifting_run(table: dict[int, float], seed: int, **kw) -> tuple[dict[int, float], float]:
-    """10 minutes of 32 clients on a host whose speed wanders (sd 15 %, ~20 s) with +-25 % per request:
-    the share of time at each limit after the first 20 s, and the mean throughput there."""
-    lim, srv = make(initial=2, level_samples=24, server={"table": table, "noise": 0.25, "seed": seed,
-                                                         "drift": 0.15}, **kw)
+def host_run(table: dict[int, float], seed: int, seconds: float, host: dict,
+             **kw) -> tuple[dict[int, float], float, int]:
+    """``seconds`` of 32 clients, +-25 % per request, on a host moving as ``host`` says (Server's drift or
+    trend), after 5 s of one client: the share of time at each limit after the first 20 s, the mean
+    throughput there, and how many times the limit changed then."""
+    lim, srv = make(initial=2, level_samples=24, server={"table": table, "noise": 0.25, "seed": seed, **host}, **kw)
     srv.run(5, clients=1)
     t0 = srv.clock.t
-    srv.run(600, clients=32)
+    srv.run(seconds, clients=32)
     at = [v for t, v in srv.history if t > t0 + 20]
     top = max(table)
-    return {k: at.count(k) / len(at) for k in set(at)}, statistics.fmean(min(v, top) / table[min(v, top)] for v in at)
+    return ({k: at.count(k) / len(at) for k in set(at)}, statistics.fmean(min(v, top) / table[min(v, top)] for v in at),
+            len(srv.changes_after(t0 + 20)))
+
+
+def drifting_run(table: dict[int, float], seed: int, **kw) -> tuple[dict[int, float], float]:
+    """10 minutes on a host whose speed wanders (sd 15 %, ~20 s): the share of time at each limit after the
+    first 20 s, and the mean throughput there."""
+    shares, rate, _ = host_run(table, seed, 600, {"drift": 0.15}, **kw)
+    return shares, rate
 
 
 FLAT = {1: 1 / 5.2, 2: 2 / 7.5, 3: 3 / 7.7, 4: 4 / 7.7, 5: 5 / 7.6, 6: 6 / 7.5, 7: 7 / 7.4, 8: 8 / 7.3}  # tiny v2 here
@@ -392,13 +401,8 @@ def test_on_a_host_that_slows_levels_are_compared_with_the_windows_next_to_them(
     # the host slows 10 % a minute: unpaired, a level probed a minute ago looks better than the one measured
     # now, whatever they are; paired with the windows next to its probe, it is not
     def run(seed: int, **kw) -> tuple[float, int]:
-        lim, srv = make(initial=2, level_samples=24, server={"table": FLAT, "noise": 0.25, "seed": seed,
-                                                             "trend": 0.1}, **kw)
-        srv.run(5, clients=1)
-        t0 = srv.clock.t
-        srv.run(300, clients=32)
-        at = [v for t, v in srv.history if t > t0 + 20]
-        return at.count(2) / len(at), len(srv.changes_after(t0 + 20))
+        shares, _, changes = host_run(FLAT, seed, 300, {"trend": 0.1}, **kw)
+        return shares.get(2, 0.0), changes
 
     paired = [run(seed) for seed in range(1, 9)]
     unpaired = [run(seed, pair_s=0.0) for seed in range(1, 9)]  # measured then (~86 % at 2, 250 changes in all)
