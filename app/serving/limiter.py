@@ -40,16 +40,21 @@ How the limit moves (the **controller**):
   saturation lands on ``throughput x target``. Growth past the known levels is that fast only
   while the latency is under target / ``fast_ratio``; nearer the budget it probes one more at a
   time, once the current level is known. It only grows when the places were kept busy since
-  the last step (the limit reached, and the time-weighted running load at least n - 1/2), so
-  neither an idle server's limit nor a lightly loaded one's (whose bursts touch the limit for
-  an instant) creeps up to the ceiling.
+  the last step (the limit reached, and the time-weighted running load at least 90 % of n,
+  n - 1/2 from 5 up) and more was offered than they hold: the time-weighted admitted load,
+  running and waiting, plus the refused as if they had run a median latency, at least
+  n + 1/2 (Little's law). So neither an idle server's limit nor a lightly loaded one's (whose
+  bursts touch the limit for an instant) creeps up to the ceiling, and a closed loop of n
+  clients does not push it past n.
 * **Levels: the knee.** What was measured at each n is remembered for ``probe_after_s``,
   the last ``level_windows`` windows of it, and a level is judged by them pooled (one window
   of a dozen requests is too noisy to tell 2 from 3 running on a busy CPU): the median of
   their latency medians and, from windows where the places were kept busy (the
-  time-weighted running load L at least n - 1/2), the throughput mean L / mean latency
+  time-weighted running load L at least 90 % of n, as above), the throughput mean L / mean latency
   (Little's law with the load that was really there: a lightly loaded window must not read
-  as capacity), known once they hold ``level_samples`` requests (``clear_samples`` when it
+  as capacity; at n - 1/2, 75 % at 2, a light load's bursty second or the window that
+  straddled a step from light to heavy load read as level 2's throughput, that of the
+  arrivals, and held the limit above the knee until it expired), known once they hold ``level_samples`` requests (``clear_samples`` when it
   is clearly worse than the best level fully known). Levels are compared by a **score**, the
   throughput discounted for the latency it costs, X(n) / n ** ``latency_weight`` (1/8: see
   ``_score``), so one more running must buy ~6 % more throughput at 2 and under 1 % at 16.
@@ -152,6 +157,7 @@ class LatencyLimit:
         self._levels: dict[int, deque[tuple[float, float, int, float, float | None]]] = {}
         self._peak_load = 0.0  # since the last step
         self._load, self._load_at, self._area = 0.0, self._stepped_at, 0.0  # running load x seconds, this window
+        self._demand_area = 0.0  # admitted load (running and waiting) x seconds, this window
         self._refused = 0  # since the last step
         self.steps = 0  # changes made (observable)
 
@@ -309,7 +315,7 @@ class LatencyLimit:
         """
         return x / level ** self.config.latency_weight
 
-    def _decide(self, n: int, ratio: float, busy: bool, target: float, now: float) -> float:
+    def _decide(self, n: int, ratio: float, crowded: bool, target: float, now: float) -> float:
         """The next limit, at value ``n`` whose fresh median latency is ``target / ratio``."""
         cfg, old = self.config, self.limit
         # a level never measured has no score; the others' throughputs as seen from n (paired)
@@ -321,7 +327,7 @@ class LatencyLimit:
             return old * max(ratio, cfg.max_down)  # over budget: Little's law says how far down
         if here is not None and below is not None and enough is not None and below >= enough:
             return n - 0.5  # one fewer in flight finishes about as many as the best: the knee is below
-        if ratio > 1.0 + cfg.deadband and busy:
+        if ratio > 1.0 + cfg.deadband and crowded:
             if above is not None:  # known: one more, if n is short of the knee and n + 1 finished more
                 short = here is not None and enough is not None and here < enough
                 gains = here is not None and above > here * (1.0 + 2 * cfg.min_gain)  # hysteresis: see the knee
@@ -356,7 +362,9 @@ class LatencyLimit:
             self._fresh.clear()
 
     def _integrate(self, now: float) -> None:
-        self._area += min(self._load, float(self.value)) * max(0.0, now - self._load_at)
+        span = max(0.0, now - self._load_at)
+        self._area += min(self._load, float(self.value)) * span
+        self._demand_area += self._load * span
         self._load_at = now
 
     def note_refused(self) -> None:
@@ -386,15 +394,18 @@ class LatencyLimit:
         n = self.value
         pressed = self._refused > 0 or self._peak_load + 1.0 > n + 1e-9
         self._integrate(now)
-        running = self._area / max(1e-9, now - self._stepped_at)  # time-weighted, this window
-        busy = pressed and running >= n - 0.5
+        span = max(1e-9, now - self._stepped_at)
+        running = self._area / span  # time-weighted, this window
+        busy = pressed and running >= n - min(0.5, 0.1 * n)
+        # the load offered (Little's law): admitted, running or waiting, and the refused as if they had run
+        offered = (self._demand_area + self._refused * median) / span
         windows = self._levels.setdefault(n, deque(maxlen=self.config.history_windows))
         windows.append((median, now, len(self._fresh), statistics.fmean(self._fresh), running if busy else None))
         old = self.limit
-        new = self._decide(n, ratio, busy, target, now)
+        new = self._decide(n, ratio, busy and offered >= n + 0.5, target, now)
         new = min(float(self.config.ceiling), max(1.0, new))
         self._stepped_at = now
-        self._area = 0.0
+        self._area = self._demand_area = 0.0
         self._fresh.clear()
         self._refused = 0
         self._peak_load = 0.0

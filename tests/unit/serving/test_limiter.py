@@ -285,24 +285,28 @@ def longest_stay(srv: Server, value: int, after: float) -> float:
     return longest
 
 
-@pytest.mark.parametrize("seed", [7, 8])
-def test_on_a_noisy_cpu_pooled_levels_find_and_hold_the_knee_where_single_windows_miss_it(seed):
+def test_on_a_noisy_cpu_pooled_levels_find_and_hold_the_knee_where_single_windows_miss_it():
     # a GIL-bound CPU model (2 in flight is fastest, 3 and 4 finish less) and +-25 % noise per request
     table = {1: 0.16, 2: 0.2, 3: 0.31, 4: 0.42, 5: 0.55, 6: 0.68}
-    at_knee = {}
-    for level_samples in (1, 24):
-        lim, srv = make(initial=2, tolerance=2.5, level_samples=level_samples,
-                        server={"table": table, "noise": 0.25, "seed": seed})
-        srv.run(5, clients=1)  # the unloaded latency
-        t0 = srv.clock.t
-        srv.run(240, clients=32)
-        at = [v for t, v in srv.history if t > t0 + 30]
-        at_knee[level_samples] = at.count(2) / len(at)
-        if level_samples == 24:  # settled within 15 s; then one probe of each neighbour per probe_after_s
-            assert len(srv.changes_after(t0 + 15)) <= 10 and lim.value == 2
-            # a probe of 1 (clearly worse: ~60 % of 2's throughput) is over after clear_samples, not 24
-            assert longest_stay(srv, 1, after=t0) <= 3.0
-    assert at_knee[24] >= 0.9 and at_knee[1] < 0.7  # one window of noisy samples read 3 as the better level
+    at_knee: dict[int, list[float]] = {1: [], 24: []}
+    for seed in range(1, 17):
+        for level_samples in (1, 24):
+            lim, srv = make(initial=2, tolerance=2.5, level_samples=level_samples,
+                            server={"table": table, "noise": 0.25, "seed": seed})
+            srv.run(5, clients=1)  # the unloaded latency
+            t0 = srv.clock.t
+            srv.run(240, clients=32)
+            at = [v for t, v in srv.history if t > t0 + 30]
+            at_knee[level_samples].append(at.count(2) / len(at))
+            if level_samples == 24:  # settled within 15 s; then one probe of each neighbour per probe_after_s
+                assert len(srv.changes_after(t0 + 15)) <= 10 and lim.value == 2
+                # a probe of 1 (clearly worse: ~60 % of 2's throughput) is over after clear_samples, not 24
+                assert longest_stay(srv, 1, after=t0) <= 3.0
+    # pooled, every seed holds the knee; one window of noisy samples now and then reads 3 as the better level.
+    # (Before the places had to be 90 % busy for a window to tell a level's throughput, the window that
+    # straddled the step from one client to 32, 75 % busy, read as level 2's throughput, ~70 % of it,
+    # and kept the limit at 3 or 4 for the whole 240 s in 3 seeds of 16.)
+    assert min(at_knee[24]) >= 0.9 and statistics.fmean(at_knee[1]) < statistics.fmean(at_knee[24])
 
 
 def test_the_stand_in_unloaded_latency_does_not_rise_with_the_load_it_admits():
@@ -390,11 +394,11 @@ FLAT = {1: 1 / 5.2, 2: 2 / 7.5, 3: 3 / 7.7, 4: 4 / 7.7, 5: 5 / 7.6, 6: 6 / 7.5, 
 
 def test_on_a_drifting_host_where_more_running_finish_no_more_the_score_keeps_the_fewest():
     # tiny v2 on this host: 2, 3 and 4 running finish about as many (7.5-7.7/s), 3 and 4 at 1.5-2x the latency
-    # (the paired comparison below does most of it: throughput alone and unpaired kept 2 ~80 % of the time,
-    # paired ~91 %, scored and paired ~92 %)
-    scored = [drifting_run(FLAT, seed)[0].get(2, 0.0) for seed in range(1, 9)]
-    plain = [drifting_run(FLAT, seed, latency_weight=0.0)[0].get(2, 0.0) for seed in range(1, 9)]
-    assert statistics.fmean(scored) >= 0.9 and statistics.fmean(scored) >= statistics.fmean(plain)
+    # (32 seeds: scored 0.95 of the time at 2, throughput alone 0.89; before the paired comparison ~0.92 and
+    # ~0.80)
+    scored = [drifting_run(FLAT, seed)[0].get(2, 0.0) for seed in range(1, 17)]
+    plain = [drifting_run(FLAT, seed, latency_weight=0.0)[0].get(2, 0.0) for seed in range(1, 17)]
+    assert statistics.fmean(scored) >= 0.93 and statistics.fmean(scored) >= statistics.fmean(plain) + 0.02
 
 
 def test_on_a_host_that_slows_levels_are_compared_with_the_windows_next_to_them():
