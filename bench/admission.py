@@ -5,7 +5,8 @@
 The systems' servers (the real ``cosyserve serve`` subprocess on the tiny CosyVoice2 model, or
 ``--model-dir``) are started together and measured phase by phase in turn, one at a time while
 the others sit idle (``--sequential``: one server after another), so a machine whose speed
-drifts during the run slows each system's same phase alike. Every request ``POST /v1/tts``
+drifts during the run slows each system's same phase alike; the systems take their turns in
+the given order in even rounds and reversed in odd ones (ABC CBA ABC). Every request ``POST /v1/tts``
 streamed 16-bit PCM of one sentence:
 
 * ``defaults``: cosyserve as a user starts it, no pool settings at all (adaptive admission);
@@ -297,16 +298,20 @@ class SystemRun:
     def phases(self) -> list[Callable[[], Awaitable[None]]]:
         """The calls in order: warm-up; per round, closed loop per concurrency and open loop per factor (at
         the best closed-loop throughput's median so far); the step test."""
-        out: list[Callable[[], Awaitable[None]]] = [self.warm]
-        for _ in range(self.args.rounds):  # each round closed then open loop: a drift hits both alike
+        return [call for _, call in self.plan()]
+
+    def plan(self) -> list[tuple[int, Callable[[], Awaitable[None]]]]:
+        """``phases()`` with the round each belongs to (the warm-up the first, the step test the last)."""
+        out: list[tuple[int, Callable[[], Awaitable[None]]]] = [(0, self.warm)]
+        for r in range(self.args.rounds):  # each round closed then open loop: a drift hits both alike
             if self.args.capacity_rps is None:
-                out += [functools.partial(self.closed, c) for c in self.args.concurrency]
+                out += [(r, functools.partial(self.closed, c)) for c in self.args.concurrency]
             for f in self.args.factors:
                 if self.args.paired and self.args.capacity_rps is None:
-                    out.append(functools.partial(self.reference, f))
-                out.append(functools.partial(self.overload, f))
+                    out.append((r, functools.partial(self.reference, f)))
+                out.append((r, functools.partial(self.overload, f)))
         if self.args.step_s > 0:
-            out.append(self.step)
+            out.append((self.args.rounds - 1, self.step))
         return out
 
     def report(self) -> dict[str, Any]:
@@ -361,17 +366,25 @@ def run_systems(args: argparse.Namespace, systems: list[str], model_dir: str, ru
                 runs[system] = SystemRun(system, srv, args)
             except Exception as exc:  # noqa: BLE001
                 fail(results, system, exc)
-        plans = {system: run.phases() for system, run in runs.items()}
+        plans = {system: run.plan() for system, run in runs.items()}
         for i in range(max((len(p) for p in plans.values()), default=0)):
-            for system, run in list(runs.items()):
+            for system, run in turns(runs, plans, i):
                 try:
-                    asyncio.run(plans[system][i]())
+                    asyncio.run(plans[system][i][1]())
                 except Exception as exc:  # noqa: BLE001
                     fail(results, system, exc)
                     del runs[system]
         for system, run in runs.items():
             results["systems"][system] = {**run.report(), "admission_log": startup_line(run.srv),
                                           "server_503": server_rejects(run.srv)}
+
+
+def turns(runs: dict[str, SystemRun], plans: dict[str, list[tuple[int, Any]]], i: int) -> list[tuple[str, SystemRun]]:
+    """The systems that run phase ``i``, in the order they take it: as given in even rounds, reversed in odd
+    ones (ABC CBA ABC), so no system is always the first after another's phase, or the last."""
+    present = [(system, run) for system, run in runs.items() if i < len(plans[system])]
+    odd = any(plans[system][i][0] % 2 for system, _ in present)
+    return present[::-1] if odd else present
 
 
 def shown(path: str | Path | None) -> str | None:

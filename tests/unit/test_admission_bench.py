@@ -232,3 +232,25 @@ def test_goodput_is_also_graded_against_the_best_point_measured_just_before_it()
     row3 = next(g for name, g in goals.items() if "3x: throughput / the best closed point re-measured" in name)
     assert row3["pass"] is False
     assert goals["[defaults] open loop 1.5x: throughput / best closed loop"]["value"] == "0.88"  # still shown
+
+
+def test_systems_take_their_turns_in_reversed_order_in_odd_rounds():
+    from bench.admission import SystemRun, turns
+
+    args = parse_args(["--quick", "--rounds", "3", "--concurrency", "1,2", "--factors", "3"])
+
+    class Srv:
+        base_url = "http://x"
+
+    runs = {name: SystemRun(name, Srv(), args) for name in ("defaults", "before", "tuned")}
+    plans = {name: run.plan() for name, run in runs.items()}
+    first_at_c1 = []
+    for i, (r, call) in enumerate(plans["defaults"]):
+        order = [name for name, _ in turns(runs, plans, i)]
+        assert order == (["tuned", "before", "defaults"] if r % 2 else ["defaults", "before", "tuned"])
+        if getattr(call, "args", ()) == (1,) and getattr(call, "func", call).__name__ == "closed":
+            first_at_c1.append(order[0])
+    assert first_at_c1 == ["defaults", "tuned", "defaults"]  # ABC CBA ABC: no system always first
+    assert plans["defaults"][0][0] == 0 and plans["defaults"][-1][0] == 2  # warm-up first, step test last
+    shorter = {**plans, "tuned": plans["tuned"][:3]}  # a system whose plan ended (failed) takes no turn
+    assert [name for name, _ in turns(runs, shorter, 3)] == ["defaults", "before"]
