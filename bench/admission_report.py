@@ -201,7 +201,8 @@ def markdown(r: dict) -> str:
          f"wall second.{merged}"
          + ("" if cfg.get("sequential") or merged else
             " The servers ran side by side, idle but for the one measured, phase by phase in turn (c=1 of each, "
-            "then c=2 of each, ...; every other round the systems in reverse order), so a drift of the machine's speed during the run hits every system alike.")),
+            "then c=2 of each, ...; every other round the systems in reverse order), so a drift of the machine's "
+            "speed during the run hits every system alike.")),
         "",
     ]
     for key, sys_ in r["systems"].items():

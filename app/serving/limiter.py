@@ -54,8 +54,9 @@ How the limit moves (the **controller**):
   (Little's law with the load that was really there: a lightly loaded window must not read
   as capacity; at n - 1/2, 75 % at 2, a light load's bursty second or the window that
   straddled a step from light to heavy load read as level 2's throughput, that of the
-  arrivals, and held the limit above the knee until it expired), known once they hold ``level_samples`` requests (``clear_samples`` when it
-  is clearly worse than the best level fully known). Levels are compared by a **score**, the
+  arrivals, and held the limit above the knee until it expired), known once they hold
+  ``level_samples`` requests (``clear_samples`` when it is clearly worse than the best level
+  fully known). Levels are compared by a **score**, the
   throughput discounted for the latency it costs, X(n) / n ** ``latency_weight`` (1/8: see
   ``_score``), so one more running must buy ~6 % more throughput at 2 and under 1 % at 16.
   Levels are compared **paired** (``_paired``): at n, another level's throughput counts relative

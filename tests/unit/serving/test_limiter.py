@@ -18,14 +18,7 @@ import statistics
 import pytest
 
 from app.serving.limiter import LatencyLimit, LimiterConfig
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.unit.serving.limiter_helpers import Clock, changes
 
 
 class Server:
@@ -75,12 +68,7 @@ class Server:
 
     def changes_after(self, t: float) -> list[tuple[float, int]]:
         """(time, new limit) of every change after ``t``."""
-        out, last = [], None
-        for when, value in self.history:
-            if last is not None and value != last and when > t:
-                out.append((when, value))
-            last = value
-        return out
+        return changes(self.history, t)
 
 
 def make(initial: float, ceiling: int = 16, server: dict | None = None, **kw) -> tuple[LatencyLimit, Server]:

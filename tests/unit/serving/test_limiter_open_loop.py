@@ -12,17 +12,10 @@ from __future__ import annotations
 import random
 
 from app.serving.limiter import LatencyLimit, LimiterConfig
+from tests.unit.serving.limiter_helpers import Clock, changes
 
 TINY = {1: 1 / 5.2, 2: 2 / 7.5, 3: 3 / 7.7, 4: 4 / 7.7, 5: 5 / 7.6, 6: 6 / 7.5, 7: 7 / 7.4, 8: 8 / 7.3}
 CAPACITY = 7.5  # requests a second at the knee
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def open_loop(seed: int, phases: list[tuple[float, float]], dt: float = 0.01,
@@ -62,16 +55,6 @@ def open_loop(seed: int, phases: list[tuple[float, float]], dt: float = 0.01,
             clock.t += dt
             history.append((clock.t, lim.value))
     return history
-
-
-def changes(history: list[tuple[float, int]], lo: float, hi: float) -> list[tuple[float, int]]:
-    """(time, new limit) of the changes in (lo, hi]."""
-    out, last = [], None
-    for t, v in history:
-        if last is not None and v != last and lo < t <= hi:
-            out.append((t, v))
-        last = v
-    return out
 
 
 def test_under_light_load_the_limit_holds_still_and_after_a_step_it_settles_within_10_s():
