@@ -46,14 +46,16 @@ How the limit moves (the **controller**):
   n + 1/2 (Little's law). So neither an idle server's limit nor a lightly loaded one's (whose
   bursts touch the limit for an instant) creeps up to the ceiling, and a closed loop of n
   clients does not push it past n.
-* **Levels: the knee.** What was measured at each n is remembered for ``probe_after_s``,
-  the last ``level_windows`` windows of it, and a level is judged by them pooled (one window
-  of a dozen requests is too noisy to tell 2 from 3 running on a busy CPU): the median of
-  their latency medians and, from windows where the places were kept busy (the
-  time-weighted running load L at least 90 % of n, as above), the throughput mean L / mean latency
-  (Little's law with the load that was really there: a lightly loaded window must not read
-  as capacity; at n - 1/2, 75 % at 2, a light load's bursty second or the window that
-  straddled a step from light to heavy load read as level 2's throughput, that of the
+* **Levels: the knee.** What was measured at each n is remembered for ``probe_after_s`` seconds
+  *of load* (windows whose places were kept busy; an idle or lightly loaded server's levels do
+  not age, so the next overload starts from the knee the last one found instead of probing its
+  neighbours again in its first seconds), the last ``level_windows`` windows of it, and a level
+  is judged by them pooled (one window of a dozen requests is too noisy to tell 2 from 3 running
+  on a busy CPU): the median of their latency medians and, from windows where the places were
+  kept busy (the time-weighted running load L at least 90 % of n, as above), the throughput mean
+  L / mean latency (Little's law with the load that was really there: a lightly loaded window
+  must not read as capacity; at n - 1/2, 75 % at 2, a light load's bursty second or the window
+  that straddled a step from light to heavy load read as level 2's throughput, that of the
   arrivals, and held the limit above the knee until it expired), known once they hold
   ``level_samples`` requests (``clear_samples`` when it is clearly worse than the best level
   fully known). Levels are compared by a **score**, the
@@ -95,6 +97,10 @@ from dataclasses import dataclass
 
 log = logging.getLogger("cosyserve.admission")
 
+# one window of a level: (median latency, when, samples, mean latency, running load if kept busy, seconds of
+# load seen by then: what ages it)
+Window = tuple[float, float, int, float, float | None, float]
+
 
 @dataclass(frozen=True)
 class LimiterConfig:
@@ -111,7 +117,7 @@ class LimiterConfig:
     max_up: float = 1.5  # ... and at most multiplies it by 1.5
     unloaded_samples: int = 32  # latencies of lone requests kept for the unloaded latency ...
     unloaded_horizon_s: float = 240.0  # ... for this long (a machine's speed drifts: shared hosts)
-    probe_after_s: float = 300.0  # what a level gave is trusted this long (then it is probed again)
+    probe_after_s: float = 300.0  # what a level gave is trusted for this many seconds of load (then probed again)
     min_gain: float = 0.03  # one more request in flight must add this share of score (below)
     latency_weight: float = 0.125  # levels are scored by throughput / n ** latency_weight (the latency they add)
     level_windows: int = 8  # a level is judged by its last this many windows, pooled
@@ -154,8 +160,8 @@ class LatencyLimit:
         self._draining = False  # stepped down: requests beyond the new limit are still running
         self._hears_running = False  # note_load is given the running count (else no drain is awaited)
         self._stepped_at = clock()
-        # value -> its last windows: (median latency, when, samples, mean latency, running load if kept busy)
-        self._levels: dict[int, deque[tuple[float, float, int, float, float | None]]] = {}
+        self._levels: dict[int, deque[Window]] = {}  # value -> its last windows
+        self._loaded_s = 0.0  # seconds of windows whose places were kept busy: the clock levels age by
         self._peak_load = 0.0  # since the last step
         self._load, self._load_at, self._area = 0.0, self._stepped_at, 0.0  # running load x seconds, this window
         self._demand_area = 0.0  # admitted load (running and waiting) x seconds, this window
@@ -233,37 +239,42 @@ class LatencyLimit:
         there (n / its median latency), else the best measured at a lower limit (or a higher one
         scaled by n / k), else one at a time at the average latency (no overlap assumed: errs
         towards a shorter waiting room)."""
-        now, n = self._clock(), self.value
-        here = self._throughput(n, now)
+        n = self.value
+        here = self._throughput(n)
         if here is not None:
             return here
         # a level k above n: n finish at least k's rate x n / k (each runs no slower with fewer running)
-        measured = [x * min(1.0, n / k) for k in self._levels if (x := self._throughput(k, now)) is not None]
+        measured = [x * min(1.0, n / k) for k in self._levels if (x := self._throughput(k)) is not None]
         if measured:
             return max(measured)
         return 1.0 / self._avg_s if self._avg_s else None
 
-    def _history(self, level: int, now: float) -> list[tuple[float, float, int, float, float | None]]:
-        """``level``'s windows within ``probe_after_s`` (older ones are forgotten: probed again), oldest first."""
-        return [w for w in self._levels.get(level, ()) if now - w[1] <= self.config.probe_after_s]
+    def _trusted(self, w: Window) -> bool:
+        """``w`` was measured within the last ``probe_after_s`` seconds of load (older ones are forgotten:
+        probed again)."""
+        return self._loaded_s - w[5] <= self.config.probe_after_s
 
-    def _windows(self, level: int, now: float) -> list[tuple[float, float, int, float, float | None]]:
-        """The last ``level_windows`` of ``level``'s windows within ``probe_after_s``: what it is judged by
-        (read from the end: the admission test asks for the rate at every request)."""
+    def _history(self, level: int) -> list[Window]:
+        """``level``'s trusted windows, oldest first."""
+        return [w for w in self._levels.get(level, ()) if self._trusted(w)]
+
+    def _windows(self, level: int) -> list[Window]:
+        """The last ``level_windows`` of ``level``'s windows, if trusted: what it is judged by (read from the
+        end: the admission test asks for the rate at every request)."""
         last = list(itertools.islice(reversed(self._levels.get(level, ())), self.config.level_windows))
-        return [w for w in reversed(last) if now - w[1] <= self.config.probe_after_s]
+        return [w for w in reversed(last) if self._trusted(w)]
 
-    def _missed(self, level: int, target: float, now: float) -> bool:
+    def _missed(self, level: int, target: float) -> bool:
         """``level`` was tried within ``probe_after_s`` and its latency missed the target."""
-        windows = self._windows(level, now)
+        windows = self._windows(level)
         return bool(windows) and statistics.median(w[0] for w in windows) > target * (1.0 + self.config.deadband)
 
-    def _throughput(self, level: int, now: float, strict: bool = False) -> float | None:
+    def _throughput(self, level: int, strict: bool = False) -> float | None:
         """Requests per second at ``level``, if known lately: its busy windows pooled (Little's law, the mean
         running load over the mean latency), once they hold ``level_samples`` requests, or already
         ``clear_samples`` when it is clearly worse (under ``clear_share`` of the best level fully known):
         a probe of a level far off the knee need not dwell there."""
-        busy = [w for w in self._windows(level, now) if w[4] is not None]
+        busy = [w for w in self._windows(level) if w[4] is not None]
         if not busy:
             return None
         count, rate = self._pooled(busy)
@@ -271,38 +282,38 @@ class LatencyLimit:
             return rate
         if strict or count < self.config.clear_samples:
             return None
-        others = [x for k in self._levels if k != level and (x := self._throughput(k, now, strict=True)) is not None]
+        others = [x for k in self._levels if k != level and (x := self._throughput(k, strict=True)) is not None]
         return rate if others and rate < self.config.clear_share * max(others) else None
 
     @staticmethod
-    def _pooled(busy: list[tuple[float, float, int, float, float | None]]) -> tuple[int, float]:
+    def _pooled(busy: list[Window]) -> tuple[int, float]:
         """Requests in busy windows and their throughput pooled: mean running load over mean latency."""
         count = sum(w[2] for w in busy)
         running = sum(w[4] * w[2] for w in busy) / count  # type: ignore[operator]
         return count, running / (sum(w[3] * w[2] for w in busy) / count)
 
-    def _near(self, n: int, level: int, now: float) -> float | None:
+    def _near(self, n: int, level: int) -> float | None:
         """``n``'s throughput from its busy windows measured within ``pair_s`` of ``level``'s (the windows
         next to a probe, before and after it), once they hold ``level_samples`` requests; else None."""
-        times = [w[1] for w in self._windows(level, now) if w[4] is not None]
+        times = [w[1] for w in self._windows(level) if w[4] is not None]
         reach = self.config.pair_s
-        near = [w for w in self._history(n, now) if w[4] is not None and any(abs(w[1] - t) <= reach for t in times)]
+        near = [w for w in self._history(n) if w[4] is not None and any(abs(w[1] - t) <= reach for t in times)]
         if not near:
             return None
         count, rate = self._pooled(near)
         return rate if count >= self.config.level_samples else None
 
-    def _paired(self, n: int, now: float) -> dict[int, float | None]:
+    def _paired(self, n: int) -> dict[int, float | None]:
         """Every level's throughput as seen from ``n`` now: another level's relative to ``n``'s measured
         within ``pair_s`` of it (a paired comparison), times ``n``'s latest; unpaired when ``n`` has no
         windows next to it. A shared host's speed drifts by a tenth and more within a minute, so levels
         measured minutes apart compare the host's minutes as much as the levels: in the limiter's
         simulation of tiny v2's flat curve the knee is held 99 % of the time on a steady host and, on a
         drifting one, 86 % compared unpaired, 95 % paired (``tests/unit/serving/test_limiter.py``)."""
-        xs = {k: self._throughput(k, now) for k in self._levels}
+        xs = {k: self._throughput(k) for k in self._levels}
         here = xs.get(n)
         for k, x in xs.items():
-            if x is not None and here is not None and k != n and (then := self._near(n, k, now)) is not None:
+            if x is not None and here is not None and k != n and (then := self._near(n, k)) is not None:
                 xs[k] = x * here / then
         return xs
 
@@ -316,11 +327,11 @@ class LatencyLimit:
         """
         return x / level ** self.config.latency_weight
 
-    def _decide(self, n: int, ratio: float, crowded: bool, target: float, now: float) -> float:
+    def _decide(self, n: int, ratio: float, crowded: bool, target: float) -> float:
         """The next limit, at value ``n`` whose fresh median latency is ``target / ratio``."""
         cfg, old = self.config, self.limit
         # a level never measured has no score; the others' throughputs as seen from n (paired)
-        scores = {k: None if x is None else self._score(k, x) for k, x in self._paired(n, now).items()}
+        scores = {k: None if x is None else self._score(k, x) for k, x in self._paired(n).items()}
         here, below, above = (scores.get(k) for k in (n, n - 1, n + 1))
         known = [x for x in scores.values() if x is not None]
         enough = (1.0 - cfg.min_gain) * max(known) if known else None  # within min_gain of the best seen
@@ -332,12 +343,12 @@ class LatencyLimit:
             if above is not None:  # known: one more, if n is short of the knee and n + 1 finished more
                 short = here is not None and enough is not None and here < enough
                 gains = here is not None and above > here * (1.0 + 2 * cfg.min_gain)  # hysteresis: see the knee
-                if short and gains and not self._missed(n + 1, target, now):
+                if short and gains and not self._missed(n + 1, target):
                     return n + 1.0
             elif ratio >= cfg.fast_ratio or here is not None:  # unknown: far below the budget, grow by the
                 # headroom (up to max_up); else one more, once n is known (a probe)
                 new = max(old * min(ratio, cfg.max_up), n + 1.0) if ratio >= cfg.fast_ratio else n + 1.0
-                missed = [k for k in self._levels if k > n and self._missed(k, target, now)]
+                missed = [k for k in self._levels if k > n and self._missed(k, target)]
                 if missed:
                     new = min(new, min(missed) - 1e-6)
                 if new >= n + 1.0:
@@ -398,12 +409,15 @@ class LatencyLimit:
         span = max(1e-9, now - self._stepped_at)
         running = self._area / span  # time-weighted, this window
         busy = pressed and running >= n - min(0.5, 0.1 * n)
+        if busy:
+            self._loaded_s += span
         # the load offered (Little's law): admitted, running or waiting, and the refused as if they had run
         offered = (self._demand_area + self._refused * median) / span
         windows = self._levels.setdefault(n, deque(maxlen=self.config.history_windows))
-        windows.append((median, now, len(self._fresh), statistics.fmean(self._fresh), running if busy else None))
+        windows.append((median, now, len(self._fresh), statistics.fmean(self._fresh), running if busy else None,
+                        self._loaded_s))
         old = self.limit
-        new = self._decide(n, ratio, busy and offered >= n + 0.5, target, now)
+        new = self._decide(n, ratio, busy and offered >= n + 0.5, target)
         new = min(float(self.config.ceiling), max(1.0, new))
         self._stepped_at = now
         self._area = self._demand_area = 0.0
@@ -413,7 +427,7 @@ class LatencyLimit:
         if int(new + 1e-9) != n and log.isEnabledFor(logging.DEBUG):  # the levels' throughputs cost a scan
             log.debug("admission limit %d -> %d: median %.3f s, target %.3f s%s; throughput known %s", n,
                       int(new + 1e-9), median, target, ", busy" if busy else "",
-                      {k: round(x, 2) for k, x in sorted(self._paired(n, now).items()) if x is not None})
+                      {k: round(x, 2) for k, x in sorted(self._paired(n).items()) if x is not None})
         if new != old:
             self._draining = self._hears_running and int(new + 1e-9) < n
             self.limit = new

@@ -242,6 +242,21 @@ def test_an_optimum_between_two_integers_does_not_make_it_flap():
     assert [v for _, v in srv.changes_after(t0 + 100)] == [3, 2, 1, 2] and lim.value == 2
 
 
+def test_levels_age_by_seconds_of_load_so_the_next_overload_starts_at_the_knee_the_last_one_found():
+    lim, srv = make(initial=4, tolerance=2.0)  # as above: the knee is 2; 3 misses the target, 1 finishes less
+    srv.run(10, clients=1)
+    srv.run(100, clients=32)
+    assert lim.value == 2
+    srv.run(400, clients=0)  # idle for longer than probe_after_s (300 s): nothing measured ages
+    t0 = srv.clock.t
+    srv.run(20, clients=32)
+    # the levels of the last overload still hold: no probe of 3 and 1 in the first seconds of this one
+    # (with levels aging by the clock it went 3, 2, 1, 2 here)
+    assert srv.changes_after(t0) == [] and lim.value == 2
+    srv.run(300, clients=32)  # 300 s of load since the last probes: its neighbours are checked again, once each
+    assert [v for _, v in srv.changes_after(t0)] == [3, 2, 1, 2] and lim.value == 2
+
+
 def test_it_stops_at_the_knee_more_in_flight_that_finish_no_faster_only_add_latency():
     # saturated from 2 in flight (1.25/s): the 4 s budget would admit 5, but 3 to 5 add nothing but latency
     lim, srv = make(initial=1, budget_s=4.0)
@@ -336,7 +351,7 @@ def test_a_lightly_loaded_window_is_not_read_as_capacity():
         lim.note_load(4.0 if i % 4 == 0 else 1.0, running=1)
         lim.observe(0.2, admitted_at=clock.t - 0.2)
     # 4 / 0.2 s would read as 20 requests a second; about one ran at a time: 5 a second at most
-    assert all(x is None or x <= 6.0 for x in (lim._throughput(k, clock.t) for k in range(1, 17)))
+    assert all(x is None or x <= 6.0 for x in (lim._throughput(k) for k in range(1, 17)))
     assert lim.value == 4 and lim.steps == 0  # far within the budget, but the places were not kept busy: no growth
 
 

@@ -81,3 +81,12 @@ def test_a_first_overload_finds_the_knee_from_cold_levels():
         assert changes(history, 0, 30) == []  # light load alone never moves it
         late = [v for t, v in history if t > 60]
         assert late.count(2) / len(late) >= 0.95
+
+
+def test_after_a_light_spell_longer_than_probe_after_s_the_next_overload_keeps_the_knee_it_had():
+    # the levels age by seconds of load, not by the clock: six light minutes leave what the last overload
+    # measured standing, so the next one starts at its knee (aging by the clock, it probed 3 and 1 again in
+    # its first seconds)
+    for seed in range(1, 5):
+        history = open_loop(seed, [(3 * CAPACITY, 60), (0.5 * CAPACITY, 360), (3 * CAPACITY, 30)])
+        assert changes(history, 60) == []  # neither in the light minutes nor in the next overload
