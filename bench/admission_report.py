@@ -63,6 +63,9 @@ def per_point(measured: list[dict], key: str) -> list[dict]:
         for count in COUNTS:
             merged[count] = sum(m.get(count, 0) for m in group)
         merged["rounds"] = [m["throughput_rps"] for m in group]
+        clients = [m.get("concurrency") for m in group]
+        if key != "concurrency" and len(set(clients)) > 1:
+            merged["concurrencies"] = clients  # the best closed point re-run: it can differ from round to round
         out.append(merged)
     return out
 
@@ -160,10 +163,16 @@ def evaluate_goals(r: dict) -> list[dict]:
     return goals
 
 
+def _clients(p: dict) -> str:
+    """A point's clients: ``8/4/8`` where its rounds ran different ones (the latencies are the median round's,
+    the counts all rounds')."""
+    return "/".join(str(c) for c in p["concurrencies"]) if p.get("concurrencies") else str(p["concurrency"])
+
+
 def _rows(sys_: dict) -> list[tuple[str, dict, Any]]:
     rows: list[tuple[str, dict, Any]] = [(f"closed c={p['concurrency']}", p, p.get("limit_last"))
                                          for p in sys_.get("points", [])]
-    rows += [(f"closed c={p['concurrency']} again, before {p['factor']:g}x", p, None) for p in sys_.get("refs", [])]
+    rows += [(f"closed c={_clients(p)} again, before {p['factor']:g}x", p, None) for p in sys_.get("refs", [])]
     rows += [(f"open {o['factor']:g}x ({o['rate_rps']:.2f}/s)", o, None) for o in sys_.get("open", [])]
     step = sys_.get("step") or {}
     names = ("step 0.5x", "step 3x", "step 0.5x again")

@@ -8,6 +8,7 @@ import sys
 
 from bench.admission import parse_args, pool_settings
 from bench.admission_report import (
+    _rows,
     evaluate_goals,
     knee,
     markdown,
@@ -109,6 +110,15 @@ def test_rounds_of_a_point_report_the_median_round_with_counts_summed():
     assert per_point([point(1, 3.0, 0.2, 0.3)], "concurrency") == [point(1, 3.0, 0.2, 0.3)]  # one round: as measured
     even = per_point([point(1, 3.0, 0.2, 0.3), point(1, 4.0, 0.2, 0.3)], "concurrency")
     assert even[0]["throughput_rps"] == 3.0  # an even count: the lower middle (never an optimistic pick)
+
+
+def test_a_re_run_best_point_names_every_round_s_clients_where_they_differ():
+    refs = [dict(point(c, x, 0.3, 0.5), factor=1.5) for c, x in ((8, 6.0), (4, 6.5), (8, 7.0))]
+    merged = per_point(refs, "factor")[0]
+    assert merged["concurrency"] == 4 and merged["concurrencies"] == [8, 4, 8]
+    assert _rows({"refs": [merged]})[0][0] == "closed c=8/4/8 again, before 1.5x"
+    same = per_point([dict(point(8, x, 0.3, 0.5), factor=3.0) for x in (6.0, 7.0)], "factor")[0]
+    assert "concurrencies" not in same and _rows({"refs": [same]})[0][0] == "closed c=8 again, before 3x"
 
 
 def test_rounds_interleave_every_point_and_the_report_shows_their_range():
