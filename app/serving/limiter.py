@@ -265,7 +265,7 @@ class LatencyLimit:
         return [w for w in reversed(last) if self._trusted(w)]
 
     def _missed(self, level: int, target: float) -> bool:
-        """``level`` was tried within ``probe_after_s`` and its latency missed the target."""
+        """``level`` has trusted windows (within ``probe_after_s`` of load) and their latency missed the target."""
         windows = self._windows(level)
         return bool(windows) and statistics.median(w[0] for w in windows) > target * (1.0 + self.config.deadband)
 
