@@ -248,12 +248,15 @@ class SystemRun:
     async def reference(self, factor: float) -> None:
         """The best closed-loop point so far measured again, just before the open loop at ``factor``: the two
         phases a minute apart see the same host (the sweep's best point ran up to ten minutes earlier, and it
-        is the highest of several noisy medians)."""
+        is the highest of several noisy medians). It reads the gauges as the open loop does: a scrape of
+        /metrics costs the server ~5 ms of CPU with the GIL held, so the pair must pay it alike."""
         args = self.args
         c = best_closed(per_point(self.out["points"], "concurrency"))["concurrency"]
-        s = await load.closed_loop(self.url, self.spec, c, args.point_s, warmup_s=args.warmup_s,
-                                   timeout_s=args.timeout_s, reject_backoff_s=args.reject_backoff_s)
-        self.out["refs"].append({"kind": "closed", "factor": factor, "concurrency": c, **s.to_dict()})
+        with Poller(self.url, time.monotonic()) as poll:
+            s = await load.closed_loop(self.url, self.spec, c, args.point_s, warmup_s=args.warmup_s,
+                                       timeout_s=args.timeout_s, reject_backoff_s=args.reject_backoff_s)
+        self.out["refs"].append({"kind": "closed", "factor": factor, "concurrency": c, **s.to_dict(),
+                                 "limits": [g["limit"] for g in poll.series if g.get("limit") is not None]})
         log(f"  {self.system} c={c} again, before {factor:g}x: {brief(s)}")
 
     @property

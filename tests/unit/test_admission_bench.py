@@ -264,3 +264,41 @@ def test_systems_take_their_turns_in_reversed_order_in_odd_rounds():
     assert plans["defaults"][0][0] == 0 and plans["defaults"][-1][0] == 2  # warm-up first, step test last
     shorter = {**plans, "tuned": plans["tuned"][:3]}  # a system whose plan ended (failed) takes no turn
     assert [name for name, _ in turns(runs, shorter, 3)] == ["defaults", "before"]
+
+
+def test_the_re_run_best_point_reads_the_gauges_as_the_open_loop_it_is_paired_with_does(monkeypatch):
+    """A scrape of /metrics costs the server CPU: the reference and the open loop must both pay it."""
+    import asyncio
+
+    from bench import admission, load
+    from bench.admission import SystemRun
+
+    polling: list[bool] = []
+    active = {"n": 0}
+
+    class FakePoller:
+        def __init__(self, url, t0, every_s=0.5):
+            self.series = [{"t": 0.0, "limit": 2.0}, {"t": 0.5, "limit": 3.0}]
+
+        def __enter__(self):
+            active["n"] += 1
+            return self
+
+        def __exit__(self, *exc):
+            active["n"] -= 1
+
+    async def closed_loop(url, spec, c, seconds, **kw):
+        polling.append(active["n"] > 0)
+        return load.Summary(requests=10, ok=10, rejected=0, timeouts=0, errors=0, elapsed_s=1.0, throughput_rps=5.0)
+
+    monkeypatch.setattr(admission, "Poller", FakePoller)
+    monkeypatch.setattr(load, "closed_loop", closed_loop)
+
+    class Srv:
+        base_url = "http://x"
+
+    run = SystemRun("defaults", Srv(), parse_args(["--quick"]))
+    run.out["points"] = [point(2, 5.0, 0.3, 0.5)]
+    asyncio.run(run.reference(1.5))
+    assert polling == [True]
+    assert run.out["refs"][0]["limits"] == [2.0, 3.0] and run.out["refs"][0]["concurrency"] == 2
