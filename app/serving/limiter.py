@@ -94,12 +94,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 log = logging.getLogger("cosyserve.admission")
 
-# one window of a level: (median latency, when, samples, mean latency, running load if kept busy, seconds of
-# load seen by then: what ages it)
-Window = tuple[float, float, int, float, float | None, float]
+class Window(NamedTuple):
+    """What one window measured at a level."""
+
+    median_s: float  # the median latency of its fresh samples
+    at: float  # when it closed (the clock's time)
+    samples: int
+    mean_s: float  # their mean latency
+    running: float | None  # the time-weighted running load, if the places were kept busy (else None)
+    loaded_s: float  # seconds of load seen by then: what ages it (``_trusted``)
 
 
 @dataclass(frozen=True)
@@ -252,7 +259,7 @@ class LatencyLimit:
     def _trusted(self, w: Window) -> bool:
         """``w`` was measured within the last ``probe_after_s`` seconds of load (older ones are forgotten:
         probed again)."""
-        return self._loaded_s - w[5] <= self.config.probe_after_s
+        return self._loaded_s - w.loaded_s <= self.config.probe_after_s
 
     def _history(self, level: int) -> list[Window]:
         """``level``'s trusted windows, oldest first."""
@@ -267,14 +274,14 @@ class LatencyLimit:
     def _missed(self, level: int, target: float) -> bool:
         """``level`` has trusted windows (within ``probe_after_s`` of load) and their latency missed the target."""
         windows = self._windows(level)
-        return bool(windows) and statistics.median(w[0] for w in windows) > target * (1.0 + self.config.deadband)
+        return bool(windows) and statistics.median(w.median_s for w in windows) > target * (1.0 + self.config.deadband)
 
     def _throughput(self, level: int, strict: bool = False) -> float | None:
         """Requests per second at ``level``, if known lately: its busy windows pooled (Little's law, the mean
         running load over the mean latency), once they hold ``level_samples`` requests, or already
         ``clear_samples`` when it is clearly worse (under ``clear_share`` of the best level fully known):
         a probe of a level far off the knee need not dwell there."""
-        busy = [w for w in self._windows(level) if w[4] is not None]
+        busy = [w for w in self._windows(level) if w.running is not None]
         if not busy:
             return None
         count, rate = self._pooled(busy)
@@ -288,16 +295,16 @@ class LatencyLimit:
     @staticmethod
     def _pooled(busy: list[Window]) -> tuple[int, float]:
         """Requests in busy windows and their throughput pooled: mean running load over mean latency."""
-        count = sum(w[2] for w in busy)
-        running = sum(w[4] * w[2] for w in busy) / count  # type: ignore[operator]
-        return count, running / (sum(w[3] * w[2] for w in busy) / count)
+        count = sum(w.samples for w in busy)
+        running = sum(w.running * w.samples for w in busy) / count  # type: ignore[operator]
+        return count, running / (sum(w.mean_s * w.samples for w in busy) / count)
 
     def _near(self, n: int, level: int) -> float | None:
         """``n``'s throughput from its busy windows measured within ``pair_s`` of ``level``'s (the windows
         next to a probe, before and after it), once they hold ``level_samples`` requests; else None."""
-        times = [w[1] for w in self._windows(level) if w[4] is not None]
+        times = [w.at for w in self._windows(level) if w.running is not None]
         reach = self.config.pair_s
-        near = [w for w in self._history(n) if w[4] is not None and any(abs(w[1] - t) <= reach for t in times)]
+        near = [w for w in self._history(n) if w.running is not None and any(abs(w.at - t) <= reach for t in times)]
         if not near:
             return None
         count, rate = self._pooled(near)
@@ -414,8 +421,8 @@ class LatencyLimit:
         # the load offered (Little's law): admitted, running or waiting, and the refused as if they had run
         offered = (self._demand_area + self._refused * median) / span
         windows = self._levels.setdefault(n, deque(maxlen=self.config.history_windows))
-        windows.append((median, now, len(self._fresh), statistics.fmean(self._fresh), running if busy else None,
-                        self._loaded_s))
+        windows.append(Window(median, now, len(self._fresh), statistics.fmean(self._fresh),
+                              running if busy else None, self._loaded_s))
         old = self.limit
         new = self._decide(n, ratio, busy and offered >= n + 0.5, target)
         new = min(float(self.config.ceiling), max(1.0, new))
