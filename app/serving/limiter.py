@@ -98,6 +98,7 @@ from typing import NamedTuple
 
 log = logging.getLogger("cosyserve.admission")
 
+
 class Window(NamedTuple):
     """What one window measured at a level."""
 
