@@ -434,7 +434,7 @@ class LatencyLimit:
         self._peak_load = 0.0
         if int(new + 1e-9) != n and log.isEnabledFor(logging.DEBUG):  # the levels' throughputs cost a scan
             log.debug("admission limit %d -> %d: median %.3f s, target %.3f s%s; throughput known %s", n,
-                      int(new + 1e-9), median, target, ", busy" if busy else "",
+                      int(new + 1e-9), median, target, ", places kept busy" if busy else "",
                       {k: round(x, 2) for k, x in sorted(self._paired(n).items()) if x is not None})
         if new != old:
             self._draining = self._hears_running and int(new + 1e-9) < n
