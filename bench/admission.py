@@ -176,6 +176,11 @@ class Poller:
                     pass
                 await asyncio.sleep(self.every_s)
 
+    @property
+    def limits(self) -> list[float]:
+        """The admission limit at each reading that had one."""
+        return [g["limit"] for g in self.series if g.get("limit") is not None]
+
     def __enter__(self) -> Poller:
         self._task = asyncio.create_task(self._run())
         return self
@@ -240,7 +245,7 @@ class SystemRun:
         with Poller(self.url, time.monotonic()) as poll:
             s = await load.closed_loop(self.url, self.spec, c, args.point_s, warmup_s=args.warmup_s,
                                        timeout_s=args.timeout_s, reject_backoff_s=args.reject_backoff_s)
-        limits = [g["limit"] for g in poll.series if g.get("limit") is not None]
+        limits = poll.limits
         self.out["points"].append({"kind": "closed", "concurrency": c, **s.to_dict(),
                                    "limit_last": limits[-1] if limits else None, "limits": limits})
         log(f"  {self.system} c={c}: {brief(s)} limit={limits[-1] if limits else '-'}")
@@ -256,7 +261,7 @@ class SystemRun:
             s = await load.closed_loop(self.url, self.spec, c, args.point_s, warmup_s=args.warmup_s,
                                        timeout_s=args.timeout_s, reject_backoff_s=args.reject_backoff_s)
         self.out["refs"].append({"kind": "closed", "factor": factor, "concurrency": c, **s.to_dict(),
-                                 "limits": [g["limit"] for g in poll.series if g.get("limit") is not None]})
+                                 "limits": poll.limits})
         log(f"  {self.system} c={c} again, before {factor:g}x: {brief(s)}")
 
     @property
@@ -278,7 +283,7 @@ class SystemRun:
         s = load.summarize(results, elapsed, errors, window=(t0, t0 + args.overload_s))
         s.offered_rps = len(results) / args.overload_s
         self.out["open"].append({"factor": factor, "rate_rps": rate, **s.to_dict(),
-                                 "limits": [g["limit"] for g in poll.series if g.get("limit") is not None]})
+                                 "limits": poll.limits})
         log(f"  {self.system} open {factor:g}x ({rate:.2f}/s): {brief(s)}")
 
     async def step(self) -> None:

@@ -276,9 +276,9 @@ def test_the_re_run_best_point_reads_the_gauges_as_the_open_loop_it_is_paired_wi
     polling: list[bool] = []
     active = {"n": 0}
 
-    class FakePoller:
+    class FakePoller(admission.Poller):  # the real one's readings, without a server to read them from
         def __init__(self, url, t0, every_s=0.5):
-            self.series = [{"t": 0.0, "limit": 2.0}, {"t": 0.5, "limit": 3.0}]
+            self.series = [{"t": 0.0, "limit": 2.0}, {"t": 0.5, "limit": None}, {"t": 1.0, "limit": 3.0}]
 
         def __enter__(self):
             active["n"] += 1
