@@ -240,12 +240,16 @@ class SystemRun:
     async def warm(self) -> None:
         await load.fixed_count(self.url, self.spec, 4, 2, self.args.timeout_s)  # allocator, caches: not measured
 
-    async def closed(self, c: int) -> None:
+    async def _closed_loop(self, c: int) -> tuple[load.Summary, list[float]]:
+        """A closed loop of ``c`` clients with the gauges read throughout: its summary and the limit's readings."""
         args = self.args
         with Poller(self.url, time.monotonic()) as poll:
             s = await load.closed_loop(self.url, self.spec, c, args.point_s, warmup_s=args.warmup_s,
                                        timeout_s=args.timeout_s, reject_backoff_s=args.reject_backoff_s)
-        limits = poll.limits
+        return s, poll.limits
+
+    async def closed(self, c: int) -> None:
+        s, limits = await self._closed_loop(c)
         self.out["points"].append({"kind": "closed", "concurrency": c, **s.to_dict(),
                                    "limit_last": limits[-1] if limits else None, "limits": limits})
         log(f"  {self.system} c={c}: {brief(s)} limit={limits[-1] if limits else '-'}")
@@ -255,13 +259,10 @@ class SystemRun:
         phases a minute apart see the same host (the sweep's best point ran up to ten minutes earlier, and it
         is the highest of several noisy medians). It reads the gauges as the open loop does: a scrape of
         /metrics costs the server ~5 ms of CPU with the GIL held, so the pair must pay it alike."""
-        args = self.args
         c = best_closed(per_point(self.out["points"], "concurrency"))["concurrency"]
-        with Poller(self.url, time.monotonic()) as poll:
-            s = await load.closed_loop(self.url, self.spec, c, args.point_s, warmup_s=args.warmup_s,
-                                       timeout_s=args.timeout_s, reject_backoff_s=args.reject_backoff_s)
+        s, limits = await self._closed_loop(c)
         self.out["refs"].append({"kind": "closed", "factor": factor, "concurrency": c, **s.to_dict(),
-                                 "limits": poll.limits})
+                                 "limits": limits})
         log(f"  {self.system} c={c} again, before {factor:g}x: {brief(s)}")
 
     @property
