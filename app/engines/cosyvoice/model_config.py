@@ -64,13 +64,27 @@ def named_objects(text: str) -> list[str]:
     return list(dict.fromkeys(_TAGGED.findall(text)))
 
 
-def unresolved_names(text: str) -> dict[str, str]:
-    """The names of :func:`named_objects` that do not import here, each with why (call ``prepare_imports`` first).
+def served_objects(text: str) -> list[str]:
+    """The names of :func:`named_objects` that :func:`read_model_config` imports: none only under a training-only entry.
 
-    What HyperPyYAML needs to load the config, without building anything (no weights, no Qwen2 dir).
+    HyperPyYAML applies the loader's overrides to the text before it resolves a tag, so a name that
+    appears only inside ``layout.TRAINING_ONLY_ENTRIES`` (the HiFT GAN wrapper: HiFiGan and its
+    discriminators, whose module imports matplotlib) is never imported when serving.
+    """
+    from hyperpyyaml import resolve_references
+
+    served = resolve_references(text, {key: None for key in TRAINING_ONLY_ENTRIES}, overrides_must_match=False)
+    return named_objects(served.getvalue())
+
+
+def unresolved_names(text: str, names: list[str] | None = None) -> dict[str, str]:
+    """Those of ``names`` (default: all :func:`named_objects`) that do not import here, each with why.
+
+    What HyperPyYAML needs to load the config, without building anything (no weights, no Qwen2 dir);
+    call ``prepare_imports`` first.
     """
     missing: dict[str, str] = {}
-    for name in named_objects(text):
+    for name in named_objects(text) if names is None else names:
         try:
             if pydoc.locate(name) is None:
                 missing[name] = "no such name"
