@@ -1,0 +1,232 @@
+"""Abuse suite (issue 36): a polite client alone, then beside each adversary, against the server's defaults.
+
+    python -m bench.abuse [--phase-s 30] [--only dribblers,storm-8] [--out DIR] [--model-dir DIR]
+
+One ``cosyserve serve`` (the tiny CosyVoice2 model unless ``--model-dir``; no pool settings: the defaults).
+Phase after phase, the polite client (one closed-loop client, bench/admission.py's request: one sentence,
+streamed PCM, a 503's Retry-After honoured) runs ``--phase-s`` measured seconds: first alone, then beside
+each adversary (started ``--lead-s`` before it, in its own process: bench/abuse_clients.py), and alone
+again at the end. Adversaries: 4 dribblers (a body byte a second), 4 non-readers (a long stream never
+read), 8 idle and 8 chatty WebSocket sessions (never any text), 2 clients sending 1 MB fields, a 200 MB
+declared body sent flat out, and retry storms of 8 and 64 clients (503 -> again at once; ``-fresh``: a new
+connection per request). Per phase: the polite client's goodput and p50/p99 against the alone phases'
+mean, its non-200 answers by status, the server's tree RSS at the start and peak, CPU of the server, this
+process and the adversary's, and the adversary's answers. Goals PASS/FAIL at the end; ``abuse.json`` and
+``abuse.md`` in ``--out`` (default .cache/bench/abuse, git-ignored); server logs in .bench/abuse-<time>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from bench import load
+from bench.abuse_report import (
+    evaluate_goals,
+    markdown,
+    phase_line,
+    reference,
+    storm_rates,
+    verdict,
+)
+from bench.admission import gauges, pool_server, shown, work
+from bench.load import LoadClient, Result
+from bench.procs import ROOT, ServerProc
+from bench.sched import realtime_client
+
+# phase -> (adversary kind for bench/abuse_clients.py, its clients); None: the polite client alone
+PHASES: dict[str, tuple[str | None, int]] = {
+    "dribblers": ("dribble", 4), "non-readers": ("nonread", 4), "ws-idle": ("ws-idle", 8),
+    "ws-chatty": ("ws-chatty", 8), "giant-fields": ("giant", 2), "huge-body": ("huge", 1),
+    "storm-8": ("storm", 8), "storm-64": ("storm", 64), "storm-64-fresh": ("storm-fresh", 64),
+}
+
+
+def log(msg: str) -> None:
+    print(f"[abuse {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--phase-s", type=float, default=30.0, help="measured seconds of each phase")
+    ap.add_argument("--lead-s", type=float, default=3.0,
+                    help="seconds the adversary runs before the polite client's measured window opens")
+    ap.add_argument("--only", help=f"comma list of adversary phases (default all: {', '.join(PHASES)}); the alone "
+                    "phase runs first and last regardless")
+    ap.add_argument("--out", help="output dir (default .cache/bench/abuse)")
+    ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/model.py")
+    ap.add_argument("--adversary-nice", type=int, default=10,
+                    help="niceness of the adversary process: on one host it steals the server's CPU, which real "
+                         "adversaries on their own machines do not (its CPU is reported; 0: same as the server)")
+    ap.add_argument("--client-rt-priority", type=int, default=1,
+                    help="the polite client in SCHED_FIFO at this priority where permitted (bench/sched.py; 0: off)")
+    ap.add_argument("--rss-guard-mb", type=int, default=6000, help="kill the server past this tree RSS (0: no guard)")
+    ap.add_argument("--timeout-s", type=float, default=120.0, help="the polite client's timeout per request")
+    args = ap.parse_args(argv)
+    only = [p.strip() for p in (args.only or ",".join(PHASES)).split(",") if p.strip()]
+    unknown = [p for p in only if p not in PHASES]
+    if unknown:
+        ap.error(f"unknown phase(s) {', '.join(unknown)}; known: {', '.join(PHASES)}")
+    args.phases = ["alone", *only, "alone-again"]
+    args.out = Path(args.out or ROOT / ".cache" / "bench" / "abuse")
+    return args
+
+
+def cpu_s(t: Any, children: bool = False) -> float:
+    return t.children_user + t.children_system if children else t.user + t.system
+
+
+async def polite(url: str, hi: float, timeout_s: float) -> tuple[list[Result], list[str]]:
+    """One closed-loop client until ``hi``: a 503 costs it the pause its Retry-After names (a failure: 0.5 s)."""
+    lc = LoadClient(url, timeout_s, max_connections=2)
+    spec, results = work(), []
+    try:
+        while time.monotonic() < hi:
+            r = await lc.send(spec)
+            results.append(r)
+            pause = (load.retry_pause_s(r.retry_after) if r.kind == "rejected"
+                     else 0.5 if r.kind in ("error", "timeout") else 0.0)
+            if pause:
+                await asyncio.sleep(min(pause, max(0.0, hi - time.monotonic())))
+        return results, lc.errors
+    finally:
+        await lc.aclose()
+
+
+def statuses(results: list[Result]) -> dict[str, int]:
+    """The polite client's answers other than 200, by status (``no answer (timeout|error)`` for none; a 503 with
+    the Retry-After it named)."""
+    def key(r: Result) -> str:
+        if not r.status:
+            return f"no answer ({r.kind})"
+        return f"{r.status} (Retry-After {r.retry_after})" if r.retry_after is not None else str(r.status)
+
+    return dict(Counter(key(r) for r in results if r.status != 200))
+
+
+async def adversary(kind: str, clients: int, url: str, seconds: float, nice: int) -> asyncio.subprocess.Process:
+    argv = [sys.executable, "-m", "bench.abuse_clients", kind, "--url", url, "--clients", str(clients),
+            "--seconds", f"{seconds:.1f}"]
+    if nice > 0:
+        argv = ["nice", "-n", str(nice), *argv]
+    proc = await asyncio.create_subprocess_exec(*argv, cwd=ROOT, stdout=asyncio.subprocess.PIPE)
+    line = await asyncio.wait_for(proc.stdout.readline(), 60)
+    if line.strip() != b"ready":
+        proc.kill()
+        raise RuntimeError(f"adversary {kind} did not start: {line!r}")
+    return proc
+
+
+async def tally_of(proc: asyncio.subprocess.Process, wait_s: float) -> dict | None:
+    try:
+        out = await asyncio.wait_for(proc.stdout.read(), wait_s)
+        await proc.wait()
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        return None
+    lines = out.decode(errors="replace").strip().splitlines()
+    return json.loads(lines[-1]) if lines else None
+
+
+async def settle(url: str, limit_s: float = 20.0) -> float | None:
+    """Seconds until the server has no request in flight (``tts_inflight_requests``); None: not within ``limit_s``."""
+    t0 = time.monotonic()
+    async with httpx.AsyncClient(base_url=url) as client:
+        while time.monotonic() - t0 < limit_s:
+            try:
+                if not (await gauges(client)).get("in_flight"):
+                    return round(time.monotonic() - t0, 1)
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.5)
+    return None
+
+
+async def run_phase(srv: ServerProc, name: str, args: argparse.Namespace) -> dict[str, Any]:
+    kind, clients = PHASES.get(name, (None, 0))
+    me, server = psutil.Process(), psutil.Process(srv.proc.pid)
+    proc = None
+    if kind is not None:
+        proc = await adversary(kind, clients, srv.base_url, args.lead_s + args.phase_s, args.adversary_nice)
+    rss_start, since = srv.rss.now(), srv.rss.elapsed()
+    t0, c_me, c_srv, c_kids = time.monotonic(), me.cpu_times(), cpu_s(server.cpu_times()), me.cpu_times()
+    lo = t0 + (args.lead_s if kind else 0.0)
+    hi = lo + args.phase_s
+    sent, errors = await polite(srv.base_url, hi, args.timeout_s)
+    results = [r for r in sent if r.start + r.latency_s >= lo]  # the measured window's (as load.closed_loop keeps)
+    tally = await tally_of(proc, args.phase_s + 60) if proc is not None else None
+    wall = time.monotonic() - t0
+    after = me.cpu_times()
+    s = load.summarize(results, hi - lo, errors, window=(lo, hi))
+    phase: dict[str, Any] = {
+        "name": name, "adversary": kind, "clients": clients, "polite": s.to_dict(), "polite_statuses": statuses(sent),
+        "rss_start": rss_start, "rss_peak": max(srv.rss.peak(since), rss_start), "rss_end": srv.rss.now(),
+        "cpu": {"server": (cpu_s(server.cpu_times()) - c_srv) / wall, "bench": (cpu_s(after) - cpu_s(c_me)) / wall,
+                "adversary": (cpu_s(after, True) - cpu_s(c_kids, True)) / wall},
+        "tally": tally,
+    }
+    if kind and kind.startswith("storm") and tally:
+        phase["storm"] = storm_rates(tally, lo, hi)
+        phase["storm"]["total_rps"] = phase["storm"]["goodput_rps"] + s.throughput_rps
+    phase["settle_s"] = await settle(srv.base_url)
+    return phase
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.model_dir:
+        model_dir = args.model_dir
+    else:
+        from bench.model import ensure_model
+
+        model_dir = ensure_model(2)
+    run_dir = ROOT / ".bench" / ("abuse-" + time.strftime("%Y%m%d-%H%M%S"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {
+        "config": {k: shown(v) if k in ("out", "model_dir") else v for k, v in vars(args).items()},
+        "model": Path(model_dir).name, "cores": os.cpu_count(), "phase_s": args.phase_s, "lead_s": args.lead_s,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg_start": os.getloadavg(), "phases": [],
+    }
+    log(f"model {results['model']}; phases {', '.join(args.phases)}; {args.phase_s:g} s each; logs "
+        f"{shown(run_dir)}; load average {results['loadavg_start'][0]:.2f}")
+    srv = pool_server("abuse", {}, 0, model_dir, run_dir)
+    srv.rss_limit_bytes = args.rss_guard_mb * 1024 * 1024
+    with realtime_client(args.client_rt_priority) as scheduling, srv:
+        results["load_generator"] = scheduling
+        log(f"server up on {srv.base_url} (no pool settings); load generator: {scheduling}")
+        asyncio.run(load.fixed_count(srv.base_url, work(), 4, 1, args.timeout_s))  # warm-up, not measured
+        for name in args.phases:
+            if srv.proc.poll() is not None or srv.rss.limit_hit:
+                log(f"server gone (exit {srv.proc.poll()}, RSS guard hit: {srv.rss.limit_hit}); phases left out")
+                results["server_gone_before"] = name
+                break
+            p = asyncio.run(run_phase(srv, name, args))
+            results["phases"].append(p)
+            print(phase_line(p, reference(results["phases"])), flush=True)
+    results["loadavg_end"] = os.getloadavg()
+    results["reference"] = reference(results["phases"])
+    results["goals"] = evaluate_goals(results["phases"])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "abuse.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "abuse.md").write_text(markdown(results))
+    ref = results["reference"]
+    print(f"\nGoals (against the mean of the {ref['runs']} alone phases)")
+    for g in results["goals"]:
+        print(f"  [{verdict(g['pass'])}] {g['phase']}: {g['goal']}: {g['value']} (target {g['target']})")
+    log(f"wrote {shown(args.out)}/abuse.json, abuse.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,344 @@
+"""The abuse suite's adversaries, run in their own process so their CPU and event loop are not the measuring client's.
+
+    python -m bench.abuse_clients KIND --url http://127.0.0.1:PORT --clients N --seconds S
+
+KIND: dribble, nonread, ws-idle, ws-chatty, giant, huge, storm, storm-fresh. It prints ``ready`` once its
+imports are done, runs its clients for ``--seconds`` (every loop bounded in time and in attempts, loopback
+only), then prints one JSON line: the ``Tally`` (each answer counted by kind, time to each answer, bytes
+sent before it). Times are ``time.monotonic()``, which all processes of a Linux host share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import json
+import socket
+import termios
+import time
+from dataclasses import asdict, dataclass, field
+from urllib.parse import urlsplit
+
+import httpx
+
+from bench.admission import TEXT
+
+MAX_ATTEMPTS = 100_000  # per client and phase: a bound on every reconnect / retry loop
+MAX_SAMPLES = 20_000  # per list in the tally
+RECONNECT_S = 0.25  # pause before a raw-socket or WebSocket client reconnects
+LONG_TEXT = " ".join([TEXT] * 28)  # ~2,000 characters: a stream that lasts
+GIANT = 1_000_000  # characters of a giant field
+HUGE = 200 * 1024 * 1024  # the declared body of the huge-body client
+CHUNK = 64 * 1024
+SNDBUF = 64 * 1024  # the huge-body client's send buffer: what it has sent is at most this much more than the server read
+RCVBUF = 4096  # the non-reader's receive buffer
+TCP_CLOSE_WAIT, TCP_CLOSE = 8, 7  # Linux tcp_states.h
+
+
+@dataclass
+class Tally:
+    """What one adversary saw: answers by kind, time to each answer (s), bytes sent before each answer."""
+
+    kind: str
+    clients: int
+    attempts: int = 0
+    answers: dict[str, int] = field(default_factory=dict)  # "408", "closed", "open at end", "ws close 1013", ...
+    answer_s: list[float] = field(default_factory=list)
+    sent_bytes: list[int] = field(default_factory=list)  # per attempt, counting those still open at the end
+    received_bytes: list[int] = field(default_factory=list)  # non-readers: bytes queued unread when closed / at end
+    ok: list[list[float]] = field(default_factory=list)  # storms: [start, latency] of each 200
+    rejected_at: list[float] = field(default_factory=list)  # storms: when each 503 ended
+    errors: list[str] = field(default_factory=list)
+
+    def count(self, answer: str, after_s: float | None = None, sent: int | None = None) -> None:
+        self.answers[answer] = self.answers.get(answer, 0) + 1
+        for values, v in ((self.answer_s, after_s), (self.sent_bytes, sent)):
+            if v is not None and len(values) < MAX_SAMPLES:
+                values.append(v)
+
+    def note(self, text: str) -> None:
+        if len(self.errors) < 10:
+            self.errors.append(text[:300])
+
+
+def status_of(head: bytes) -> str:
+    """``"413"`` from ``b"HTTP/1.1 413 ..."``; ``"garbled"`` otherwise."""
+    parts = head.split(b" ", 2)
+    return parts[1].decode() if len(parts) > 1 and parts[0].startswith(b"HTTP/") and parts[1].isdigit() else "garbled"
+
+
+def request_head(host: str, path: str, length: int, extra: str = "") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\n{extra}\r\n").encode()
+
+
+async def connect(host: str, port: int, sndbuf: int = 0, rcvbuf: int = 0) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if sndbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, (host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def tcp_state(sock: socket.socket) -> int | None:
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+    except (OSError, AttributeError):
+        return None
+
+
+def queued(sock: socket.socket) -> int:
+    """Bytes received and not read (FIONREAD)."""
+    try:
+        return int.from_bytes(fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"), "little")
+    except OSError:
+        return 0
+
+
+def peek(sock: socket.socket) -> bytes:
+    try:
+        return sock.recv(64, socket.MSG_PEEK)
+    except (BlockingIOError, OSError):
+        return b""
+
+
+class Adversaries:
+    def __init__(self, url: str, seconds: float) -> None:
+        u = urlsplit(url)
+        self.url, self.host, self.port = url, u.hostname or "127.0.0.1", u.port or 80
+        if self.host not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError("the abuse suite only talks to loopback")
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    async def raw_attempts(self, tally: Tally, attempt) -> None:
+        for _ in range(MAX_ATTEMPTS):
+            if self.left() <= 0:
+                return
+            tally.attempts += 1
+            try:
+                await attempt(tally)
+            except OSError as exc:
+                tally.count(f"socket error {type(exc).__name__}")
+                tally.note(f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(min(RECONNECT_S, max(0.0, self.left())))
+
+    async def dribble(self, tally: Tally) -> None:
+        """Headers at once, then the body one byte a second; until the server answers or closes."""
+        body = json.dumps({"text": TEXT, "format": "pcm"}).encode().ljust(400)  # JSON may end in spaces
+        loop, t0 = asyncio.get_running_loop(), time.monotonic()
+        sock = await connect(self.host, self.port)
+        sent = 0
+        try:
+            await loop.sock_sendall(sock, request_head(self.host, "/v1/tts", len(body)))
+            while sent < len(body) and self.left() > 0:
+                await loop.sock_sendall(sock, body[sent:sent + 1])
+                sent += 1
+                try:
+                    head = await asyncio.wait_for(loop.sock_recv(sock, 4096), min(1.0, max(0.01, self.left())))
+                except TimeoutError:
+                    continue
+                tally.count(status_of(head) if head else "closed", time.monotonic() - t0, sent)
+                return
+            tally.count("open at end" if sent < len(body) else "body complete", time.monotonic() - t0, sent)
+        except (ConnectionError, BrokenPipeError):
+            tally.count("reset", time.monotonic() - t0, sent)
+        finally:
+            sock.close()
+
+    async def nonread(self, tally: Tally) -> None:
+        """A long streamed request from a socket that reads nothing; watches for the server closing it."""
+        body = json.dumps({"text": LONG_TEXT, "stream": True, "format": "pcm"}).encode()
+        loop, t0 = asyncio.get_running_loop(), time.monotonic()
+        sock = await connect(self.host, self.port, rcvbuf=RCVBUF)
+        try:
+            await loop.sock_sendall(sock, request_head(self.host, "/v1/tts", len(body)) + body)
+            while self.left() > 0:
+                await asyncio.sleep(min(0.5, max(0.0, self.left())))
+                if tcp_state(sock) in (TCP_CLOSE_WAIT, TCP_CLOSE):
+                    head = peek(sock)
+                    tally.count(f"{status_of(head) if head else 'no answer'} then closed", time.monotonic() - t0)
+                    tally.received_bytes.append(queued(sock))
+                    return
+            head = peek(sock)
+            tally.count(f"{status_of(head) if head else 'no answer'} still open at end", time.monotonic() - t0)
+            tally.received_bytes.append(queued(sock))
+        finally:
+            sock.close()
+
+    async def huge(self, tally: Tally) -> None:
+        """Declares a 200 MB body and sends it as fast as it can, until the server answers or closes."""
+        loop, t0 = asyncio.get_running_loop(), time.monotonic()
+        sock = await connect(self.host, self.port, sndbuf=SNDBUF)
+        chunk, sent = b" " * CHUNK, 0
+        reply = None
+        try:
+            await loop.sock_sendall(sock, request_head(self.host, "/v1/tts", HUGE))
+            reply = asyncio.ensure_future(loop.sock_recv(sock, 4096))
+            while sent < HUGE and not reply.done() and self.left() > 0:
+                send = asyncio.ensure_future(loop.sock_sendall(sock, chunk[:HUGE - sent]))
+                await asyncio.wait([send, reply], timeout=max(0.01, self.left()), return_when=asyncio.FIRST_COMPLETED)
+                if not send.done():
+                    send.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, OSError):
+                        await send
+                    break
+                if send.exception() is not None:
+                    break
+                sent += len(chunk[:HUGE - sent])
+            if not reply.done():  # all sent (or the send failed): wait for the answer
+                await asyncio.wait([reply], timeout=max(0.01, self.left()))
+            if reply.done() and reply.exception() is None:
+                head = reply.result()
+                tally.count(status_of(head) if head else "closed", time.monotonic() - t0, sent)
+            elif reply.done():
+                tally.count("reset", time.monotonic() - t0, sent)
+            else:
+                tally.count("open at end", time.monotonic() - t0, sent)
+        finally:
+            if reply is not None and not reply.done():
+                reply.cancel()
+                with contextlib.suppress(asyncio.CancelledError, OSError):
+                    await reply
+            sock.close()
+
+    async def ws(self, tally: Tally, chatty: bool) -> None:
+        """A WebSocket session that never sends text (chatty: a session.config every 3 s); reconnects when closed."""
+        from websockets.asyncio.client import connect as ws_connect
+        from websockets.exceptions import (
+            ConnectionClosed,
+            InvalidStatus,
+            WebSocketException,
+        )
+
+        url = f"ws://{self.host}:{self.port}/v1/audio/speech/stream"
+        for _ in range(MAX_ATTEMPTS):
+            if self.left() <= 0:
+                return
+            tally.attempts += 1
+            t0 = time.monotonic()
+            try:
+                async with ws_connect(url, open_timeout=10, close_timeout=2) as ws:
+                    try:
+                        while self.left() > 0:
+                            try:
+                                msg = await asyncio.wait_for(ws.recv(), min(3.0, max(0.01, self.left())))
+                            except TimeoutError:
+                                if chatty:
+                                    await ws.send(json.dumps({"type": "session.config"}))
+                                continue
+                            if isinstance(msg, str) and '"error"' in msg:
+                                code = json.loads(msg).get("error", {}).get("code", "?")
+                                tally.answers[f"error event {code}"] = tally.answers.get(f"error event {code}", 0) + 1
+                        tally.count("open at end", time.monotonic() - t0)
+                    except ConnectionClosed as exc:
+                        code = exc.rcvd.code if exc.rcvd is not None else "none"
+                        tally.count(f"ws close {code}", time.monotonic() - t0)
+            except InvalidStatus as exc:
+                tally.count(f"http {exc.response.status_code}", time.monotonic() - t0)
+            except (OSError, TimeoutError, WebSocketException) as exc:
+                tally.count(f"connect error {type(exc).__name__}", time.monotonic() - t0)
+                tally.note(f"{type(exc).__name__}: {exc}")
+            await asyncio.sleep(min(RECONNECT_S, max(0.0, self.left())))
+
+    async def giant(self, tally: Tally, openai: bool) -> None:
+        """A 1 MB field (``prompt_text`` on /v1/tts; ``instructions`` on /v1/audio/speech), in a closed loop."""
+        if openai:
+            path, body = "/v1/audio/speech", {"model": "tts-1", "voice": "alloy", "input": "hello",
+                                              "instructions": "x" * GIANT}
+        else:
+            path, body = "/v1/tts", {"text": "hello", "format": "pcm", "prompt_text": "x" * GIANT}
+        content = json.dumps(body).encode()
+        async with httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(60.0, connect=10.0)) as client:
+            for _ in range(MAX_ATTEMPTS):
+                if self.left() <= 0:
+                    return
+                tally.attempts += 1
+                t0 = time.monotonic()
+                try:
+                    r = await client.post(path, content=content, headers={"content-type": "application/json"})
+                    tally.count(f"{r.status_code} {path}", time.monotonic() - t0, len(content))
+                except httpx.HTTPError as exc:
+                    tally.count(f"no answer ({type(exc).__name__}) {path}", time.monotonic() - t0)
+                    tally.note(f"{type(exc).__name__}: {exc}")
+
+    async def storm(self, tally: Tally, fresh: bool) -> None:
+        """A client that retries at once on a 503 (no backoff, Retry-After ignored); ``fresh``: a new connection
+        per request."""
+        from bench.admission import work
+
+        spec = work()
+        limits = httpx.Limits(max_connections=1, max_keepalive_connections=0 if fresh else 1)
+        async with httpx.AsyncClient(base_url=self.url, limits=limits,
+                                     timeout=httpx.Timeout(120.0, connect=10.0)) as client:
+            for _ in range(MAX_ATTEMPTS):
+                if self.left() <= 0:
+                    return
+                tally.attempts += 1
+                t0 = time.monotonic()
+                try:
+                    async with client.stream(spec.method, spec.path, json=spec.json) as r:
+                        async for _part in r.aiter_raw():
+                            pass
+                    now = time.monotonic()
+                    tally.count(str(r.status_code))
+                    if r.status_code == 200 and len(tally.ok) < MAX_SAMPLES:
+                        tally.ok.append([t0, now - t0])
+                    elif r.status_code == 503 and len(tally.rejected_at) < MAX_SAMPLES:
+                        tally.rejected_at.append(now)
+                except httpx.HTTPError as exc:
+                    tally.count(f"no answer ({type(exc).__name__})")
+                    tally.note(f"{type(exc).__name__}: {exc}")
+
+
+async def run(kind: str, url: str, clients: int, seconds: float) -> Tally:
+    adv, tally = Adversaries(url, seconds), Tally(kind, clients)
+    one = {
+        "dribble": lambda i: adv.raw_attempts(tally, adv.dribble),
+        "nonread": lambda i: adv.raw_attempts(tally, adv.nonread),
+        "huge": lambda i: adv.raw_attempts(tally, adv.huge),
+        "ws-idle": lambda i: adv.ws(tally, chatty=False),
+        "ws-chatty": lambda i: adv.ws(tally, chatty=True),
+        "giant": lambda i: adv.giant(tally, openai=i % 2 == 1),
+        "storm": lambda i: adv.storm(tally, fresh=False),
+        "storm-fresh": lambda i: adv.storm(tally, fresh=True),
+    }[kind]
+    tasks = [asyncio.ensure_future(one(i)) for i in range(clients)]
+    _, late = await asyncio.wait(tasks, timeout=seconds + 15)  # an answer awaited past the end is not waited out
+    for t in late:
+        t.cancel()
+    await asyncio.gather(*late, return_exceptions=True)
+    for t in tasks:
+        if not t.cancelled() and t.exception() is not None:
+            tally.note(f"client failed: {type(t.exception()).__name__}: {t.exception()}")
+    if late:
+        tally.note(f"{len(late)} client(s) still waiting {seconds + 15:.0f} s after the start; cancelled")
+    return tally
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("kind")
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--clients", type=int, required=True)
+    ap.add_argument("--seconds", type=float, required=True)
+    args = ap.parse_args(argv)
+    print("ready", flush=True)
+    tally = asyncio.run(run(args.kind, args.url, args.clients, args.seconds))
+    print(json.dumps(asdict(tally)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,113 @@
+"""bench/abuse.py's pure parts: options, the polite client's statuses, the adversaries' tallies, goals, report."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.abuse import PHASES, parse_args, statuses
+from bench.abuse_clients import Tally, request_head, status_of
+from bench.abuse_report import (
+    answers_text,
+    evaluate_goals,
+    markdown,
+    phase_line,
+    reference,
+    storm_rates,
+)
+from bench.load import Result
+
+MB = 1024 * 1024
+
+
+def polite(rps: float, p99: float | None, ok: int = 10) -> dict:
+    return {"throughput_rps": rps, "latency_p50_s": p99 and p99 / 2, "latency_p99_s": p99, "ok": ok}
+
+
+def phase(name: str, adversary: str | None, rps: float, p99: float | None, **kw) -> dict:
+    return {"name": name, "adversary": adversary, "clients": 4, "polite": polite(rps, p99, kw.pop("ok", 10)),
+            "polite_statuses": kw.pop("statuses", {}), "rss_start": 800 * MB, "rss_peak": kw.pop("peak", 810 * MB),
+            "cpu": {"server": 0.9, "bench": 0.02, "adversary": 0.1}, "tally": kw.pop("tally", None), **kw}
+
+
+def test_the_alone_phase_runs_first_and_last_around_the_chosen_adversaries():
+    args = parse_args(["--only", "dribblers, storm-64", "--phase-s", "5"])
+    assert args.phases == ["alone", "dribblers", "storm-64", "alone-again"] and args.phase_s == 5
+    assert parse_args([]).phases == ["alone", *PHASES, "alone-again"]
+    with pytest.raises(SystemExit):
+        parse_args(["--only", "nonsense"])
+
+
+def test_the_polite_clients_other_answers_are_counted_by_status_with_their_retry_after():
+    rs = [Result(0, 200, 0.3, 0.1, 10, "ok"), Result(0, 503, 0.01, None, 0, "rejected", retry_after="2"),
+          Result(0, 503, 0.01, None, 0, "rejected", retry_after="2"), Result(0, 0, 120, None, 0, "timeout"),
+          Result(0, 500, 0.2, None, 0, "error")]
+    assert statuses(rs) == {"503 (Retry-After 2)": 2, "no answer (timeout)": 1, "500": 1}
+
+
+def test_raw_answers_and_requests():
+    assert status_of(b"HTTP/1.1 413 Payload Too Large\r\n") == "413"
+    assert status_of(b"\x15\x03") == "garbled"
+    head = request_head("127.0.0.1", "/v1/tts", 209715200)
+    assert head.startswith(b"POST /v1/tts HTTP/1.1\r\n") and b"Content-Length: 209715200\r\n" in head
+    assert head.endswith(b"\r\n\r\n")
+
+
+def test_a_tally_counts_answers_with_their_times_and_bytes():
+    t = Tally("huge", 1)
+    t.count("413", 0.5, 70_000)
+    t.count("413", 0.7, 90_000)
+    t.count("open at end", 30.0, 5 * MB)
+    text = answers_text(t.__dict__)
+    assert text.startswith("413 x2, open at end x1; after p50 700 ms, max 30000 ms") and "sent max 5.0 MiB" in text
+
+
+def test_the_reference_is_the_mean_of_the_alone_phases():
+    ref = reference([phase("alone", None, 3.0, 0.4), phase("dribblers", "dribble", 1.0, 2.0),
+                     phase("alone-again", None, 2.0, 0.6)])
+    assert ref == {"throughput_rps": 2.5, "latency_p99_s": 0.5, "runs": 2}
+
+
+def test_a_storms_goodput_counts_the_200s_overlap_with_the_window():
+    tally = {"ok": [[0.0, 2.0], [9.0, 2.0]], "rejected_at": [1.0, 5.0, 5.5, 11.0]}
+    rates = storm_rates(tally, 1.0, 11.0)
+    assert rates["goodput_rps"] == pytest.approx((0.5 + 1.0) / 10) and rates["rejected_per_s"] == pytest.approx(0.4)
+
+
+def test_goals_pass_and_fail_per_phase():
+    giant = Tally("giant", 2)
+    for s in (0.01, 0.02, 0.03):
+        giant.count("413 /v1/tts", s, MB)
+    huge = Tally("huge", 1)
+    huge.count("413", 0.1, 200 * MB)
+    storm = {"goodput_rps": 2.0, "rejected_per_s": 900.0, "total_rps": 2.6}
+    phases = [phase("alone", None, 3.0, 0.4), phase("dribblers", "dribble", 0.0, None, ok=0,
+                                                    statuses={"503 (Retry-After 1)": 2}),
+              phase("giant-fields", "giant", 2.9, 0.5, tally=giant.__dict__),
+              phase("huge-body", "huge", 2.8, 0.45, peak=1200 * MB, tally=huge.__dict__),
+              phase("storm-8", "storm", 0.6, 0.4, storm=storm), phase("alone-again", None, 3.0, 0.4)]
+    goals = {(g["phase"], g["goal"]): g["pass"] for g in evaluate_goals(phases)}
+    assert goals[("dribblers", "polite goodput vs alone")] is False
+    assert goals[("dribblers", "polite p99 vs alone")] is False  # not one 200: fails, not n/a
+    assert goals[("dribblers", "polite 5xx answers")] is False
+    assert goals[("giant-fields", "polite goodput vs alone")] is True
+    assert goals[("giant-fields", "every giant field refused (4xx)")] is True
+    assert goals[("giant-fields", "giant field answer time p99")] is True
+    assert goals[("huge-body", "server RSS growth (peak - phase start)")] is False
+    assert goals[("huge-body", "bytes sent before the answer or close (max)")] is False
+    assert goals[("storm-8", "all 200s/s (storm + polite) vs polite alone")] is False  # 2.6 / 3.0
+    assert ("storm-8", "polite 5xx answers") not in goals  # the storm's goal is the server's goodput
+
+
+def test_lines_and_report_name_every_phase():
+    tally = Tally("dribble", 4)
+    tally.count("408", 30.0, 31)
+    phases = [phase("alone", None, 3.0, 0.4), phase("dribblers", "dribble", 2.9, 0.5, tally=tally.__dict__),
+              phase("alone-again", None, 3.0, 0.4)]
+    ref = reference(phases)
+    line = phase_line(phases[1], ref)
+    assert "polite 2.90 req/s (0.97x alone)" in line and "dribble x4: 408 x1" in line and "sent max 31 B" in line
+    results = {"phases": phases, "started": "now", "cores": 2, "loadavg_start": [0.1], "loadavg_end": [0.2],
+               "model": "tiny", "phase_s": 30.0, "lead_s": 3.0, "load_generator": "normal",
+               "goals": evaluate_goals(phases)}
+    md = markdown(results)
+    assert "| dribblers | 2.90 (0.97) |" in md and "| dribblers | polite goodput vs alone | 0.97 | >= 0.9 | PASS |" in md
