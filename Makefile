@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.cosyserve-setup
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup test-deps run test test-unit test-integration test-cluster test-upstream loadtest bench bench-batching bench-cost gpu-check gpu-wheels lint deploy-config clean
+.PHONY: setup test-deps run test test-unit test-integration test-cluster test-upstream loadtest bench bench-batching bench-cost bench-abuse gpu-check gpu-wheels lint deploy-config clean
 
 setup: $(STAMP)
 
@@ -68,6 +68,11 @@ bench-cost: setup
 # per-request pool vs batched LLM, full-size (built once into .cache/full2) and tiny CosyVoice2; ~20 min
 bench-batching: setup
 	$(PY) -m bench.batching
+
+# a polite client alone and beside each adversary (issue 36), one server with the defaults; ~7 min on 2
+# idle cores; writes .cache/bench/abuse/ (ABUSE_ARGS: e.g. --phase-s 5 --only dribblers,storm-64)
+bench-abuse: setup
+	$(PY) -m bench.abuse $(ABUSE_ARGS)
 
 # the Kubernetes base carries a copy of config.yaml (kustomize reads nothing outside it): refresh it after an edit
 deploy-config:
