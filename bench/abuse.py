@@ -114,9 +114,9 @@ def statuses(results: list[Result]) -> dict[str, int]:
     return dict(Counter(key(r) for r in results if r.status != 200))
 
 
-async def adversary(kind: str, clients: int, url: str, seconds: float, nice: int) -> asyncio.subprocess.Process:
-    argv = [sys.executable, "-m", "bench.abuse_clients", kind, "--url", url, "--clients", str(clients),
-            "--seconds", f"{seconds:.1f}"]
+async def adversary(kind: str, clients: int, srv: ServerProc, seconds: float, nice: int) -> asyncio.subprocess.Process:
+    argv = [sys.executable, "-m", "bench.abuse_clients", kind, "--url", srv.base_url, "--clients", str(clients),
+            "--seconds", f"{seconds:.1f}", "--server-pid", str(srv.proc.pid)]
     if nice > 0:
         argv = ["nice", "-n", str(nice), *argv]
     proc = await asyncio.create_subprocess_exec(*argv, cwd=ROOT, stdout=asyncio.subprocess.PIPE)
@@ -158,7 +158,7 @@ async def run_phase(srv: ServerProc, name: str, args: argparse.Namespace) -> dic
     me, server = psutil.Process(), psutil.Process(srv.proc.pid)
     proc = None
     if kind is not None:
-        proc = await adversary(kind, clients, srv.base_url, args.lead_s + args.phase_s, args.adversary_nice)
+        proc = await adversary(kind, clients, srv, args.lead_s + args.phase_s, args.adversary_nice)
     rss_start, since = srv.rss.now(), srv.rss.elapsed()
     t0, c_me, c_srv, c_kids = time.monotonic(), me.cpu_times(), cpu_s(server.cpu_times()), me.cpu_times()
     lo = t0 + (args.lead_s if kind else 0.0)

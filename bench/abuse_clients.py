@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
 import httpx
+import psutil
 
 from bench.admission import TEXT
 
@@ -112,12 +113,27 @@ def peek(sock: socket.socket) -> bytes:
 
 
 class Adversaries:
-    def __init__(self, url: str, seconds: float) -> None:
+    def __init__(self, url: str, seconds: float, server_pid: int | None = None) -> None:
         u = urlsplit(url)
         self.url, self.host, self.port = url, u.hostname or "127.0.0.1", u.port or 80
         if self.host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError("the abuse suite only talks to loopback")
         self.end = time.monotonic() + seconds
+        self.server = psutil.Process(server_pid) if server_pid else None
+        self._peers: tuple[float, set[int] | None] = (0.0, None)
+
+    def server_peers(self) -> set[int] | None:
+        """The client ports of the connections the server process holds open (read at most every 0.5 s; None: not
+        known). A server that closes a connection whose unsent audio waits behind a zero window sends its FIN
+        only after that audio, so a client that reads nothing learns of the close only from here."""
+        at, peers = self._peers
+        if self.server is not None and time.monotonic() - at >= 0.5:
+            try:
+                peers = {c.raddr.port for c in self.server.net_connections("tcp") if c.raddr}
+            except psutil.Error:
+                peers = None
+            self._peers = (time.monotonic(), peers)
+        return peers
 
     def left(self) -> float:
         return self.end - time.monotonic()
@@ -164,11 +180,15 @@ class Adversaries:
         sock = await connect(self.host, self.port, rcvbuf=RCVBUF)
         try:
             await loop.sock_sendall(sock, request_head(self.host, "/v1/tts", len(body)) + body)
+            mine = sock.getsockname()[1]
             while self.left() > 0:
                 await asyncio.sleep(min(0.5, max(0.0, self.left())))
-                if tcp_state(sock) in (TCP_CLOSE_WAIT, TCP_CLOSE):
+                peers = self.server_peers()
+                closed = tcp_state(sock) in (TCP_CLOSE_WAIT, TCP_CLOSE)
+                if closed or (peers is not None and mine not in peers):
                     head = peek(sock)
-                    tally.count(f"{status_of(head) if head else 'no answer'} then closed", time.monotonic() - t0)
+                    how = "then closed" if closed else "then let go by the server"
+                    tally.count(f"{status_of(head) if head else 'no answer'} {how}", time.monotonic() - t0)
                     tally.received_bytes.append(queued(sock))
                     return
             head = peek(sock)
@@ -302,8 +322,8 @@ class Adversaries:
                     tally.note(f"{type(exc).__name__}: {exc}")
 
 
-async def run(kind: str, url: str, clients: int, seconds: float) -> Tally:
-    adv, tally = Adversaries(url, seconds), Tally(kind, clients)
+async def run(kind: str, url: str, clients: int, seconds: float, server_pid: int | None = None) -> Tally:
+    adv, tally = Adversaries(url, seconds, server_pid), Tally(kind, clients)
     one = {
         "dribble": lambda i: adv.raw_attempts(tally, adv.dribble),
         "nonread": lambda i: adv.raw_attempts(tally, adv.nonread),
@@ -333,9 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--url", required=True)
     ap.add_argument("--clients", type=int, required=True)
     ap.add_argument("--seconds", type=float, required=True)
+    ap.add_argument("--server-pid", type=int, help="the server's pid: non-readers see which connections it holds")
     args = ap.parse_args(argv)
     print("ready", flush=True)
-    tally = asyncio.run(run(args.kind, args.url, args.clients, args.seconds))
+    tally = asyncio.run(run(args.kind, args.url, args.clients, args.seconds, args.server_pid))
     print(json.dumps(asdict(tally)), flush=True)
     return 0
 
