@@ -58,6 +58,7 @@ STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 PREFILL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 STREAM_TIMEOUT_ERRORS = frozenset({"DeadlineExceeded"})
 ENGINE_ERROR_CODES = frozenset({"engine_failure"})
+WS_REFUSALS: tuple[str, ...] = ("session_limit", "draining")
 
 
 def outcome_of(ctx: RequestContext) -> str:
@@ -256,6 +257,10 @@ class Metrics:
         self.unauthorized = Counter("tts_unauthorized_total", "Requests and WebSocket handshakes refused with "
                                     "401 (server.api_keys)", ["reason"], registry=r)
         self.queue_depth = Gauge("tts_queue_depth", "Admitted requests waiting for an engine slot", registry=r)
+        self.ws_sessions = Gauge("tts_ws_sessions", "Open WebSocket speech sessions (websocket.max_sessions)",
+                                 registry=r)
+        self.ws_refused = Counter("tts_ws_sessions_refused_total", "WebSocket sessions refused at connect "
+                                  "(session_limit: websocket.max_sessions reached; draining)", ["reason"], registry=r)
         self.queue_wait = Histogram("tts_queue_wait_seconds", "Time from admission to an engine slot",
                                     buckets=WAIT_BUCKETS, registry=r)
         self.ttfa = Histogram("tts_time_to_first_audio_seconds",
@@ -305,6 +310,8 @@ class Metrics:
             self.engine_jobs.labels(outcome=outcome)
         for reason in UNAUTHORIZED_REASONS:
             self.unauthorized.labels(reason=reason)
+        for reason in WS_REFUSALS:
+            self.ws_refused.labels(reason=reason)
         r.register(_ScrapeCollector(stats))
         self._gpu = _GpuMemoryCollector()
         r.register(self._gpu)
@@ -323,6 +330,17 @@ class Metrics:
     def watch_gpu_memory(self, reader: Callable[[], dict]) -> None:
         """Report ``reader()``: ``{device: {"allocated": bytes, "reserved": bytes, "peak": bytes}}`` at each scrape."""
         self._gpu.reader = reader
+
+    def on_ws_session(self, opened: bool) -> None:
+        """A WebSocket speech session opened (True) or ended (False)."""
+        if opened:
+            self.ws_sessions.inc()
+        else:
+            self.ws_sessions.dec()
+
+    def on_ws_refused(self, reason: str) -> None:
+        """A WebSocket session refused at connect: one of WS_REFUSALS."""
+        self.ws_refused.labels(reason=reason).inc()
 
     def on_unauthorized(self, reason: str) -> None:
         """The API key middleware's callback: ``missing_api_key`` or ``invalid_api_key``."""

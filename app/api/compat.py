@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
@@ -31,6 +31,11 @@ from app.api.route_docs import UPSTREAM_MEDIA_TYPE, upstream_doc
 from app.api.routes import register
 from app.api.uploads import close_uploads, is_form, read_audio, read_body
 from app.serving.errors import MissingField
+from app.serving.limits import (
+    INSTRUCTIONS_MAX_CHARS,
+    NAME_MAX_CHARS,
+    PROMPT_TEXT_MAX_CHARS,
+)
 from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
 
@@ -45,21 +50,26 @@ class _Form(BaseModel):
     tts_text: str
 
 
+# tts_text: at most server.max_text_chars (the planner checks it, 400 text_too_long)
+_Name = Field(max_length=NAME_MAX_CHARS)
+_Instruction = Field(max_length=INSTRUCTIONS_MAX_CHARS)
+
+
 class SftForm(_Form):
-    spk_id: str
+    spk_id: str = _Name
 
 
 class ZeroShotForm(_Form):
-    prompt_text: str
+    prompt_text: str = Field(max_length=PROMPT_TEXT_MAX_CHARS)
 
 
 class InstructForm(_Form):
-    spk_id: str
-    instruct_text: str
+    spk_id: str = _Name
+    instruct_text: str = _Instruction
 
 
 class Instruct2Form(_Form):
-    instruct_text: str
+    instruct_text: str = _Instruction
 
 
 @dataclass(frozen=True)
@@ -102,7 +112,7 @@ def handler(name: str, spec: Upstream) -> Callable[..., Any]:
         fields = SpeechFields(text=form.tts_text, mode=spec.mode, voice=getattr(form, "spk_id", None),
                               instructions=getattr(form, "instruct_text", None),
                               prompt_text=getattr(form, "prompt_text", None), prompt_audio=audio,
-                              text_param="tts_text")
+                              text_param="tts_text", voice_param="spk_id", instructions_param="instruct_text")
         plan = speech.plan(fields, context_of(request.scope).request_id)
         return await synthesize(request, speech, plan, speech.output("pcm", stream=True), media_type=MEDIA_TYPE)
 

@@ -41,12 +41,15 @@ from app.serving.errors import (
     ServingError,
     Unauthorized,
 )
+from app.serving.limits import QUOTE_CHARS
+from app.serving.session import TooManySessions
 from app.voices.library import (
     VoiceComputeFailed,
     VoiceError,
     VoiceExists,
     VoiceLimitReached,
     VoiceNotFound,
+    VoiceStorageFull,
 )
 
 log = logging.getLogger("cosyserve.api")
@@ -76,6 +79,7 @@ ERROR_TABLE: tuple[tuple[type[BaseException], int, str], ...] = (
     (ClientGone, CLIENT_GONE_STATUS, "client_closed_request"),
     (InvalidInput, 400, "invalid_input"),
     (UnsupportedFormat, 400, "unsupported_format"),
+    (TooManySessions, 503, "session_limit"),
     (Overloaded, 503, "overloaded"),
     (QueueTimeout, 503, "queue_timeout"),
     (Draining, 503, "draining"),
@@ -86,12 +90,13 @@ ERROR_TABLE: tuple[tuple[type[BaseException], int, str], ...] = (
     (VoiceExists, 409, "voice_exists"),
     (VoiceLimitReached, 409, "voice_limit_reached"),
     (VoiceComputeFailed, 500, "voice_compute_failed"),
+    (VoiceStorageFull, 507, "voice_storage_full"),
 )
 
 OPENAI_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
                 408: "invalid_request_error", 409: "invalid_request_error", CLIENT_GONE_STATUS: "invalid_request_error",
                 413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error",
-                503: "server_overloaded", 504: "timeout", 500: "server_error"}
+                503: "server_overloaded", 504: "timeout", 500: "server_error", 507: "server_error"}
 
 
 def classify(exc: BaseException) -> ErrorInfo:
@@ -140,10 +145,24 @@ def render(request: Request, info: ErrorInfo, headers: dict[str, str] | None = N
     return render_scope(request.scope, info, headers)
 
 
+def short(part: object) -> str:
+    """One part of a field's location for a message: an unknown field's name is the client's, so capped."""
+    text = str(part)
+    return text if len(text) <= QUOTE_CHARS else f"{text[:QUOTE_CHARS]}..."
+
+
+def _bad_unicode(exc: RequestValidationError) -> bool:
+    """The JSON body held a lone surrogate (``"\\ud800"``) or a broken ``\\u`` escape: invalid input, as on
+    every other surface, not a schema mismatch."""
+    return any(err.get("type") == "string_unicode" or
+               (err.get("type") == "json_invalid" and ("surrogate" in str(err.get("msg")) or
+                                                       "hex escape" in str(err.get("msg")))) for err in exc.errors())
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     parts, param = [], None
     for err in exc.errors():
-        loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "form")]
+        loc = [short(p) for p in err.get("loc", ()) if p not in ("body", "query", "path", "form")]
         where = ".".join(loc) or "body"
         param = param or (loc[-1] if loc else None)
         parts.append(f"{where}: {err.get('msg', 'invalid')}")
@@ -171,6 +190,10 @@ def install_error_handlers(app: FastAPI) -> None:
         return render(request, info)
 
     async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if _bad_unicode(exc):
+            return render(request, ErrorInfo(400, "invalid_input", "the body holds a lone surrogate (half of a "
+                                             "UTF-16 pair, e.g. \\ud800) or a broken \\u escape: send valid "
+                                             "Unicode text"))
         message, param = _validation_message(exc)
         return render(request, ErrorInfo(422 if not is_openai_route(request) else 400, "validation_error", message, param=param))
 

@@ -47,6 +47,7 @@ from app.api.sse import (
 )
 from app.api.uploads import close_uploads, read_body
 from app.serving.errors import NotFound
+from app.serving.limits import quoted
 from app.serving.plan import SpeechFields, alias_speaker
 from app.serving.speech import SpeechService
 
@@ -60,7 +61,7 @@ WHOLE_FORMATS = frozenset({"flac"})
 
 def check_model(speech: SpeechService, model: str) -> None:
     if model not in {speech.info.name, *MODEL_ALIASES}:
-        raise NotFound("model_not_found", f"the model {model!r} does not exist; this server serves "
+        raise NotFound("model_not_found", f"the model {quoted(model)} does not exist; this server serves "
                        f"{speech.info.name!r} (aliases: {', '.join(MODEL_ALIASES)})", param="model")
 
 

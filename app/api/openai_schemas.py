@@ -14,7 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.audio.formats import FORMAT_NAMES
 from app.serving.errors import BadRequest
-from app.serving.limits import OPENAI_MAX_INPUT_CHARS, SPEED_MAX, SPEED_MIN
+from app.serving.limits import (
+    INSTRUCTIONS_MAX_CHARS,
+    NAME_MAX_CHARS,
+    OPENAI_MAX_INPUT_CHARS,
+    SPEED_MAX,
+    SPEED_MIN,
+    quoted,
+)
 from app.serving.plan import OPENAI_VOICES
 
 # Model names accepted besides the served model's own name, so OpenAI apps work unchanged.
@@ -29,7 +36,7 @@ STREAM_FORMATS: tuple[str, ...] = ("audio", "sse")
 class VoiceRef(BaseModel):
     """OpenAI's custom-voice object: ``{"id": "voice_1234"}``."""
 
-    id: str
+    id: str = Field(max_length=NAME_MAX_CHARS)
 
 
 class SpeechRequest(BaseModel):
@@ -37,10 +44,10 @@ class SpeechRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: str
+    model: str = Field(max_length=NAME_MAX_CHARS)
     input: str
     voice: str | VoiceRef
-    instructions: str | None = None
+    instructions: str | None = Field(None, max_length=INSTRUCTIONS_MAX_CHARS)
     response_format: str = "mp3"
     speed: float = 1.0
     stream_format: str = "audio"
@@ -50,6 +57,9 @@ class SpeechRequest(BaseModel):
     def _voice_shape(cls, v: Any) -> Any:
         # One clear error (param "voice") instead of pydantic's per-union-member ones.
         if isinstance(v, str) or (isinstance(v, dict) and isinstance(v.get("id"), str)):
+            name = v if isinstance(v, str) else v["id"]
+            if len(name) > NAME_MAX_CHARS:
+                raise ValueError(f"voice is {len(name)} characters; the limit is {NAME_MAX_CHARS}")
             return v
         raise ValueError('voice must be a voice name or an object like {"id": "voice_1234"}')
 
@@ -68,14 +78,14 @@ def check_speech(body: SpeechRequest, max_chars: int = MAX_INPUT_CHARS) -> None:
         raise BadRequest("string_above_max_length", f"input is {len(body.input)} characters; "
                        f"the maximum is {limit}", param="input")
     if body.response_format not in FORMAT_NAMES:
-        raise BadRequest("unsupported_format", f"unsupported response_format {body.response_format!r}; "
+        raise BadRequest("unsupported_format", f"unsupported response_format {quoted(body.response_format)}; "
                        f"use one of: {', '.join(FORMAT_NAMES)}", param="response_format")
     low, high = SPEED_RANGE
     if not (low <= body.speed <= high):
         raise BadRequest("invalid_speed", f"speed must be between {low} and {high}; got {body.speed}",
                        param="speed")
     if body.stream_format not in STREAM_FORMATS:
-        raise BadRequest("invalid_stream_format", f"unsupported stream_format {body.stream_format!r}; "
+        raise BadRequest("invalid_stream_format", f"unsupported stream_format {quoted(body.stream_format)}; "
                        f"use one of: {', '.join(STREAM_FORMATS)}", param="stream_format")
     if not body.voice_name:
         raise BadRequest("voice_required", "voice is empty; name a preset speaker or a registered voice",

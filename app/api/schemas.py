@@ -10,8 +10,11 @@ from app.audio.formats import FORMAT_NAMES
 from app.serving.limits import (
     ALL_MODES,
     FIRST_CHUNK_TOKENS_MAX,
+    INSTRUCTIONS_MAX_CHARS,
+    NAME_MAX_CHARS,
     OUTPUT_RATE_MAX,
     OUTPUT_RATE_MIN,
+    PROMPT_TEXT_MAX_CHARS,
     SPEED_MAX,
     SPEED_MIN,
 )
@@ -25,12 +28,16 @@ class TTSRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    text: str = Field("", description="Text to speak (not used by mode 'vc').")
+    text: str = Field("", description="Text to speak (not used by mode 'vc'); at most server.max_text_chars "
+                      "characters (4096 by default; 400 text_too_long beyond).")
     mode: ModeName | None = Field(None, description="Defaults to 'sft' with a speaker, 'zero_shot' with a voice or prompt.")
-    speaker: str | None = Field(None, description="Preset speaker (sft / instruct).")
-    voice: str | None = Field(None, description="A registered library voice, or a preset speaker name.")
-    prompt_text: str | None = Field(None, description="Transcript of the prompt audio (zero_shot).")
-    instruct_text: str | None = Field(None, description="Style instruction (instruct / instruct2).")
+    speaker: str | None = Field(None, max_length=NAME_MAX_CHARS, description="Preset speaker (sft / instruct).")
+    voice: str | None = Field(None, max_length=NAME_MAX_CHARS,
+                              description="A registered library voice, or a preset speaker name.")
+    prompt_text: str | None = Field(None, max_length=PROMPT_TEXT_MAX_CHARS,
+                                    description="Transcript of the prompt audio (zero_shot).")
+    instruct_text: str | None = Field(None, max_length=INSTRUCTIONS_MAX_CHARS,
+                                      description="Style instruction (instruct / instruct2).")
     speed: float = Field(1.0, ge=SPEED_MIN, le=SPEED_MAX)
     stream: bool = False
     seed: int | None = Field(None, ge=0, le=2**32 - 1,

@@ -16,6 +16,7 @@ from app.api.route_docs import VOICE_DOC
 from app.api.uploads import close_uploads, read_audio, read_body, read_file
 from app.api.voice_schemas import VoiceCard, VoiceForm, VoiceList, check_voice_form
 from app.serving.errors import BadRequest
+from app.serving.limits import PROMPT_TEXT_MAX_CHARS, quoted
 from app.voices import VoiceNotFound
 from app.voices.store import safe_ext
 
@@ -26,7 +27,7 @@ router = APIRouter(tags=["voices"], dependencies=[Depends(close_uploads)])
 async def create_voice(request: Request, speech: SpeechDep, pool: PoolDep, library: LibraryDep) -> JSONResponse:
     limits = speech.limits
     form, files = await read_body(request, VoiceForm, limits)
-    name, transcript, description = check_voice_form(form, limits.max_text_chars)
+    name, transcript, description = check_voice_form(form, min(limits.max_text_chars, PROMPT_TEXT_MAX_CHARS))
     upload = files.get("audio")
     if upload is None:
         raise BadRequest("invalid_audio", "upload 1-30 s of the voice's speech as the multipart file 'audio'",
@@ -47,7 +48,7 @@ async def list_voices(library: LibraryDep) -> VoiceList:
 async def get_voice(name: str, library: LibraryDep) -> VoiceCard:
     meta = library.get(name)
     if meta is None:
-        raise VoiceNotFound(f"no voice named {name!r}")
+        raise VoiceNotFound(f"no voice named {quoted(name)}")
     return VoiceCard(**meta)
 
 

@@ -11,14 +11,22 @@ Client -> server (JSON text frames)::
 Server -> client: ``audio.start`` (utterance, format, sample_rate), binary frames of
 audio, ``audio.done`` (utterance, audio_seconds, time_to_first_audio_s),
 ``session.done``, and ``error`` (``{"type": "error", "error": {code, message,
-request_id}}``). A message that is not understood gets an ``error`` and changes
-nothing. The protocol reference is in docs/api.md; the session logic (utterances,
-permits) in ``app/serving/session.py``.
+request_id}}``). A message that is not understood, for whatever reason (not JSON,
+nested too deep, too big, a lone surrogate, a field out of range), gets an
+``error`` and changes nothing; the session stays open. The protocol reference is
+in docs/api.md; the session logic (utterances, permits) in ``app/serving/session.py``.
 
-Close codes: 1000 after ``session.close`` or the idle timeout; 1013 (try again
-later) when no admission permit is free, at once, after an ``error``; 1001 when
-the server drains (idle sessions at once, busy ones after their utterances, the
-rest after ``server.drain_timeout_s``).
+Capacity: connecting takes no synthesis permit. A session counts against
+``websocket.max_sessions``; each utterance takes a permit when it has text and
+gives it back when its audio is done. A session lives at most
+``websocket.max_session_s``, and ends after ``websocket.idle_timeout_s`` in which
+the client sent no text and no audio was produced (other messages, pings,
+``session.config``, do not keep it alive).
+
+Close codes: 1000 after ``session.close``, the idle timeout or the session's
+lifetime; 1013 (try again later) when ``websocket.max_sessions`` sessions are open,
+at once, after an ``error``; 1001 when the server drains (idle sessions at once,
+busy ones after their utterances, the rest after ``server.drain_timeout_s``).
 """
 
 from __future__ import annotations
@@ -44,9 +52,23 @@ from app.serving.errors import (
     RequestError,
     ServingError,
 )
-from app.serving.limits import OUTPUT_RATE_MAX, OUTPUT_RATE_MIN, SPEED_MAX, SPEED_MIN
+from app.serving.limits import (
+    INSTRUCTIONS_MAX_CHARS,
+    NAME_MAX_CHARS,
+    OUTPUT_RATE_MAX,
+    OUTPUT_RATE_MIN,
+    QUOTE_CHARS,
+    SPEED_MAX,
+    SPEED_MIN,
+    quoted,
+)
 from app.serving.plan import SpeechFields
-from app.serving.session import SessionRefused, SpeechSession, Utterance
+from app.serving.session import (
+    SessionRefused,
+    SpeechSession,
+    TooManySessions,
+    Utterance,
+)
 
 log = logging.getLogger("cosyserve.ws")
 router = APIRouter(tags=["streaming"])
@@ -62,11 +84,11 @@ class _Message(BaseModel):
 
 class SessionConfig(_Message):
     type: Literal["session.config"]
-    voice: str | None = Field(None, max_length=256)
-    model: str | None = Field(None, max_length=256)
+    voice: str | None = Field(None, max_length=NAME_MAX_CHARS)
+    model: str | None = Field(None, max_length=NAME_MAX_CHARS)
     response_format: Literal["pcm", "wav"] = "pcm"
     speed: float = Field(1.0, ge=SPEED_MIN, le=SPEED_MAX)
-    instructions: str | None = Field(None, max_length=4096)
+    instructions: str | None = Field(None, max_length=INSTRUCTIONS_MAX_CHARS)
     sample_rate: int | None = Field(None, ge=OUTPUT_RATE_MIN, le=OUTPUT_RATE_MAX)
     seed: int | None = Field(None, ge=0, le=2**32 - 1)
 
@@ -84,24 +106,37 @@ _KINDS: dict[str, type[_Message]] = {"session.config": SessionConfig, "input.tex
                                      "input.done": Bare, "session.close": Bare}
 
 
-def parse(raw: str) -> _Message:
-    """One client message, or BadRequest saying what is wrong with it."""
+def parse(raw: str, max_bytes: int | None = None) -> _Message:
+    """One client message, or BadRequest saying what is wrong with it; never any other exception."""
+    if max_bytes is not None and (len(raw) > max_bytes or len(raw.encode("utf-8", "surrogatepass")) > max_bytes):
+        raise BadRequest("invalid_message", f"a message may be at most {max_bytes} bytes; send long text as "
+                         "several input.text messages")
     try:
         data = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep for the parser
         raise BadRequest("invalid_message", "messages must be JSON objects") from None
     if not isinstance(data, dict) or not isinstance(data.get("type"), str):
         raise BadRequest("invalid_message", "a message is a JSON object with a string 'type'", param="type")
     kind = _KINDS.get(data["type"])
     if kind is None:
-        raise BadRequest("unknown_type", f"unknown message type {data['type'][:64]!r}; use one of "
+        raise BadRequest("unknown_type", f"unknown message type {quoted(data['type'])}; use one of "
                          f"{', '.join(_KINDS)}", param="type")
     try:
         return kind.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "message"
+        err = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(_short(p) for p in err["loc"]) or "message"
+        if err["type"] == "string_unicode":  # a lone surrogate, as add_text and the planner say it
+            raise BadRequest("invalid_input", f"{where} holds a lone surrogate (half of a UTF-16 pair): send "
+                             "valid Unicode text", param=where) from None
         raise BadRequest("invalid_message", f"{data['type']}: {where}: {err['msg']}", param=where) from None
+    except Exception:  # noqa: BLE001 - e.g. RecursionError in a value nested too deep: still one bad message
+        raise BadRequest("invalid_message", f"{data['type']}: the message could not be read") from None
+
+
+def _short(part: object) -> str:
+    text = str(part)  # an unknown field's name is the client's: quote a prefix only
+    return text if len(text) <= QUOTE_CHARS else f"{text[:QUOTE_CHARS]}..."
 
 
 @router.websocket(PATH)
@@ -121,28 +156,37 @@ class Connection:
         self.close_code: int | None = None
         self._send_lock = asyncio.Lock()
         self._closed = asyncio.Event()
-        self._last = time.monotonic()
+        self._last = time.monotonic()  # client text or audio produced; the idle timeout counts from here
+        self._ends_at = self._last  # set when the session starts: started + websocket.max_session_s
         self._audio_task: asyncio.Task | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------
     async def serve(self) -> None:
         await self.ws.accept()
-        speech = self.runtime.speech
+        speech, limits, metrics = self.runtime.speech, self.runtime.session_limits, self.runtime.metrics
         started = time.monotonic()
-        try:
-            ticket = speech.pool.admit()
+        sessions = self.runtime.sessions
+        try:  # no synthesis permit here: the session counts against its own limit
+            if self.runtime.draining or speech.pool.draining:
+                raise Draining("the server is draining and takes no new sessions", speech.pool.retry_after_s())
+            sessions.add(self, limits.max_sessions)
         except ServingError as exc:
+            if metrics is not None:
+                metrics.on_ws_refused("session_limit" if isinstance(exc, TooManySessions) else "draining")
             await self._error(exc)
             await self._close(CLOSE_GOING_AWAY if isinstance(exc, Draining) else CLOSE_TRY_AGAIN, exc.message)
             return
-        self.session = SpeechSession(speech, self.runtime.session_limits, ticket, self, self.request_id)
-        sessions = self.runtime.sessions
-        sessions.add(self)
+        if metrics is not None:
+            metrics.on_ws_session(True)
+        self.session = SpeechSession(speech, limits, self, self.request_id)
+        self._ends_at = started + limits.max_session_s
         self._audio_task = asyncio.ensure_future(self._audio_loop())
         try:
             await self._receive_loop()
         finally:
             sessions.discard(self)
+            if metrics is not None:
+                metrics.on_ws_session(False)
             self._audio_task.cancel()
             await asyncio.wait({self._audio_task})
             self.session.close()
@@ -152,20 +196,32 @@ class Connection:
                      self.close_code if self.close_code is not None else "client")
 
     async def _receive_loop(self) -> None:
-        idle = self.runtime.session_limits.idle_timeout_s
+        assert self.session is not None
+        limits = self.runtime.session_limits
+        idle = limits.idle_timeout_s
         closed = asyncio.ensure_future(self._closed.wait())
         try:
             while True:
                 recv = asyncio.ensure_future(self.ws.receive())
                 while True:
-                    left = idle - (time.monotonic() - self._last)
+                    now = time.monotonic()
+                    left = min(idle - (now - self._last), self._ends_at - now)
                     done, _ = await asyncio.wait({recv, closed}, timeout=max(0.05, left),
                                                  return_when=asyncio.FIRST_COMPLETED)
                     if done:
                         break
-                    if time.monotonic() - self._last >= idle and not self.session.rendering:
+                    now = time.monotonic()
+                    if now >= self._ends_at:
                         recv.cancel()
-                        await self._error(BadRequest("idle_timeout", f"no message for {idle:g} s; closing"))
+                        await self._error(BadRequest("session_expired", f"a session may last "
+                                                     f"{limits.max_session_s:g} s (websocket.max_session_s); "
+                                                     "closing: open a new one"))
+                        await self._close(CLOSE_NORMAL, "session lifetime reached")
+                        return
+                    if now - self._last >= idle and not self.session.rendering:
+                        recv.cancel()
+                        await self._error(BadRequest("idle_timeout", f"no text and no audio for {idle:g} s; "
+                                                     "closing"))
                         await self._close(CLOSE_NORMAL, "idle timeout")
                         return
                 if recv not in done:
@@ -174,7 +230,6 @@ class Connection:
                 message = recv.result()
                 if message["type"] == "websocket.disconnect":
                     return
-                self._last = time.monotonic()
                 if await self._handle(message):
                     return
         finally:
@@ -186,11 +241,12 @@ class Connection:
         try:
             if message.get("text") is None:
                 raise BadRequest("invalid_message", "binary frames are not accepted: send JSON text messages")
-            msg = parse(message["text"])
+            msg = parse(message["text"], self.runtime.session_limits.max_message_bytes)
             if isinstance(msg, SessionConfig):
                 self._configure(msg)
             elif isinstance(msg, InputText):
                 self.session.add_text(msg.text)
+                self._last = time.monotonic()  # text keeps a session alive; no other client message does
             elif msg.type == "input.done":
                 if self.session.flush() is None:
                     raise BadRequest("empty_input", "input.done with no text since the last one: nothing to speak")

@@ -27,7 +27,16 @@ from typing import Any
 
 from app.engines.base import EngineInfo, PromptAudio, SynthesisRequest
 from app.serving.errors import BadRequest
-from app.serving.limits import SPEED_MAX, SPEED_MIN, SpeechLimits
+from app.serving.limits import (
+    INSTRUCTIONS_MAX_CHARS,
+    NAME_MAX_CHARS,
+    PROMPT_TEXT_MAX_CHARS,
+    SPEED_MAX,
+    SPEED_MIN,
+    SpeechLimits,
+    check_length,
+    quoted,
+)
 
 # OpenAI's built-in voice names. When the model has preset speakers, the i-th name here
 # speaks with preset ``i % len(presets)`` (the engine's order): deterministic and stable.
@@ -56,7 +65,9 @@ class SpeechFields:
     normalize: bool | None = None  # text normalization; None: the engine's default
     first_chunk_tokens: int | None = None  # streaming: the first chunk's speech tokens (the model's range)
     aliases: bool = False  # OpenAI built-in voice names map onto the presets
-    text_param: str = "text"  # the surface's name for the text field, for error messages
+    text_param: str = "text"  # the surface's names for its fields, for error messages
+    voice_param: str = "voice"
+    instructions_param: str = "instructions"
 
 
 @dataclass(frozen=True)
@@ -94,9 +105,9 @@ def resolve_voice(name: str | None, presets: Sequence[str], library: Callable[[s
     if speaker is not None:
         return Voice(speaker=speaker)
     known = list(presets) + known_library()
-    message = f"unknown voice {name!r}; known voices: {', '.join(known) or 'none'}"
+    message = f"unknown voice {quoted(name)}; known voices: {', '.join(known) or 'none'}"
     if aliases and name.lower() in OPENAI_VOICES:
-        message += f"; {name!r} is an OpenAI voice name, and this model has no preset speakers to map it to"
+        message += f"; {quoted(name)} is an OpenAI voice name, and this model has no preset speakers to map it to"
     raise BadRequest("unknown_voice", message, param="voice")
 
 
@@ -117,10 +128,15 @@ def choose_mode(fields: SpeechFields, voice: Voice, modes: Sequence[str]) -> str
 
 
 def check_fields(fields: SpeechFields, limits: SpeechLimits) -> None:
-    """The checks that need no model: text length and speed."""
-    if len(fields.text) > limits.max_text_chars:
-        raise BadRequest("text_too_long", f"{fields.text_param} is {len(fields.text)} characters; the limit is "
-                         f"{limits.max_text_chars}", param=fields.text_param)
+    """The checks that need no model: every text field's length and Unicode, and speed.
+
+    Every surface passes here (native, OpenAI, upstream-compatible, WebSocket), so no field
+    reaches the engine unbounded whatever the surface's own schema says.
+    """
+    check_length(fields.text, fields.text_param, limits.max_text_chars, code="text_too_long")
+    check_length(fields.voice, fields.voice_param, NAME_MAX_CHARS)
+    check_length(fields.prompt_text, "prompt_text", PROMPT_TEXT_MAX_CHARS)
+    check_length(fields.instructions, fields.instructions_param, INSTRUCTIONS_MAX_CHARS)
     if not SPEED_MIN <= fields.speed <= SPEED_MAX:
         raise BadRequest("invalid_speed", f"speed must be between {SPEED_MIN} and {SPEED_MAX}; got {fields.speed}",
                          param="speed")

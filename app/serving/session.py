@@ -2,7 +2,7 @@
 
 The WebSocket surface (``app/api/ws_speech.py``) parses messages and calls::
 
-    session = SpeechSession(service, limits, ticket, sink)   # ticket: the permit taken at connect
+    session = SpeechSession(service, limits, sink)
     session.configure(fields, "wav", None)                    # between utterances only
     session.add_text("Hello wor")                              # opens an utterance at once
     session.flush()                                            # input.done: its text is complete
@@ -11,10 +11,14 @@ The WebSocket surface (``app/api/ws_speech.py``) parses messages and calls::
 Each utterance is one synthesis job (``SpeechService.run`` with a ``TextStream`` as
 its text), so admission, the FIFO queue, the deadline and cancellation work as for
 any request. The job starts at the first text, so an engine that can (CosyVoice2/3
-bistream) starts speaking before the text is complete. The permit taken at
-connect serves the first utterance; each later one takes a new permit when it
-starts. A refused permit (overload, drain) ends the session (:class:`SessionRefused`);
-every other failure ends only its utterance and is reported to the sink.
+bistream) starts speaking before the text is complete. A session holds no
+synthesis permit of its own: each utterance takes one when it has text to speak
+(its first ``input.text``) and gives it back when its audio is done, so sessions
+that send no text hold no synthesis capacity (they count against
+``SessionLimits.max_sessions`` instead, see :class:`SessionRegistry`). An
+utterance refused for overload fails alone (the session goes on); draining or a
+pool that is not ready ends the session (:class:`SessionRefused`); every other
+failure ends only its utterance and is reported to the sink.
 """
 
 from __future__ import annotations
@@ -26,7 +30,6 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from app.engines.base import EngineError
-from app.serving.admission import Ticket
 from app.serving.encoded import OutputSpec
 from app.serving.errors import (
     BadRequest,
@@ -37,6 +40,7 @@ from app.serving.errors import (
     RequestError,
     ServingError,
 )
+from app.serving.limits import check_unicode
 from app.serving.plan import Plan, SpeechFields
 from app.serving.speech import SpeechService
 from app.text.stream import TextStream
@@ -46,9 +50,16 @@ log = logging.getLogger("cosyserve.session")
 
 @dataclass(frozen=True)
 class SessionLimits:
-    idle_timeout_s: float = 30.0  # no client message and no audio for this long: the session ends
+    idle_timeout_s: float = 30.0  # no client text and no audio produced for this long: the session ends
     max_session_chars: int = 100_000  # text one session may send in all
     max_utterance_chars: int = 4096  # text of one utterance (server.max_text_chars)
+    max_sessions: int = 64  # open sessions at once; the next is refused (error, close 1013)
+    max_session_s: float = 3600.0  # a session's whole life, busy or not; then it is closed
+    max_message_bytes: int = 65536  # one client message; a bigger one is refused (invalid_message)
+
+
+class TooManySessions(Overloaded):
+    """``max_sessions`` sessions are open: a new one is refused at connect."""
 
 
 @dataclass(eq=False)
@@ -81,17 +92,15 @@ class SessionSink(Protocol):
     async def utterance_failed(self, utt: Utterance, exc: BaseException) -> None: ...
 
 
-_REFUSALS = (Overloaded, Draining, NotReady)
+_ENDS_SESSION = (Draining, NotReady)
 
 
 class SpeechSession:
-    def __init__(self, service: SpeechService, limits: SessionLimits, ticket: Ticket | None, sink: SessionSink,
-                 request_id: str = "") -> None:
+    def __init__(self, service: SpeechService, limits: SessionLimits, sink: SessionSink, request_id: str = "") -> None:
         self.service = service
         self.limits = limits
         self.sink = sink
         self.request_id = request_id
-        self._ticket = ticket
         try:  # the default voice; a model without presets needs session.config first
             self._plan: Plan | None = service.plan(SpeechFields(stream=True, aliases=True), request_id)
         except BadRequest:
@@ -138,6 +147,7 @@ class SpeechSession:
         if self._plan is None:
             raise BadRequest("voice_required", "this model has no preset speakers: send session.config with a "
                              "registered voice first", param="voice")
+        check_unicode(text, "text")
         utt = self._open
         held = utt.text.chars if utt is not None else 0
         if held + len(text) > self.limits.max_utterance_chars:
@@ -169,16 +179,14 @@ class SpeechSession:
         self._queue.put_nowait(None)
 
     def close(self) -> None:
-        """The session is over (any path): stop waiting engines, give back an unused permit."""
+        """The session is over (any path): stop waiting engines (their jobs give their permits back)."""
         for utt in self._unfinished:
             utt.text.end()
         self._open = None
-        if self._ticket is not None:
-            self._ticket.release()  # the permit taken at connect, if no utterance took it (else: nothing)
 
     # -- the audio loop --------------------------------------------------------------------------------
     async def run(self) -> None:
-        """Speak the utterances in order until ``finish``; raises SessionRefused if a permit is refused."""
+        """Speak the utterances in order until ``finish``; SessionRefused when the server drains."""
         while True:
             utt = await self._queue.get()
             if utt is None:
@@ -193,13 +201,13 @@ class SpeechSession:
         assert self._plan is not None
         req = replace(self._plan.request, text_stream=utt.text, stream=True,
                       request_id=f"{self.request_id}-{utt.index}")
-        if self._ticket is not None and self._ticket.held:
-            ticket = self._ticket.take()  # the permit taken at connect serves the first utterance
-        else:
-            try:
-                ticket = self.service.pool.admit()
-            except _REFUSALS as exc:
-                raise SessionRefused(exc) from None
+        try:  # the utterance has text: it takes a synthesis permit now, its job gives it back when done
+            ticket = self.service.pool.admit()
+        except _ENDS_SESSION as exc:
+            raise SessionRefused(exc) from None
+        except Overloaded as exc:  # this utterance only: the client may send it again
+            await self.sink.utterance_failed(utt, exc)
+            return
         try:
             result = await self.service.run(Plan(req), utt.out, ticket=ticket)
         except (RequestError, ServingError, EngineError) as exc:
@@ -232,7 +240,8 @@ class SpeechSession:
 
 
 class SessionRegistry:
-    """The live sessions of one server, for the drain: each entry has ``drain()`` and ``force_close()``."""
+    """The live sessions of one server, for their limit and the drain: each entry has ``drain()`` and
+    ``force_close()``."""
 
     def __init__(self) -> None:
         self._live: set = set()
@@ -241,7 +250,11 @@ class SessionRegistry:
     def __len__(self) -> int:
         return len(self._live)
 
-    def add(self, handle: object) -> None:
+    def add(self, handle: object, limit: int | None = None) -> None:
+        """Count ``handle`` in; TooManySessions when ``limit`` sessions are open already."""
+        if limit is not None and len(self._live) >= limit and handle not in self._live:
+            raise TooManySessions(f"{len(self._live)} WebSocket sessions are open, the most this server takes "
+                                  "(websocket.max_sessions); try again later")
         self._live.add(handle)
 
     def discard(self, handle: object) -> None:

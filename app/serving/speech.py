@@ -148,11 +148,12 @@ class SpeechService:
 
 
 def request_size(req: SynthesisRequest) -> float | None:
-    """Its size for admission (text characters + OVERHEAD_CHARS); None when it is not known up front
-    (text arriving over time, voice conversion of uploaded speech)."""
+    """Its size for admission: every character the engine will process (the text to speak, the prompt's
+    transcript and the instruction, each read by the LLM) + OVERHEAD_CHARS; None when it is not known up
+    front (text arriving over time, voice conversion of uploaded speech)."""
     if req.text_stream is not None or req.mode == "vc":
         return None
-    return len(req.text or "") + OVERHEAD_CHARS
+    return len(req.text or "") + len(req.prompt_text or "") + len(req.instruct_text or "") + OVERHEAD_CHARS
 
 
 async def _body(first: Piece | None, rest: AsyncIterator[Piece]) -> AsyncIterator[bytes]:

@@ -7,6 +7,8 @@ from app.voices.library import (
     VoiceLibrary,
     VoiceLimitReached,
     VoiceNotFound,
+    VoiceStorageFull,
 )
 
-__all__ = ["VoiceComputeFailed", "VoiceError", "VoiceExists", "VoiceLibrary", "VoiceLimitReached", "VoiceNotFound"]
+__all__ = ["VoiceComputeFailed", "VoiceError", "VoiceExists", "VoiceLibrary", "VoiceLimitReached", "VoiceNotFound",
+           "VoiceStorageFull"]

@@ -24,6 +24,7 @@ asyncio lock, so a sync never resurrects a voice this process just deleted.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import logging
 import os
@@ -70,6 +71,13 @@ class VoiceLimitReached(VoiceError):
 
 class VoiceComputeFailed(VoiceError):
     """The engine could not compute a voice's features (a server-side fault, details logged)."""
+
+
+class VoiceStorageFull(VoiceError):
+    """The voices dir's disk (or quota) is full; the registration was undone, nothing half-written remains."""
+
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 @dataclass
@@ -371,6 +379,14 @@ class VoiceLibrary:
                 raise VoiceExists(f"a voice named {name!r} already exists (registered just now through another "
                                   "replica, or a directory of that name is in the voices dir); "
                                   "pick another name") from None
+            except OSError as exc:
+                if exc.errno not in _FULL:
+                    raise
+                # store.create removed its temp dir: no part of this voice is on disk or in the index
+                log.error("voice library: cannot store voice %r: %s (%s)", name, exc.strerror, self.store.root)
+                raise VoiceStorageFull(f"the voice library's disk is full: voice {name!r} was not stored (nothing "
+                                       "of it was kept); free space or delete voices, then register it "
+                                       "again") from None
             finally:
                 self._release(name)
         log.info("voice library: registered voice %r (%.1f s prompt)", name, meta["duration_s"])

@@ -135,18 +135,19 @@ def test_fixed_keeps_todays_behaviour_a_queue_then_503_queue_full(client_factory
     assert status == [200] and queued == [200]
 
 
-def test_a_websocket_session_takes_the_same_adaptive_permit(client_factory, behaviour):
-    from tests.api.test_ws_speech import PATH, closed, error, send, utterance
+def test_a_websocket_utterance_takes_the_same_adaptive_permit(client_factory, behaviour):
+    from tests.api.test_ws_speech import PATH, send, utterance
 
     client = client_factory(workers=4, max_queue=0)
     pool = client.app.state.runtime.pool
     pool.start_admission_at(1)
-    with client.websocket_connect(PATH) as first:  # holds the only place
+    with client.websocket_connect(PATH) as first:  # its utterance holds the only place
         send(first, "input.text", text="Holding the only place.")
-        with client.websocket_connect(PATH) as second:
-            err = error(second)
-            assert err["code"] == "overloaded" and err["retry_after_s"] >= 1
-            assert closed(second) == 1013
+        with client.websocket_connect(PATH) as second:  # connecting takes no place; its text is refused
+            send(second, "input.text", text="No place.")
+            event = second.receive_json()
+            assert event["type"] == "error" and event["utterance"] == 1
+            assert event["error"]["code"] == "overloaded" and event["error"]["retry_after_s"] >= 1
         r = client.post("/v1/tts", json={"text": "hi"})
         assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
         send(first, "input.done")

@@ -144,18 +144,26 @@ def test_bad_messages_get_an_error_and_change_nothing(open_client, behaviour):
     assert behaviour.spoken == ["Still pcm at 24 kHz."]
 
 
-def test_a_full_server_sends_an_error_and_closes_1013_at_once(open_client, behaviour):
+def test_a_full_server_refuses_the_utterance_and_the_session_goes_on(open_client, behaviour):
     client = open_client(pool={"workers": 1, "max_queue": 0})
-    with client.websocket_connect(PATH) as first:
+    with client.websocket_connect(PATH) as first, client.websocket_connect(PATH) as second:
         send(first, "input.text", text="Holding the only permit.")
-        with client.websocket_connect(PATH) as second:
-            err = error(second)
-            assert err["code"] == "overloaded" and err["retry_after_s"] >= 1
-            assert closed(second) == 1013
+        wait_until(lambda: in_flight(client) == 1)  # the utterance with text holds it, not the connection
         r = client.post("/v1/tts", json={"text": "hi"})
-        assert r.status_code == 503  # the session's permit counts like a request's
+        assert r.status_code == 503  # an utterance's permit counts like a request's
+        send(second, "input.text", text="No room for me yet.")
+        event = second.receive_json()
+        assert event["type"] == "error" and event["utterance"] == 1
+        assert event["error"]["code"] == "overloaded" and event["error"]["retry_after_s"] >= 1
+        send(second, "input.done")  # ends the refused utterance; the session stays open
         send(first, "input.done")
         utterance(first)
+        wait_until(lambda: in_flight(client) == 0)
+        send(second, "input.text", text="Now there is.")
+        send(second, "input.done")
+        start, _, _ = utterance(second)
+        assert start["utterance"] == 2
+    assert behaviour.spoken == ["Holding the only permit.", "Now there is."]
     wait_until(lambda: in_flight(client) == 0)
 
 
