@@ -87,3 +87,18 @@ def test_the_server_asked_for_cuda_on_a_cpu_host_exits_at_once_with_the_fix(tiny
     assert out.returncode != 0
     assert "engine.device is 'cuda'" in out.stderr and "COSYSERVE_ENGINE__DEVICE=cpu" in out.stderr, out.stderr
     assert took < 30, f"took {took:.1f}s: it should fail before loading anything"
+
+
+def test_a_cuda_build_without_a_gpu_says_so_once(monkeypatch, caplog):
+    """The CUDA image on a machine without a GPU (engine.device auto): the server resolves the device at start and
+    again in every engine load; the warning is logged once, not once per resolution."""
+    from app.engines.cosyvoice import device
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    device._warn_cuda_build_without_gpu.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="cosyserve.engine"):
+        for _ in range(3):
+            assert resolve_device("auto", cuda_available=False) == torch.device("cpu")
+    warnings = [r.getMessage() for r in caplog.records if "built for CUDA 13.0" in r.getMessage()]
+    assert len(warnings) == 1 and "running on the CPU" in warnings[0]
+    device._warn_cuda_build_without_gpu.cache_clear()

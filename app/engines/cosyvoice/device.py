@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 import subprocess
@@ -45,9 +46,7 @@ def resolve_device(spec: str = "auto", *, cuda_available: bool | None = None,
         raise DeviceUnavailable(f"engine.device must be auto, cpu, cuda or cuda:N, not {spec!r}")
     available = torch.cuda.is_available() if cuda_available is None else cuda_available
     if spec == "auto" and not available and torch.version.cuda is not None:
-        log.warning("engine.device auto: this torch is built for CUDA %s but finds no usable GPU (driver too old, "
-                    "no device visible?); running on the CPU. Set engine.device: cuda to fail instead.",
-                    torch.version.cuda)
+        _warn_cuda_build_without_gpu(torch.version.cuda)
     if spec == "cpu" or (spec == "auto" and not available):
         return torch.device("cpu")
     if spec == "auto":
@@ -63,6 +62,13 @@ def resolve_device(spec: str = "auto", *, cuda_available: bool | None = None,
         raise DeviceUnavailable(f"engine.device is {spec!r} but this process sees {count} CUDA device(s) "
                                 f"(CUDA_VISIBLE_DEVICES renumbers them from 0); pick cuda:0..cuda:{count - 1}")
     return torch.device("cuda", index)
+
+
+@functools.cache
+def _warn_cuda_build_without_gpu(cuda: str) -> None:
+    """Once per process: the server resolves the device at start and again in every engine load."""
+    log.warning("engine.device auto: this torch is built for CUDA %s but finds no usable GPU (driver too old, "
+                "no device visible?); running on the CPU. Set engine.device: cuda to fail instead.", cuda)
 
 
 def driver_version() -> str:
