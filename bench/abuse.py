@@ -8,7 +8,7 @@ streamed PCM, a 503's Retry-After honoured) runs ``--phase-s`` measured seconds:
 each adversary (started ``--lead-s`` before it, in its own process: bench/abuse_clients.py), and alone
 again at the end. Adversaries: 4 dribblers (a body byte a second), 4 non-readers (a long stream never
 read), 8 idle and 8 chatty WebSocket sessions (never any text), 2 clients sending 1 MB fields, a 200 MB
-declared body sent flat out, and retry storms of 8 and 64 clients (503 -> again at once; ``-fresh``: a new
+declared body sent flat out (and the same bytes chunked, no length declared), and retry storms of 8 and 64 clients (503 -> again at once; ``-fresh``: a new
 connection per request). Per phase: the polite client's goodput and p50/p99 against the alone phases'
 mean, its non-200 answers by status, the server's tree RSS at the start and peak, CPU of the server, this
 process and the adversary's, and the adversary's answers. Goals PASS/FAIL at the end; ``abuse.json`` and
@@ -48,6 +48,7 @@ from bench.sched import realtime_client
 PHASES: dict[str, tuple[str | None, int]] = {
     "dribblers": ("dribble", 4), "non-readers": ("nonread", 4), "ws-idle": ("ws-idle", 8),
     "ws-chatty": ("ws-chatty", 8), "giant-fields": ("giant", 2), "huge-body": ("huge", 1),
+    "huge-chunked": ("huge-chunked", 1),
     "storm-8": ("storm", 8), "storm-64": ("storm", 64), "storm-64-fresh": ("storm-fresh", 64),
 }
 

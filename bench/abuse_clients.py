@@ -2,7 +2,7 @@
 
     python -m bench.abuse_clients KIND --url http://127.0.0.1:PORT --clients N --seconds S
 
-KIND: dribble, nonread, ws-idle, ws-chatty, giant, huge, storm, storm-fresh. It prints ``ready`` once its
+KIND: dribble, nonread, ws-idle, ws-chatty, giant, huge, huge-chunked, storm, storm-fresh. It prints ``ready`` once its
 imports are done, runs its clients for ``--seconds`` (every loop bounded in time and in attempts, loopback
 only), then prints one JSON line: the ``Tally`` (each answer counted by kind, time to each answer, bytes
 sent before it). Times are ``time.monotonic()``, which all processes of a Linux host share.
@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import fcntl
+import functools
 import json
 import socket
 import termios
@@ -70,9 +71,10 @@ def status_of(head: bytes) -> str:
     return parts[1].decode() if len(parts) > 1 and parts[0].startswith(b"HTTP/") and parts[1].isdigit() else "garbled"
 
 
-def request_head(host: str, path: str, length: int, extra: str = "") -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {length}\r\n{extra}\r\n").encode()
+def request_head(host: str, path: str, length: int | None) -> bytes:
+    """A POST's head; ``length`` None: a chunked body."""
+    size = "Transfer-Encoding: chunked" if length is None else f"Content-Length: {length}"
+    return f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{size}\r\n\r\n".encode()
 
 
 async def connect(host: str, port: int, sndbuf: int = 0, rcvbuf: int = 0) -> socket.socket:
@@ -197,17 +199,20 @@ class Adversaries:
         finally:
             sock.close()
 
-    async def huge(self, tally: Tally) -> None:
-        """Declares a 200 MB body and sends it as fast as it can, until the server answers or closes."""
+    async def huge(self, tally: Tally, chunked: bool = False) -> None:
+        """Declares a 200 MB body and sends it as fast as it can, until the server answers or closes; ``chunked``:
+        no length declared, the same bytes in chunks (``sent`` counts the body's bytes, not the framing)."""
         loop, t0 = asyncio.get_running_loop(), time.monotonic()
         sock = await connect(self.host, self.port, sndbuf=SNDBUF)
         chunk, sent = b" " * CHUNK, 0
+        if chunked:
+            chunk = f"{CHUNK:x}\r\n".encode() + chunk + b"\r\n"
         reply = None
         try:
-            await loop.sock_sendall(sock, request_head(self.host, "/v1/tts", HUGE))
+            await loop.sock_sendall(sock, request_head(self.host, "/v1/tts", None if chunked else HUGE))
             reply = asyncio.ensure_future(loop.sock_recv(sock, 4096))
             while sent < HUGE and not reply.done() and self.left() > 0:
-                send = asyncio.ensure_future(loop.sock_sendall(sock, chunk[:HUGE - sent]))
+                send = asyncio.ensure_future(loop.sock_sendall(sock, chunk))  # HUGE is a whole number of CHUNKs
                 await asyncio.wait([send, reply], timeout=max(0.01, self.left()), return_when=asyncio.FIRST_COMPLETED)
                 if not send.done():
                     send.cancel()
@@ -216,7 +221,7 @@ class Adversaries:
                     break
                 if send.exception() is not None:
                     break
-                sent += len(chunk[:HUGE - sent])
+                sent += CHUNK
             if not reply.done():  # all sent (or the send failed): wait for the answer
                 await asyncio.wait([reply], timeout=max(0.01, self.left()))
             if reply.done() and reply.exception() is None:
@@ -328,6 +333,7 @@ async def run(kind: str, url: str, clients: int, seconds: float, server_pid: int
         "dribble": lambda i: adv.raw_attempts(tally, adv.dribble),
         "nonread": lambda i: adv.raw_attempts(tally, adv.nonread),
         "huge": lambda i: adv.raw_attempts(tally, adv.huge),
+        "huge-chunked": lambda i: adv.raw_attempts(tally, functools.partial(adv.huge, chunked=True)),
         "ws-idle": lambda i: adv.ws(tally, chatty=False),
         "ws-chatty": lambda i: adv.ws(tally, chatty=True),
         "giant": lambda i: adv.giant(tally, openai=i % 2 == 1),

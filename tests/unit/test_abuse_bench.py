@@ -50,6 +50,8 @@ def test_raw_answers_and_requests():
     head = request_head("127.0.0.1", "/v1/tts", 209715200)
     assert head.startswith(b"POST /v1/tts HTTP/1.1\r\n") and b"Content-Length: 209715200\r\n" in head
     assert head.endswith(b"\r\n\r\n")
+    chunked = request_head("127.0.0.1", "/v1/tts", None)
+    assert b"Transfer-Encoding: chunked\r\n" in chunked and b"Content-Length" not in chunked
 
 
 def test_a_tally_counts_answers_with_their_times_and_bytes():
