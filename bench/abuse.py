@@ -36,6 +36,8 @@ from bench.abuse_report import (
     markdown,
     phase_line,
     reference,
+    server_log,
+    server_refusal_p99_ms,
     storm_rates,
     verdict,
 )
@@ -154,13 +156,19 @@ async def settle(url: str, limit_s: float = 20.0) -> float | None:
     return None
 
 
+def logged_since(path: Path, offset: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
 async def run_phase(srv: ServerProc, name: str, args: argparse.Namespace) -> dict[str, Any]:
     kind, clients = PHASES.get(name, (None, 0))
     me, server = psutil.Process(), psutil.Process(srv.proc.pid)
     proc = None
     if kind is not None:
         proc = await adversary(kind, clients, srv, args.lead_s + args.phase_s, args.adversary_nice)
-    rss_start, since = srv.rss.now(), srv.rss.elapsed()
+    rss_start, since, log_at = srv.rss.now(), srv.rss.elapsed(), srv.log_path.stat().st_size
     t0, c_me, c_srv, c_kids = time.monotonic(), me.cpu_times(), cpu_s(server.cpu_times()), me.cpu_times()
     lo = t0 + (args.lead_s if kind else 0.0)
     hi = lo + args.phase_s
@@ -181,6 +189,8 @@ async def run_phase(srv: ServerProc, name: str, args: argparse.Namespace) -> dic
         phase["storm"] = storm_rates(tally, lo, hi)
         phase["storm"]["total_rps"] = phase["storm"]["goodput_rps"] + s.throughput_rps
     phase["settle_s"] = await settle(srv.base_url)
+    text = logged_since(srv.log_path, log_at)  # what the server logged during the phase and its settling
+    phase["server_log"], phase["server_4xx_p99_ms"] = server_log(text), server_refusal_p99_ms(text)
     return phase
 
 

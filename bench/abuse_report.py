@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import statistics
+from typing import Any
 
 from bench.load import Result, percentile, work_in_window
 
@@ -19,6 +21,36 @@ def ms(v: float | None) -> str:
 
 def mb(v: float | None) -> str:
     return "-" if v is None else f"{v / MB:.0f} MB"
+
+
+ACCESS = re.compile(r"cosyserve\.access: \S+ (\S+) (\S+) (\d{3}) ([0-9.]+)ms.*?( aborted)?$")
+WS_END = re.compile(r"cosyserve\.ws: \S+ WS \S+ .* ([0-9.]+)s close=(\S+)")
+
+
+def server_log(text: str) -> dict[str, dict[str, Any]]:
+    """The server's own account of a phase, from its log: each ``METHOD path status`` (``aborted``: no complete
+    response) with its count and times as the server measured them, and each WebSocket session's close."""
+    times: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        if m := ACCESS.search(line):
+            key, value = f"{m[1]} {m[2]} {m[3]}{' aborted' if m[5] else ''}", float(m[4])
+        elif m := WS_END.search(line):
+            key, value = f"WS close={m[2]}", float(m[1]) * 1000
+        else:
+            continue
+        times.setdefault(key, []).append(value)
+    return {k: {"count": len(v), "p50_ms": percentile(v, 50), "p99_ms": percentile(v, 99), "max_ms": max(v)}
+            for k, v in sorted(times.items())}
+
+
+def server_refusal_p99_ms(text: str) -> float | None:
+    """p99 of the server's time for its 4xx answers (the access log's)."""
+    return percentile([float(m[4]) for line in text.splitlines() if (m := ACCESS.search(line)) and m[3][0] == "4"], 99)
+
+
+def server_log_text(log: dict[str, dict[str, Any]]) -> str:
+    return ", ".join(f"{k} x{v['count']} (p50 {v['p50_ms']:.0f} ms, max {v['max_ms']:.0f} ms)"
+                     for k, v in log.items()) or "nothing"
 
 
 def reference(phases: list[dict]) -> dict[str, float | None]:
@@ -81,6 +113,8 @@ def phase_line(p: dict, ref: dict) -> str:
                 f" with the polite client {st['total_rps']:.2f} 200s/s ({_x(ratio(st['total_rps'], ref['throughput_rps']))})")
     if p["adversary"] is not None:
         out += f"\n{'':>15}{p['adversary']} x{p['clients']}: {answers_text(p.get('tally'))}"
+    if p.get("server_log") is not None:
+        out += f"\n{'':>15}server log: {server_log_text(p['server_log'])}"
     return out
 
 
@@ -112,10 +146,13 @@ def evaluate_goals(phases: list[dict]) -> list[dict]:
         if name == "giant-fields" and tally:
             refused = all(k[:1] == "4" for k in tally["answers"])
             p99 = percentile(tally.get("answer_s") or [], 99)
+            server = p.get("server_4xx_p99_ms")
             _goal(goals, name, "every giant field refused (4xx)", statuses_text(tally["answers"]), "4xx only",
                   refused if tally["answers"] else None)
-            _goal(goals, name, "giant field answer time p99", ms(p99), f"< {ms(GIANT_ANSWER_MAX_S)}",
-                  None if p99 is None else p99 < GIANT_ANSWER_MAX_S)
+            _goal(goals, name, "4xx answer time p99, as the server timed it", ms(None if server is None else server / 1000),
+                  f"< {ms(GIANT_ANSWER_MAX_S)}", None if server is None else server < GIANT_ANSWER_MAX_S * 1000)
+            _goal(goals, name, "giant field answer time p99, as the niced adversary timed it (1 MB upload in)",
+                  ms(p99), "info", None)
         if name == "huge-body" and tally:
             sent = max(tally.get("sent_bytes") or [0], default=0)
             answered = [k for k in tally["answers"] if k != "open at end"]
@@ -147,8 +184,8 @@ def markdown(results: dict) -> str:
         (f"Alone (reference: the mean of the {ref['runs']} alone phases): {_f(ref['throughput_rps'])} req/s, "
         f"p99 {ms(ref['latency_p99_s'])}."), "",
         ("| phase | polite req/s (x alone) | p50 | p99 (x alone) | polite non-200 (whole phase) | server RSS start -> peak | "
-        "CPU server / bench / adversary | adversary's answers |"),
-        "|---|---|---|---|---|---|---|---|",
+        "CPU server / bench / adversary | adversary's answers | the server's log |"),
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for p in phases:
         s = p["polite"]
@@ -161,7 +198,8 @@ def markdown(results: dict) -> str:
             f"| {p['name']} | {s['throughput_rps']:.2f} ({_f(ratio(s['throughput_rps'], ref['throughput_rps']))}) | "
             f"{ms(s['latency_p50_s'])} | {ms(s['latency_p99_s'])} ({_f(ratio(s['latency_p99_s'], ref['latency_p99_s']))})"
             f" | {statuses_text(p['polite_statuses'])} | {mb(p['rss_start'])} -> {mb(p['rss_peak'])} | "
-            f"{p['cpu']['server']:.2f} / {p['cpu']['bench']:.2f} / {p['cpu']['adversary']:.2f} | {adv} |")
+            f"{p['cpu']['server']:.2f} / {p['cpu']['bench']:.2f} / {p['cpu']['adversary']:.2f} | {adv} | "
+            f"{server_log_text(p.get('server_log') or {})} |")
     lines += ["", "## Goals", "", "| phase | goal | value | target | |", "|---|---|---|---|---|"]
     for g in results["goals"]:
         lines.append(f"| {g['phase']} | {g['goal']} | {g['value']} | {g['target']} | {verdict(g['pass'])} |")
