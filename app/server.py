@@ -20,6 +20,7 @@ from types import FrameType
 import uvicorn
 from starlette.applications import Starlette
 
+from app import logredact
 from app.api.auth import exposure_warning
 from app.config import Settings
 from app.main import create_app
@@ -77,6 +78,7 @@ def warn_if_exposed(settings: Settings) -> None:
 
 
 def run(settings: Settings) -> None:
+    logredact.install(settings.server.keys)  # before uvicorn logs its first line: no key in any log
     warn_if_exposed(settings)
     app = create_app(settings)
     config = uvicorn.Config(
