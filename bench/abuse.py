@@ -126,6 +126,7 @@ async def adversary(kind: str, clients: int, srv: ServerProc, seconds: float, ni
     line = await asyncio.wait_for(proc.stdout.readline(), 60)
     if line.strip() != b"ready":
         proc.kill()
+        await proc.wait()
         raise RuntimeError(f"adversary {kind} did not start: {line!r}")
     return proc
 
@@ -164,11 +165,24 @@ def logged_since(path: Path, offset: int) -> str:
 
 async def run_phase(srv: ServerProc, name: str, args: argparse.Namespace) -> dict[str, Any]:
     kind, clients = PHASES.get(name, (None, 0))
-    me, server = psutil.Process(), psutil.Process(srv.proc.pid)
     proc = None
-    if kind is not None:
-        proc = await adversary(kind, clients, srv, args.lead_s + args.phase_s, args.adversary_nice)
-    rss_start, since, log_at = srv.rss.now(), srv.rss.elapsed(), srv.log_path.stat().st_size
+    start = (srv.rss.now(), srv.rss.elapsed(), srv.log_path.stat().st_size)  # before the adversary's first byte
+    try:
+        if kind is not None:
+            proc = await adversary(kind, clients, srv, args.lead_s + args.phase_s, args.adversary_nice)
+        return await measure(srv, name, kind, clients, proc, start, args)
+    finally:
+        if proc is not None and proc.returncode is None:  # an error on the way: no adversary outlives its phase
+            proc.kill()
+            await proc.wait()
+
+
+async def measure(srv: ServerProc, name: str, kind: str | None, clients: int, proc: asyncio.subprocess.Process | None,
+                  start: tuple[int, float, int], args: argparse.Namespace) -> dict[str, Any]:
+    """The polite client's window beside the running adversary ``proc``; ``start``: the server's RSS, the RSS
+    sampler's clock and the log's size before the adversary started."""
+    me, server = psutil.Process(), psutil.Process(srv.proc.pid)
+    rss_start, since, log_at = start
     t0, c_me, c_srv, c_kids = time.monotonic(), me.cpu_times(), cpu_s(server.cpu_times()), me.cpu_times()
     lo = t0 + (args.lead_s if kind else 0.0)
     hi = lo + args.phase_s
@@ -183,7 +197,7 @@ async def run_phase(srv: ServerProc, name: str, args: argparse.Namespace) -> dic
         "rss_start": rss_start, "rss_peak": max(srv.rss.peak(since), rss_start), "rss_end": srv.rss.now(),
         "cpu": {"server": (cpu_s(server.cpu_times()) - c_srv) / wall, "bench": (cpu_s(after) - cpu_s(c_me)) / wall,
                 "adversary": (cpu_s(after, True) - cpu_s(c_kids, True)) / wall},
-        "tally": tally,
+        "tally": tally, "window_monotonic": [lo, hi],
     }
     if kind and kind.startswith("storm") and tally:
         phase["storm"] = storm_rates(tally, lo, hi)
@@ -222,7 +236,12 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"server gone (exit {srv.proc.poll()}, RSS guard hit: {srv.rss.limit_hit}); phases left out")
                 results["server_gone_before"] = name
                 break
-            p = asyncio.run(run_phase(srv, name, args))
+            try:
+                p = asyncio.run(run_phase(srv, name, args))
+            except Exception as exc:  # noqa: BLE001 - one phase failing does not lose the others
+                log(f"{name} FAILED: {type(exc).__name__}: {str(exc)[:500]}")
+                results.setdefault("failed", {})[name] = f"{type(exc).__name__}: {exc}"[:2000]
+                continue
             results["phases"].append(p)
             print(phase_line(p, reference(results["phases"])), flush=True)
     results["loadavg_end"] = os.getloadavg()

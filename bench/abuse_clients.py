@@ -13,11 +13,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import fcntl
 import functools
 import json
-import socket
-import termios
 import time
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
@@ -25,6 +22,16 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
+from bench.abuse_sockets import (
+    TCP_CLOSE,
+    TCP_CLOSE_WAIT,
+    connect,
+    peek,
+    queued,
+    request_head,
+    status_of,
+    tcp_state,
+)
 from bench.admission import TEXT
 
 MAX_ATTEMPTS = 100_000  # per client and phase: a bound on every reconnect / retry loop
@@ -36,7 +43,6 @@ HUGE = 200 * 1024 * 1024  # the declared body of the huge-body client
 CHUNK = 64 * 1024
 SNDBUF = 64 * 1024  # the huge-body client's send buffer: what it has sent is at most this much more than the server read
 RCVBUF = 4096  # the non-reader's receive buffer
-TCP_CLOSE_WAIT, TCP_CLOSE = 8, 7  # Linux tcp_states.h
 
 
 @dataclass
@@ -51,7 +57,7 @@ class Tally:
     sent_bytes: list[int] = field(default_factory=list)  # per attempt, counting those still open at the end
     received_bytes: list[int] = field(default_factory=list)  # non-readers: bytes queued unread when closed / at end
     ok: list[list[float]] = field(default_factory=list)  # storms: [start, latency] of each 200
-    rejected_at: list[float] = field(default_factory=list)  # storms: when each 503 ended
+    rejected: dict[str, int] = field(default_factory=dict)  # storms: 503s by the tenth of a second they ended in
     errors: list[str] = field(default_factory=list)
 
     def count(self, answer: str, after_s: float | None = None, sent: int | None = None) -> None:
@@ -63,55 +69,6 @@ class Tally:
     def note(self, text: str) -> None:
         if len(self.errors) < 10:
             self.errors.append(text[:300])
-
-
-def status_of(head: bytes) -> str:
-    """``"413"`` from ``b"HTTP/1.1 413 ..."``; ``"garbled"`` otherwise."""
-    parts = head.split(b" ", 2)
-    return parts[1].decode() if len(parts) > 1 and parts[0].startswith(b"HTTP/") and parts[1].isdigit() else "garbled"
-
-
-def request_head(host: str, path: str, length: int | None) -> bytes:
-    """A POST's head; ``length`` None: a chunked body."""
-    size = "Transfer-Encoding: chunked" if length is None else f"Content-Length: {length}"
-    return f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{size}\r\n\r\n".encode()
-
-
-async def connect(host: str, port: int, sndbuf: int = 0, rcvbuf: int = 0) -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    if sndbuf:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
-    if rcvbuf:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    sock.setblocking(False)
-    try:
-        await asyncio.get_running_loop().sock_connect(sock, (host, port))
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def tcp_state(sock: socket.socket) -> int | None:
-    try:
-        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
-    except (OSError, AttributeError):
-        return None
-
-
-def queued(sock: socket.socket) -> int:
-    """Bytes received and not read (FIONREAD)."""
-    try:
-        return int.from_bytes(fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"), "little")
-    except OSError:
-        return 0
-
-
-def peek(sock: socket.socket) -> bytes:
-    try:
-        return sock.recv(64, socket.MSG_PEEK)
-    except (BlockingIOError, OSError):
-        return b""
 
 
 class Adversaries:
@@ -317,11 +274,13 @@ class Adversaries:
                         async for _part in r.aiter_raw():
                             pass
                     now = time.monotonic()
-                    tally.count(str(r.status_code))
+                    # the time to a refusal is what a no-backoff client waits between tries
+                    tally.count(str(r.status_code), now - t0 if r.status_code != 200 else None)
                     if r.status_code == 200 and len(tally.ok) < MAX_SAMPLES:
                         tally.ok.append([t0, now - t0])
-                    elif r.status_code == 503 and len(tally.rejected_at) < MAX_SAMPLES:
-                        tally.rejected_at.append(now)
+                    elif r.status_code == 503:
+                        tenth = f"{now:.1f}"
+                        tally.rejected[tenth] = tally.rejected.get(tenth, 0) + 1
                 except httpx.HTTPError as exc:
                     tally.count(f"no answer ({type(exc).__name__})")
                     tally.note(f"{type(exc).__name__}: {exc}")

@@ -69,7 +69,7 @@ def ratio(value: float | None, ref: float | None) -> float | None:
 def storm_rates(tally: dict, lo: float, hi: float) -> dict[str, float]:
     """A storm's 200s per second (each by its overlap with [lo, hi], as the closed loop counts) and 503s per second."""
     ok = [Result(start, 200, latency, None, 0, "ok") for start, latency in tally.get("ok", [])]
-    rejected = sum(lo <= t <= hi for t in tally.get("rejected_at", []))
+    rejected = sum(n for t, n in tally.get("rejected", {}).items() if lo <= float(t) <= hi)
     return {"goodput_rps": work_in_window(ok, lo, hi), "rejected_per_s": rejected / (hi - lo) if hi > lo else 0.0}
 
 
@@ -81,7 +81,8 @@ def answers_text(tally: dict | None) -> str:
     text = ", ".join(f"{k} x{n}" for k, n in kinds) or "no answer"
     times = tally.get("answer_s") or []
     if times:
-        text += f"; after p50 {ms(percentile(times, 50))}, max {ms(max(times))}"
+        which = "the non-200s " if tally["kind"].startswith("storm") else ""  # a storm's 200s: in ``ok``
+        text += f"; {which}after p50 {ms(percentile(times, 50))}, max {ms(max(times))}"
     sent = tally.get("sent_bytes") or []
     if sent and tally["kind"] in ("dribble", "huge", "huge-chunked"):
         text += f"; sent max {sent_text(max(sent))}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.abuse import PHASES, parse_args, statuses
-from bench.abuse_clients import Tally, request_head, status_of
+from bench.abuse_clients import Tally
 from bench.abuse_report import (
     answers_text,
     evaluate_goals,
@@ -16,6 +16,7 @@ from bench.abuse_report import (
     server_refusal_p99_ms,
     storm_rates,
 )
+from bench.abuse_sockets import request_head, status_of
 from bench.load import Result
 
 MB = 1024 * 1024
@@ -72,9 +73,13 @@ def test_the_reference_is_the_mean_of_the_alone_phases():
 
 
 def test_a_storms_goodput_counts_the_200s_overlap_with_the_window():
-    tally = {"ok": [[0.0, 2.0], [9.0, 2.0]], "rejected_at": [1.0, 5.0, 5.5, 11.0]}
+    tally = {"ok": [[0.0, 2.0], [9.0, 2.0]], "rejected": {"1.0": 1, "5.0": 2, "11.0": 1, "11.1": 5}}
     rates = storm_rates(tally, 1.0, 11.0)
     assert rates["goodput_rps"] == pytest.approx((0.5 + 1.0) / 10) and rates["rejected_per_s"] == pytest.approx(0.4)
+    storm = Tally("storm", 8)
+    storm.count("200")
+    storm.count("503", 0.004)
+    assert answers_text(storm.__dict__) == "200 x1, 503 x1; the non-200s after p50 4 ms, max 4 ms"
 
 
 def test_goals_pass_and_fail_per_phase():
