@@ -182,15 +182,16 @@ def markdown(results: dict) -> str:
         f"{results['loadavg_start'][0]:.2f}, at the end {results['loadavg_end'][0]:.2f}; model {results['model']}; "
         f"server: no pool settings (the defaults); {results['phase_s']:g} s per phase after {results['lead_s']:g} s "
         f"for the adversary to settle in; load generator: {results['load_generator']}."), "",
-        (f"Alone (reference: the mean of the {ref['runs']} alone phases): {_f(ref['throughput_rps'])} req/s, "
-        f"p99 {ms(ref['latency_p99_s'])}."), "",
+        (f"Alone (reference: the mean of the {ref['runs']} alone phases, first and last): "
+         f"{_f(ref['throughput_rps'])} req/s, p99 {ms(ref['latency_p99_s'])}. Goodput: the polite client's 200s per "
+         "second in the window; p99: its latency; in brackets, each over the reference."), "",
         ("| phase | polite req/s (x alone) | p50 | p99 (x alone) | polite non-200 (whole phase) | server RSS start -> peak | "
         "CPU server / bench / adversary | adversary's answers | the server's log |"),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for p in phases:
         s = p["polite"]
-        adv = answers_text(p.get("tally")) if p["adversary"] else "-"
+        adv = f"{p['adversary']} x{p['clients']}: {answers_text(p.get('tally'))}" if p["adversary"] else "-"
         if p.get("storm"):
             st = p["storm"]
             adv = (f"storm of {p['clients']}: {st['goodput_rps']:.2f} 200s/s, {st['rejected_per_s']:.0f} 503s/s, "
