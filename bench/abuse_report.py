@@ -202,6 +202,11 @@ def markdown(results: dict) -> str:
             f" | {statuses_text(p['polite_statuses'])} | {mb(p['rss_start'])} -> {mb(p['rss_peak'])} | "
             f"{p['cpu']['server']:.2f} / {p['cpu']['bench']:.2f} / {p['cpu']['adversary']:.2f} | {adv} | "
             f"{server_log_text(p.get('server_log') or {})} |")
+    if results.get("server_gone_before"):
+        lines += ["", (f"The server was gone (exited, or killed past the RSS guard) before phase "
+                  f"{results['server_gone_before']}: that phase and the ones after it did not run.")]
+    for name, why in (results.get("failed") or {}).items():
+        lines += ["", f"Phase {name} failed: {why}"]
     lines += ["", "## Goals", "", "| phase | goal | value | target | |", "|---|---|---|---|---|"]
     for g in results["goals"]:
         lines.append(f"| {g['phase']} | {g['goal']} | {g['value']} | {g['target']} | {verdict(g['pass'])} |")

@@ -119,6 +119,8 @@ def test_lines_and_report_name_every_phase():
                "model": "tiny", "phase_s": 30.0, "lead_s": 3.0, "load_generator": "normal",
                "goals": evaluate_goals(phases)}
     md = markdown(results)
+    assert "did not run" not in md
+    assert "did not run" in markdown({**results, "server_gone_before": "storm-64"})
     assert "| dribblers | 2.90 (0.97) |" in md and "| dribblers | polite goodput vs alone | 0.97 | >= 0.9 | PASS |" in md
 
 
