@@ -49,6 +49,10 @@ class ServerSettings(_Section):
     max_upload_mb: float = Field(20.0, gt=0)
     max_text_chars: int = Field(4096, ge=1)
     body_timeout_s: float = Field(30.0, ge=0)  # 0: no deadline
+    max_body_reads: int = Field(64, ge=1)  # request bodies read at once (no permit held meanwhile); beyond: 503
+    body_buffer_mb: float = Field(256.0, gt=0)  # bytes all bodies being read may hold together; beyond: 503
+    send_timeout_s: float = Field(30.0, ge=0)  # a stream whose client reads nothing this long is closed (0: never)
+    refusals_per_s: float = Field(50.0, ge=0)  # 503s answered at once per second; beyond, held (0: no pacing)
     # NoDecode: an env var is a comma-separated list (or a JSON list), split by _split
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)  # empty (and no file): no keys, every route open
     api_keys_file: str | None = None  # one key per line; blank lines and '#' comments ignored
@@ -206,7 +210,9 @@ class PoolSettings(_Section):
     request_timeout_s: float = Field(300.0, ge=0)
     share_engine: bool = False
     compute_nice: int = Field(10, ge=0, le=19)  # compute threads run this much nicer than the event loop (Linux)
-    stream_buffer_chunks: int = Field(4, ge=1, le=1024)
+    stream_buffer_chunks: int | None = Field(None, ge=1)  # also bound a stream's buffer in chunks (None: bytes only)
+    stream_buffer_mb: float = Field(32.0, gt=0)  # unread audio one stream may buffer (the engine waits beyond)
+    stream_buffer_total_mb: float = Field(512.0, gt=0)  # unread audio all streams may buffer together
     health_timeout_s: float = Field(5.0, gt=0)
     stuck_grace_s: float = Field(30.0, ge=0)
 

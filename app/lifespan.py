@@ -29,6 +29,8 @@ from app.serving.session import SessionLimits
 from app.serving.speech import SpeechService
 from app.voices.library import VoiceLibrary
 
+MB = 1024 * 1024
+
 log = logging.getLogger("cosyserve")
 
 # Adaptive admission on a CPU starts at this many requests in flight per core (then follows latency).
@@ -74,7 +76,9 @@ def pool_config(settings: Settings, batching: bool = False) -> PoolConfig:
     p = settings.pool
     return PoolConfig(workers=p.workers, max_queue=p.queue_limit, queue_timeout_s=p.queue_timeout_s,
                       request_timeout_s=p.request_timeout_s, share_engine=p.share_engine or batching,
-                      stream_buffer_chunks=p.stream_buffer_chunks, health_timeout_s=p.health_timeout_s,
+                      stream_buffer_chunks=p.stream_buffer_chunks or PoolConfig.stream_buffer_chunks,
+                      stream_buffer_bytes=int(p.stream_buffer_mb * MB),
+                      stream_buffer_total_bytes=int(p.stream_buffer_total_mb * MB), health_timeout_s=p.health_timeout_s,
                       stuck_grace_s=p.stuck_grace_s, admission=p.admission,
                       admission_budget_s=p.admission_budget_s, admission_tolerance=p.admission_tolerance)
 

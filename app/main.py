@@ -12,7 +12,11 @@ from app.api import compat, health, openai, openapi, playground, tts, voices, ws
 from app.api import metrics as metrics_api
 from app.api.admission import AdmissionMiddleware
 from app.api.auth import APIKeyMiddleware, document_keys
+from app.api.bodies import BodyGate, BodyLimits
+from app.api.edge_metrics import EdgeCollector
 from app.api.errors import install_error_handlers
+from app.api.refusals import RefusalPacer
+from app.api.respond import install_quiet_cut
 from app.api.routes import ENDPOINTS
 from app.config import Settings
 from app.lifespan import lifespan
@@ -35,6 +39,11 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
     metrics = Metrics(stats=lambda: p.stats() if (p := pool()) is not None else None,
                       routes=ENDPOINTS) if settings.metrics.enabled else None
     app.state.boot = Boot(settings=settings, metrics=metrics, engine_factory=engine_factory)
+    bodies, pacer = BodyGate(body_limits(settings)), RefusalPacer(settings.server.refusals_per_s)
+    install_quiet_cut()  # a stream cut on purpose (a client that reads nothing) is not an application error
+    if metrics is not None:
+        metrics.registry.register(EdgeCollector(bodies, pacer, lambda: (p.stats().get("stream_buffers")
+                                                                         if (p := pool()) is not None else None)))
     for module in (health, tts, openai, compat, voices, ws_speech, playground):
         app.include_router(module.router)
     playground.mount(app)
@@ -46,7 +55,7 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
         document_keys(app, metrics_open=not settings.metrics.require_key)
     # Outermost last: CORS (so its headers reach 401s and 503s too) -> request id + access log
     # -> API keys (before admission: a request without a key takes no permit) -> admission.
-    app.add_middleware(AdmissionMiddleware, pool=pool)
+    app.add_middleware(AdmissionMiddleware, pool=pool, bodies=bodies, pacer=pacer)
     app.add_middleware(APIKeyMiddleware, keys=settings.server.keys, metrics_open=not settings.metrics.require_key,
                        on_refused=metrics.on_unauthorized if metrics is not None else None)
     app.add_middleware(RequestContextMiddleware, access_log=settings.server.access_log,
@@ -54,6 +63,16 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
     if settings.server.cors_origins:
         app.add_middleware(CORSMiddleware, **cors_options(settings.server.cors_origins))
     return app
+
+
+# A form's text fields and boundaries, on top of its uploaded audio (server.max_upload_mb).
+FORM_ALLOWANCE_BYTES = 1 << 20
+
+
+def body_limits(settings: Settings) -> BodyLimits:
+    s = settings.server
+    return BodyLimits(max_bytes=int(s.max_upload_mb * 1024 * 1024) + FORM_ALLOWANCE_BYTES, timeout_s=s.body_timeout_s,
+                      max_reads=s.max_body_reads, max_buffered_bytes=int(s.body_buffer_mb * 1024 * 1024))
 
 
 def cors_options(origins: list[str]) -> dict[str, Any]:

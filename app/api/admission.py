@@ -1,53 +1,89 @@
-"""Admission at the edge: refuse synthesis requests with 503 before any routing or parsing.
+"""The edge: bodies read before any permit, 503 before any body, refusals paced under a storm.
 
-Under overload most requests are rejected, so a rejection must cost next to
-nothing, or rejecting steals the CPU (and, with GIL-bound models, the GIL) that
-the engines need. This plain ASGI middleware takes the pool's admission permit
-for the synthesis routes of the route table first; a refused request gets its
-503 envelope without touching FastAPI's routing, dependencies or the body. An
-admitted request carries its permit in its ``RequestContext`` until the speech
-service takes it (``RequestContext.take_ticket``: the permit moves on, and the
-job releases it); a request that never reaches the service (refused while
-parsing or planning) releases it here when its response ends. The body then has
-``server.body_timeout_s`` to arrive, and the queue wait counts from when it is in
-(``EnginePool.run``).
+Under overload most requests are refused, so a refusal must cost next to nothing,
+and a permit must be held only by work that computes. This plain ASGI middleware
+runs before FastAPI's routing, dependencies or body parsing:
+
+1. A synthesis request (the route table's) that the pool would refuse now gets its
+   503 envelope at once (``EnginePool.check_admit``), before a byte of its body is read.
+2. A request with a body (any route: synthesis, voice registration) has it read
+   whole by the :class:`~app.api.bodies.BodyGate`: a declared length over the limit
+   is a 413 before reading, a chunked body is cut at the limit, the body must
+   arrive within ``server.body_timeout_s`` (408), and only so many bodies are read
+   at once. No permit is held meanwhile: a dribbling client holds a body-read place.
+3. A synthesis request then takes its permit (``pool.admit()``: it may still be
+   refused if the load changed while its body arrived) and carries it in its
+   ``RequestContext`` until the speech service takes it; the handler reads the
+   body from a replay. A request refused while parsing or planning gives the
+   permit back here when its response ends.
+
+Every 503 from here goes through the :class:`~app.api.refusals.RefusalPacer`: at
+once up to ``server.refusals_per_s``, held beyond it, so a storm of clients that
+retry without backoff costs a bounded number of refusals a second.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from starlette.requests import Request
-
+from app.api.bodies import BodyGate, ClientLeft, has_body, replay
 from app.api.context import context_of
-from app.api.errors import classify, render
+from app.api.errors import classify, render_scope
+from app.api.refusals import RefusalPacer
 from app.api.routes import match
-from app.serving.errors import ServingError
+from app.serving.errors import PayloadTooLarge, RequestError, ServingError
 from app.serving.pool import EnginePool
 
 
 class AdmissionMiddleware:
-    def __init__(self, app: Callable, pool: Callable[[], EnginePool | None]) -> None:
+    def __init__(self, app: Callable, pool: Callable[[], EnginePool | None], bodies: BodyGate,
+                 pacer: RefusalPacer) -> None:
         self.app = app
         self.pool = pool  # None until the lifespan built the runtime (app.runtime.running)
+        self.bodies = bodies
+        self.pacer = pacer
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        route = match(scope) if scope["type"] == "http" else None
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = match(scope)
         pool = self.pool() if route is not None else None
-        if route is None or pool is None:
+        body = has_body(scope)
+        if pool is None and not body:
+            await self.app(scope, receive, send)
+            return
+        if route is not None:
+            context_of(scope).endpoint = route.path
+        try:
+            if pool is not None:
+                pool.check_admit()  # refused now: no body read at all
+            if body:
+                receive = replay(await self.bodies.read(scope, receive), receive)
+            ticket = pool.admit() if pool is not None else None
+        except ClientLeft:
+            return  # nobody to answer
+        except (ServingError, RequestError) as exc:
+            await self._refuse(scope, receive, send, exc)
+            return
+        if ticket is None:
             await self.app(scope, receive, send)
             return
         ctx = context_of(scope)
-        ctx.endpoint = route.path
-        try:
-            ticket = pool.admit()
-        except ServingError as exc:
-            response = render(Request(scope), classify(exc))
-            await response(scope, receive, send)
-            return
         ctx.ticket = ticket
         try:
             await self.app(scope, receive, send)
         finally:
             ctx.ticket = None
             ticket.release()  # nothing to do if the service took it; else nobody used it
+
+    async def _refuse(self, scope: dict, receive: Callable, send: Callable, exc: BaseException) -> None:
+        info = classify(exc)
+        headers: dict[str, Any] = {}
+        if isinstance(exc, PayloadTooLarge):
+            headers["Connection"] = "close"  # the rest of the body is not read: the connection cannot be reused
+        if info.status == 503:
+            await self.pacer.pace()
+        response = render_scope(scope, info, headers)
+        await response(scope, receive, send)

@@ -3,10 +3,18 @@
 After the first byte a stream cannot change its status: an error then aborts it
 (logged, counted, the client sees a truncated chunked body). The job is closed
 (shielded) when the response ends, on every path: done, error, client gone.
+
+A stream's client that reads nothing for ``server.send_timeout_s`` (one write
+waits that long for the socket to take bytes) is disconnected: its job is
+closed, its buffered audio dropped. Its permit went back when synthesis ended
+(``app/serving/job.py``); this bounds how long its connection and buffer stay.
+A listener at real time reads continuously and is never cut off.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -27,23 +35,74 @@ log = logging.getLogger("cosyserve.api")
 Sink = Callable[[bytes, bool], bytes]
 
 
-class JobStreamingResponse(StreamingResponse):
-    """A StreamingResponse that always runs ``on_close`` (shielded) when the response ends."""
+# Set when a response was cut on purpose (a stalled client): uvicorn's "returned without completing
+# response" line for it is ours, already logged at info, not an application error.
+_CUT_ON_PURPOSE: contextvars.ContextVar[bool] = contextvars.ContextVar("cosyserve_cut_on_purpose", default=False)
+_UVICORN_INCOMPLETE = "ASGI callable returned without completing response."
 
-    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
+
+class ClientStalled(Exception):
+    """The client took nothing for ``send_timeout_s``: the stream is cut."""
+
+
+class QuietCutFilter(logging.Filter):
+    """Drops uvicorn's error line for a response this server cut on purpose (installed on uvicorn.error)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_CUT_ON_PURPOSE.get() and record.msg == _UVICORN_INCOMPLETE)
+
+
+def install_quiet_cut() -> None:
+    logger = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, QuietCutFilter) for f in logger.filters):
+        logger.addFilter(QuietCutFilter())
+
+
+class JobStreamingResponse(StreamingResponse):
+    """A StreamingResponse that always runs ``on_close`` (shielded) when the response ends, and cuts a
+    client that reads nothing for ``send_timeout_s`` (0: never)."""
+
+    def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]],
+                 send_timeout_s: float = 0.0, on_stalled: Callable[[], None] | None = None, **kwargs: Any) -> None:
         super().__init__(content, **kwargs)
         self._on_close = on_close
+        self._send_timeout_s = send_timeout_s
+        self._on_stalled = on_stalled
+
+    async def stream_response(self, send: Any) -> None:
+        timeout = self._send_timeout_s
+        if timeout <= 0:
+            await super().stream_response(send)
+            return
+
+        async def timed(message: Any) -> None:
+            try:
+                async with asyncio.timeout(timeout):
+                    await send(message)
+            except TimeoutError:
+                raise ClientStalled() from None
+
+        await super().stream_response(timed)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
+        except ClientStalled:
+            ctx = context_of(scope)
+            ctx.stream_error = "ClientStalled"
+            log.info("stream %s: the client read nothing for %g s (server.send_timeout_s); connection closed",
+                     ctx.request_id, self._send_timeout_s)
+            if self._on_stalled is not None:
+                self._on_stalled()
+            _CUT_ON_PURPOSE.set(True)  # uvicorn closes the connection; its line about it is ours
         finally:
             with anyio.CancelScope(shield=True):
                 await self._on_close()
 
 
 def speech_response(request: Request, result: SpeechResult, *, media_type: str | None = None,
-                    headers: dict[str, str] | None = None, sink: Sink | None = None) -> Response:
+                    headers: dict[str, str] | None = None, sink: Sink | None = None,
+                    send_timeout_s: float = 0.0, on_stalled: Callable[[], None] | None = None) -> Response:
     ctx = context_of(request.scope)
     ctx.ttfa_s, ctx.queue_wait_s, ctx.timings = result.ttfa_s, result.queue_wait_s, result.timings
     all_headers = {"X-Sample-Rate": str(result.sample_rate), "Cache-Control": "no-store", **(headers or {})}
@@ -54,7 +113,7 @@ def speech_response(request: Request, result: SpeechResult, *, media_type: str |
         return Response(body, media_type=media_type, headers=all_headers)
     assert result.body is not None
     return JobStreamingResponse(_framed(result, ctx, sink), on_close=result.aclose, media_type=media_type,
-                                headers=all_headers)
+                                headers=all_headers, send_timeout_s=send_timeout_s, on_stalled=on_stalled)
 
 
 async def _framed(result: SpeechResult, ctx: RequestContext, sink: Sink | None) -> AsyncIterator[bytes]:
@@ -81,8 +140,11 @@ async def synthesize(request: Request, speech: SpeechService, plan: Plan, out: O
     ctx = context_of(request.scope)
     async with watch_disconnect(request) as gone:
         result = await speech.run(plan, out, ticket=ctx.take_ticket(), gone=gone)
+    runtime = request.state.runtime
     try:
-        return speech_response(request, result, media_type=media_type, headers=headers, sink=sink)
+        return speech_response(request, result, media_type=media_type, headers=headers, sink=sink,
+                               send_timeout_s=runtime.settings.server.send_timeout_s,
+                               on_stalled=speech.pool.stream_budget.note_stalled)
     except BaseException:
         await result.aclose()
         raise

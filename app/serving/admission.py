@@ -179,8 +179,27 @@ class Admission:
         return self.capacity if self.limiter is None else self.limiter.value
 
     # -- the gate -----------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise Overloaded (counted) if ``admit()`` would refuse now; take nothing.
+
+        The edge asks this before it reads a request's body, so a refusal under overload still
+        costs no body read; the permit itself is taken only once the body is in (``admit``).
+        """
+        self._refuse_if_full()
+
     def admit(self) -> Ticket:
         """A ticket at once, or Overloaded (counted as ``queue_full`` or ``over_budget``)."""
+        self._refuse_if_full()
+        self.in_flight += 1
+        self.queued += 1
+        self.admitted += 1
+        self.load += 1.0
+        self._idle.clear()
+        self._note_load()
+        self._observer.on_queue_depth(self.queued)
+        return Ticket(_Permit(self))
+
+    def _refuse_if_full(self) -> None:
         if self.in_flight >= self.capacity:
             self.reject("queue_full")
             raise Overloaded(f"all {self.workers} workers are busy and {self.max_queue} requests are waiting",
@@ -190,14 +209,6 @@ class Admission:
             self.reject("over_budget")
             raise Overloaded(f"{self.limiter.value} requests are running and the wait for a place would take "
                              f"this one past the server's latency budget or its queue timeout", self.retry_after_s())
-        self.in_flight += 1
-        self.queued += 1
-        self.admitted += 1
-        self.load += 1.0
-        self._idle.clear()
-        self._note_load()
-        self._observer.on_queue_depth(self.queued)
-        return Ticket(_Permit(self))
 
     def reject(self, reason: str) -> None:
         """Count a refusal (one of ``stats.REJECT_REASONS``)."""

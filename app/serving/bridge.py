@@ -12,9 +12,11 @@ on the event loop). No extra thread per stream is needed:
   pulled (backpressure), so at most ``maxsize`` chunks are buffered plus the
   one the thread holds; with ``max_bytes`` it also waits while the buffered items
   hold that many bytes (encoded pieces have a ``len()``), so backpressure counts
-  bytes, not just chunks. The wait is woken by the consumer taking an item or by
-  ``cancel()``; it also re-checks the cancel flag every ``poll_s`` in case the
-  flag was set by someone who did not notify.
+  bytes, not just chunks, and with a shared ``budget`` (``app/serving/buffers.py``)
+  while all streams together hold the server's limit (one item always fits).
+  The wait is woken by the consumer taking an item or by ``cancel()``; it also
+  re-checks every ``poll_s`` (the cancel flag, and the budget that other
+  streams' consumers free).
 * Buffer -> consumer: ``__anext__`` takes an item under the lock (never held
   for more than a few deque operations, so the loop is not blocked). When the
   deque is empty it parks on an ``asyncio.Future`` and the producer resolves it
@@ -45,6 +47,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
 from typing import Generic, TypeVar
 
+from app.serving.buffers import StreamBudget
+
 T = TypeVar("T")
 
 GeneratorFactory = Callable[[threading.Event], Iterable[T]]
@@ -60,6 +64,7 @@ class BlockingStream(Generic[T]):
         cancel_event: threading.Event | None = None,
         poll_s: float = 0.1,
         max_bytes: int | None = None,
+        budget: StreamBudget | None = None,
     ) -> None:
         if maxsize < 1:
             raise ValueError("maxsize must be at least 1")
@@ -69,6 +74,7 @@ class BlockingStream(Generic[T]):
         self._maxsize = maxsize
         self._max_bytes = max_bytes  # also bound the buffered bytes (items with a len())
         self._bytes = 0
+        self._budget = budget  # the server-wide bytes of all streams' buffers
         self._poll_s = poll_s
         self.cancel_event = cancel_event if cancel_event is not None else threading.Event()
         self._lock = threading.Lock()
@@ -113,13 +119,28 @@ class BlockingStream(Generic[T]):
         with self._space:
             if self._abort is None and not self._delivered_end:
                 self._abort = exc
-            self._items.clear()
-            self._bytes = 0
+            self._drop_items()
             self.cancel_event.set()
             self._space.notify_all()
             waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def discard(self) -> None:
+        """The consumer is gone: drop what is buffered (its bytes go back to the budget); idempotent."""
+        with self._space:
+            self._drop_items()
+            self._space.notify_all()
+
+    def _drop_items(self) -> None:
+        self._items.clear()
+        if self._budget is not None:
+            self._budget.sub(self._bytes)
+        self._bytes = 0
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._bytes
 
     # -- producer side (slot thread) -------------------------------------------------------
     def run(self, open_gen: GeneratorFactory[T]) -> None:
@@ -151,17 +172,24 @@ class BlockingStream(Generic[T]):
                     error = error or exc
         self._finish(error)
 
-    def _full(self) -> bool:
+    def _full(self, size: int = 0) -> bool:
         if len(self._items) >= self._maxsize:
             return True
-        return self._max_bytes is not None and bool(self._items) and self._bytes >= self._max_bytes
+        if not self._items:
+            return False  # one item always fits: a stream that is read keeps moving
+        if self._max_bytes is not None and self._bytes + size > self._max_bytes:
+            return True
+        return self._budget is not None and not self._budget.fits(size)
 
     def _put(self, item: T) -> bool:
+        size = _size(item)
         with self._space:
-            if self._full():
+            if self._full(size):
                 since = time.monotonic()
+                if self._budget is not None and self._items and not self._budget.fits(size):
+                    self._budget.note_wait()
                 try:
-                    while self._full():
+                    while self._full(size):
                         if self.cancel_event.is_set():
                             return False
                         self._space.wait(self._poll_s)
@@ -170,7 +198,9 @@ class BlockingStream(Generic[T]):
             if self.cancel_event.is_set():
                 return False
             self._items.append(item)
-            self._bytes += _size(item)
+            self._bytes += size
+            if self._budget is not None:
+                self._budget.add(size)
             self.max_buffered = max(self.max_buffered, len(self._items))
             self.max_buffered_bytes = max(self.max_buffered_bytes, self._bytes)
             if self.first_item_at is None:
@@ -208,7 +238,10 @@ class BlockingStream(Generic[T]):
                     raise self._abort
                 if self._items:
                     item = self._items.popleft()
-                    self._bytes -= _size(item)
+                    size = _size(item)
+                    self._bytes -= size
+                    if self._budget is not None:
+                        self._budget.sub(size)
                     self._space.notify()
                     return item
                 if self._finished:

@@ -12,8 +12,9 @@ class PoolConfig:
     queue_timeout_s: float = 30.0
     request_timeout_s: float = 300.0  # 0 = no deadline
     share_engine: bool = False  # one engine instance shared by all slots
-    stream_buffer_chunks: int = 4  # bounded queue between slot thread and consumer
-    stream_buffer_bytes: int = 1 << 20  # ... and the encoded bytes it may hold
+    stream_buffer_chunks: int = 1 << 16  # items buffered between slot thread and consumer (a safety bound)
+    stream_buffer_bytes: int = 32 << 20  # ... and the encoded bytes one stream may hold (a long answer fits)
+    stream_buffer_total_bytes: int = 512 << 20  # ... and all streams together (app/serving/buffers.py)
     health_timeout_s: float = 5.0  # check_health() gives up (and fails) after this long
     stuck_grace_s: float = 30.0  # a job past request_timeout_s + this, still in the engine, is stuck
     close_timeout_s: float = 30.0  # close(): how long to wait for slot threads to return
@@ -33,8 +34,8 @@ class PoolConfig:
             raise ValueError("request_timeout_s must be 0 (no deadline) or positive")
         if self.stream_buffer_chunks < 1:
             raise ValueError("stream_buffer_chunks must be at least 1")
-        if self.stream_buffer_bytes < 1:
-            raise ValueError("stream_buffer_bytes must be at least 1")
+        if self.stream_buffer_bytes < 1 or self.stream_buffer_total_bytes < 1:
+            raise ValueError("stream_buffer_bytes and stream_buffer_total_bytes must be at least 1")
         if self.health_timeout_s <= 0 or self.stuck_grace_s < 0:
             raise ValueError("health_timeout_s must be positive and stuck_grace_s 0 or more")
         if self.admission not in ("fixed", "adaptive"):

@@ -7,10 +7,13 @@ client-cancel path (``CancelledError`` while reading sets the cancel flag and
 re-raises).
 
 The job owns the request's slot lease and admission ticket (moved in by the
-pool) and gives each back exactly once, in this order: the lease when the slot
-thread has returned from the engine (the slot may be reused only then), the
-ticket when, in addition, the consumer is done (end, error, cancellation or
-``aclose``). That is the one place a started request's permit is released.
+pool) and gives each back exactly once, when the slot thread has returned from
+the engine: the lease first (the slot may be reused only then), then the ticket.
+A permit is held while the engine works, not while a client reads: audio not yet
+read waits in the stream's buffer (bounded per stream and server-wide, see
+``app/serving/buffers.py``), which the consumer's end (end, error, cancellation
+or ``aclose``) gives back. That is the one place a started request's permit is
+released.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Generic, Self, TypeVar
 from app.engines.base import Cancelled
 from app.serving.admission import Ticket
 from app.serving.bridge import BlockingStream, GeneratorFactory
+from app.serving.buffers import StreamBudget
 from app.serving.errors import DeadlineExceeded
 from app.serving.slots import Lease
 
@@ -51,6 +55,7 @@ class Job(Generic[T]):
         buffer_chunks: int,
         deadline_s: float,
         buffer_bytes: int | None = None,
+        budget: StreamBudget | None = None,
         on_thread_done: Callable[[Job], None],
     ) -> None:
         if not (ticket.held and lease.held):
@@ -70,7 +75,7 @@ class Job(Generic[T]):
         self._settled = False  # the thread-returned bookkeeping ran
         self._reading = False  # first_chunk() or iteration has begun
         self._loop = loop
-        self._stream: BlockingStream[T] = BlockingStream(loop, buffer_chunks, max_bytes=buffer_bytes)
+        self._stream: BlockingStream[T] = BlockingStream(loop, buffer_chunks, max_bytes=buffer_bytes, budget=budget)
         self._started_at = time.monotonic()
         self.stuck_reported = False  # the pool logged this job as stuck in the engine
         self._thread_done = self._stream.start(lease.slot.executor, open_gen)  # if this raises, nothing was taken
@@ -104,9 +109,9 @@ class Job(Generic[T]):
     async def aclose(self, wait_s: float | None = None) -> None:
         """The one way a job is closed (idempotent): cancel it if it still runs, wait for its thread.
 
-        When it returns (or raises) the consumer side is done; once the slot thread has
-        returned, the slot and then the permit are released (here, or by the thread-done
-        callback). ``wait_s`` bounds the wait: an engine that ignores its cancel flag must
+        When it returns (or raises) the consumer side is done (what was buffered is dropped);
+        once the slot thread has returned, the slot and then the permit are released (here, or
+        by the thread-done callback). ``wait_s`` bounds the wait: an engine that ignores its cancel flag must
         not hold the caller (and its client) hostage; its slot and permit go back whenever
         its thread returns. A caller cancelled during a bounded wait still finishes it, then
         re-raises, so a cancelled request has freed what it could before it unwinds.
@@ -230,8 +235,8 @@ class Job(Generic[T]):
     def _consumer_finished(self) -> None:
         if not self._consumer_done:
             self._consumer_done = True
-            self._maybe_release()
+            self._stream.discard()  # nobody reads on: give its buffered bytes back
 
     def _maybe_release(self) -> None:
-        if self._consumer_done and self._settled and self._ticket.held:
+        if self._settled and self._ticket.held:
             self._ticket.release()  # the one release of a started request's permit

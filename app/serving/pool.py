@@ -17,8 +17,9 @@ their slot threads (and reads what the engine can do there, once: ``info``,
 ``presets``), runs requests on them, drains and closes.
 
 Capacity is ``workers + max_queue`` permits. A slot is reused only after its
-thread has returned from the engine generator; the permit is released once the
-thread has returned and the consumer is done (end, error, cancel or aclose).
+thread has returned from the engine generator, and the permit is released then
+too: a client still reading its stream holds buffered bytes (``stream_budget``),
+not a permit.
 Everything here runs on one event loop; only engine calls run in slot threads.
 """
 
@@ -37,6 +38,7 @@ from typing import Any
 from app.engines.base import Engine, EngineInfo, SynthesisRequest
 from app.engines.threads import lower_this_thread
 from app.serving.admission import Admission, PermitError, Ticket
+from app.serving.buffers import StreamBudget
 from app.serving.config import PoolConfig
 from app.serving.errors import Draining, HealthCheckTimeout, NotReady, QueueTimeout
 from app.serving.job import Job
@@ -80,6 +82,7 @@ class EnginePool:
         self._factory = engine_factory
         self._observer = SafeObserver(observer if observer is not None else NullObserver())
         self._admission = Admission.for_pool(config, self._observer)
+        self.stream_budget = StreamBudget(config.stream_buffer_total_bytes)  # all streams' unread audio
         limiter = self._admission.limiter  # adaptive: lease no more slots than its limit; the rest wait FIFO
         self._slots = Slots(cap=(lambda: limiter.value) if limiter is not None else None)
         self._slot_list: list[Slot] = []
@@ -297,15 +300,23 @@ class EnginePool:
         self._admission.start_at(limit)
         self._slots.refill()
 
+    def check_admit(self) -> None:
+        """Raise Overloaded / Draining / NotReady (counted) if ``admit()`` would refuse now; take nothing."""
+        self._refuse_if_closed()
+        self._admission.check()
+
     def admit(self) -> Ticket:
         """Take an admission permit at once, or raise Overloaded / Draining / NotReady."""
+        self._refuse_if_closed()
+        return self._admission.admit()
+
+    def _refuse_if_closed(self) -> None:
         if self._draining or self._closed:
             self._admission.reject("draining")
             raise Draining("the server is draining and takes no new requests", self.retry_after_s())
         if self._loaded is None:
             self._admission.reject("not_ready")
             raise NotReady("the engine is not loaded yet" if not self._failed else "the engine failed to load")
-        return self._admission.admit()
 
     # -- running --------------------------------------------------------------------------------
     async def run(self, ticket: Ticket, req: SynthesisRequest, transform: Transform | None = None) -> Job:
@@ -361,7 +372,7 @@ class EnginePool:
                 job = Job(ticket, lease, lambda cancel: open_gen(engine, cancel),
                           request_id=request_id or uuid.uuid4().hex, queue_wait_s=wait,
                           buffer_chunks=self.config.stream_buffer_chunks,
-                          buffer_bytes=self.config.stream_buffer_bytes,
+                          buffer_bytes=self.config.stream_buffer_bytes, budget=self.stream_budget,
                           deadline_s=self.config.request_timeout_s, on_thread_done=self._job_ended)
             except BaseException:
                 lease.release()
@@ -405,6 +416,7 @@ class EnginePool:
             "ticket_misuses": a.misuses,
             "avg_service_s": a.average_service_s,
             "admission": a.snapshot(),
+            "stream_buffers": self.stream_budget.snapshot(),
             "stuck": len(self.stuck_slots()),
             "stuck_total": self._stuck_total,
             "ready": self.ready,

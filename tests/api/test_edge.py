@@ -1,0 +1,286 @@
+"""The edge as plain ASGI: bodies read before a permit, bounded in size, time, number and bytes;
+503 before any body; refusals paced under a storm (app/api/admission.py, bodies.py, refusals.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from app.api.admission import AdmissionMiddleware
+from app.api.bodies import BodyGate, BodyLimits
+from app.api.refusals import MAX_HOLD_S, RefusalPacer
+from app.serving.errors import Overloaded
+from tests.waiting import await_until, run
+
+
+class Ticket:
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.pool.out -= 1
+
+
+class Pool:
+    """What the edge needs of EnginePool: check_admit() and admit()."""
+
+    def __init__(self, places: int = 1) -> None:
+        self.places = places
+        self.out = 0
+        self.checks = 0
+
+    def check_admit(self) -> None:
+        self.checks += 1
+        if self.out >= self.places:
+            raise Overloaded("full", 2.0)
+
+    def admit(self) -> Ticket:
+        self.check_admit()
+        self.out += 1
+        return Ticket(self)
+
+
+def scope(path: str = "/v1/tts", headers: dict[str, str] | None = None, method: str = "POST") -> dict:
+    raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    return {"type": "http", "method": method, "path": path, "headers": raw, "query_string": b""}
+
+
+class Wire:
+    """The client side: body messages fed on demand; what the server sent."""
+
+    def __init__(self, parts: list[bytes] | None = None, then_wait: bool = False) -> None:
+        self.parts = list(parts or [])
+        self.then_wait = then_wait
+        self.received = 0  # receive() calls
+        self.sent: list[dict] = []
+        self.more = asyncio.Event()
+
+    async def receive(self) -> dict:
+        self.received += 1
+        if self.parts:
+            part = self.parts.pop(0)
+            return {"type": "http.request", "body": part, "more_body": bool(self.parts) or self.then_wait}
+        if self.then_wait:
+            await self.more.wait()
+            self.then_wait = False
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await asyncio.Event().wait()  # nothing more from this client
+        raise AssertionError("unreachable")
+
+    async def send(self, message: dict) -> None:
+        self.sent.append(message)
+
+    @property
+    def status(self) -> int | None:
+        return next((m["status"] for m in self.sent if m["type"] == "http.response.start"), None)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        start = next(m for m in self.sent if m["type"] == "http.response.start")
+        return {k.decode(): v.decode() for k, v in start["headers"]}
+
+    @property
+    def error(self) -> dict:
+        body = b"".join(m.get("body", b"") for m in self.sent if m["type"] == "http.response.body")
+        return json.loads(body)["error"]
+
+
+class App:
+    """The router behind the edge: records the body it read and whether a permit was held."""
+
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.bodies: list[bytes] = []
+        self.permits_seen: list[int] = []
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        message = await receive()
+        self.bodies.append(message["body"])
+        self.permits_seen.append(self.pool.out)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok", "more_body": False})
+
+
+def edge(pool: Pool | None, **limits) -> tuple[AdmissionMiddleware, App, BodyGate]:
+    lim = {"max_bytes": 1000, "timeout_s": 5.0, "max_reads": 4, "max_buffered_bytes": 10_000, **limits}
+    gate = BodyGate(BodyLimits(**lim))
+    app = App(pool or Pool())
+    return AdmissionMiddleware(app, lambda: pool, gate, RefusalPacer(0)), app, gate
+
+
+def test_the_permit_is_taken_only_once_the_body_is_in() -> None:
+    async def main():
+        pool = Pool(places=1)
+        mw, app, gate = edge(pool)
+        slow = Wire([b'{"text": '], then_wait=True)
+        task = asyncio.ensure_future(mw(scope(headers={"content-length": "20"}), slow.receive, slow.send))
+        await await_until(lambda: gate.reading == 1)
+        assert pool.out == 0, "no permit while the body arrives"
+        fast = Wire([b'{"text": "hi"}'])
+        await mw(scope(headers={"content-length": "14"}), fast.receive, fast.send)
+        assert fast.status == 200 and app.permits_seen == [1]  # the handler ran with its permit
+        slow.more.set()
+        await task
+        assert slow.status == 200 and pool.out == 0 and gate.reading == 0 and gate.buffered == 0
+        assert app.bodies == [b'{"text": "hi"}', b'{"text": ']
+
+    run(main())
+
+
+def test_overload_is_refused_before_a_byte_of_the_body_is_read() -> None:
+    async def main():
+        pool = Pool(places=0)
+        mw, app, gate = edge(pool)
+        wire = Wire([b"x" * 100])
+        await mw(scope(headers={"content-length": "100"}), wire.receive, wire.send)
+        assert wire.status == 503 and wire.received == 0 and app.bodies == []
+        assert wire.headers["retry-after"] == "2" and wire.error["code"] == "overloaded"
+
+    run(main())
+
+
+def test_a_declared_length_over_the_limit_is_413_before_reading_and_closes() -> None:
+    async def main():
+        for path, pool in (("/v1/tts", Pool()), ("/v1/voices", None)):  # synthesis and any other body
+            mw, app, gate = edge(pool)
+            wire = Wire([b"x" * 100])
+            await mw(scope(path, headers={"content-length": str(200 << 20)}), wire.receive, wire.send)
+            assert wire.status == 413 and wire.received == 0 and app.bodies == []
+            assert wire.headers["connection"] == "close" and "209715200 bytes" in wire.error["message"]
+            assert gate.refused == {"too_large": 1} and (pool is None or pool.out == 0)
+
+    run(main())
+
+
+def test_a_chunked_body_is_cut_at_the_limit() -> None:
+    async def main():
+        mw, app, gate = edge(Pool(), max_bytes=1000)
+        wire = Wire([b"x" * 400] * 10)
+        await mw(scope(headers={"transfer-encoding": "chunked"}), wire.receive, wire.send)
+        assert wire.status == 413 and wire.received == 3  # 1200 bytes > 1000: the rest is never read
+        assert app.bodies == [] and gate.buffered == 0 and gate.reading == 0
+
+    run(main())
+
+
+def test_a_body_that_does_not_arrive_in_time_is_408_and_holds_nothing() -> None:
+    async def main():
+        pool = Pool()
+        mw, app, gate = edge(pool, timeout_s=0.2)
+        wire = Wire([b"{"], then_wait=True)
+        await mw(scope(headers={"content-length": "50"}), wire.receive, wire.send)
+        assert wire.status == 408 and wire.error["code"] == "body_timeout" and "0.2 s" in wire.error["message"]
+        assert pool.out == 0 and gate.reading == 0 and gate.buffered == 0 and gate.refused == {"timeout": 1}
+
+    run(main())
+
+
+def test_body_reads_are_bounded_in_number_and_in_bytes() -> None:
+    async def main():
+        mw, app, gate = edge(Pool(places=10), max_reads=2, max_buffered_bytes=1500, max_bytes=1000)
+        hold = [Wire([b"a"], then_wait=True) for _ in range(2)]
+        tasks = [asyncio.ensure_future(mw(scope(headers={"content-length": "10"}), w.receive, w.send))
+                 for w in hold]
+        await await_until(lambda: gate.reading == 2)
+        third = Wire([b"b"])
+        await mw(scope(headers={"content-length": "1"}), third.receive, third.send)
+        assert third.status == 503 and third.error["code"] == "overloaded" and third.received == 0
+        for w in hold:
+            w.more.set()
+        await asyncio.gather(*tasks)
+        big = Wire([b"c"], then_wait=True)  # reserves its declared 1000 bytes
+        task = asyncio.ensure_future(mw(scope(headers={"content-length": "1000"}), big.receive, big.send))
+        await await_until(lambda: gate.reading == 1)
+        assert gate.buffered == 1000
+        other = Wire([b"d"])
+        await mw(scope(headers={"content-length": "600"}), other.receive, other.send)
+        assert other.status == 503, "1000 + 600 bytes would pass the 1500 the bodies may hold"
+        big.more.set()
+        await task
+        assert gate.refused == {"busy": 2} and gate.buffered == 0
+
+    run(main())
+
+
+def test_a_client_that_leaves_mid_body_gets_nothing_and_frees_its_place() -> None:
+    async def main():
+        pool = Pool()
+        mw, app, gate = edge(pool)
+        sent: list[dict] = []
+        messages = [{"type": "http.request", "body": b"{", "more_body": True}, {"type": "http.disconnect"}]
+
+        async def receive() -> dict:
+            return messages.pop(0)
+
+        async def send(m: dict) -> None:
+            sent.append(m)
+
+        await mw(scope(headers={"content-length": "50"}), receive, send)
+        assert sent == [] and gate.reading == 0 and pool.out == 0 and app.bodies == []
+
+    run(main())
+
+
+def test_requests_without_a_body_pass_straight_through() -> None:
+    async def main():
+        mw, app, gate = edge(None)
+        wire = Wire([b""])
+        await mw(scope("/v1/speakers", method="GET"), wire.receive, wire.send)
+        assert wire.status == 200 and gate.reading == 0 and wire.received == 1  # the app read, not the edge
+
+    run(main())
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_refusals_go_out_at_once_up_to_the_rate_then_are_held_in_turn() -> None:
+    clock = Clock()
+    pacer = RefusalPacer(10, clock=clock)
+    assert [pacer.hold_s() for _ in range(10)] == [0.0] * 10  # a second's worth at once
+    holds = [pacer.hold_s() for _ in range(5)]
+    assert holds == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])  # then one every 1/rate seconds
+    clock.t += 10.0  # a quiet spell refills the bucket
+    assert pacer.hold_s() == 0.0
+
+
+def test_a_flood_past_the_longest_hold_is_answered_at_once() -> None:
+    clock = Clock()
+    pacer = RefusalPacer(10, clock=clock)
+    holds = [pacer.hold_s() for _ in range(10 + int(10 * MAX_HOLD_S) + 5)]
+    assert max(holds) <= MAX_HOLD_S
+    assert holds[-1] == 0.0  # beyond what holding can bound: no more held coroutines
+
+
+def test_no_pacing_when_the_rate_is_zero() -> None:
+    pacer = RefusalPacer(0)
+    assert all(pacer.hold_s() == 0.0 for _ in range(1000))
+
+
+def test_the_edge_holds_503s_beyond_the_rate() -> None:
+    async def main():
+        pool = Pool(places=0)
+        gate = BodyGate(BodyLimits(max_bytes=1000, timeout_s=5.0))
+        pacer = RefusalPacer(5)
+        mw = AdmissionMiddleware(App(pool), lambda: pool, gate, pacer)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        for _ in range(7):
+            wire = Wire()
+            await mw(scope(method="GET", path="/inference_sft"), wire.receive, wire.send)
+            assert wire.status == 503
+        elapsed = loop.time() - t0
+        assert pacer.held_total == 2 and 0.3 <= elapsed < 2.0  # the 6th waited 0.2 s, the 7th 0.4 s
+        assert pacer.held == 0
+
+    run(main())
