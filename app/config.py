@@ -236,8 +236,11 @@ class MetricsSettings(_Section):
 class WebSocketSettings(_Section):
     """``WS /v1/audio/speech/stream`` sessions (each utterance's text: server.max_text_chars)."""
 
-    idle_timeout_s: float = Field(30.0, gt=0)  # no client message and no audio this long: close
+    idle_timeout_s: float = Field(30.0, gt=0)  # no client text and no audio produced this long: close
     max_session_chars: int = Field(100_000, ge=1)  # text one session may send in all
+    max_sessions: int = Field(64, ge=1)  # open sessions at once; beyond: error + close 1013 (no synthesis permit)
+    max_session_s: float = Field(3600.0, gt=0)  # a session's whole life; then error session_expired + close
+    max_message_bytes: int = Field(65536, ge=1024, le=16 * 1024 * 1024)  # one client message; bigger: invalid_message
 
 
 class Settings(BaseSettings):

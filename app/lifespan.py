@@ -120,7 +120,8 @@ def log_admission(settings: Settings, pool: EnginePool) -> None:
 def session_limits(settings: Settings) -> SessionLimits:
     w = settings.websocket
     return SessionLimits(idle_timeout_s=w.idle_timeout_s, max_session_chars=w.max_session_chars,
-                         max_utterance_chars=settings.server.max_text_chars)
+                         max_utterance_chars=settings.server.max_text_chars, max_sessions=w.max_sessions,
+                         max_session_s=w.max_session_s, max_message_bytes=w.max_message_bytes)
 
 
 def speech_limits(settings: Settings) -> SpeechLimits:

@@ -77,6 +77,12 @@ def warn_if_exposed(settings: Settings) -> None:
         log.warning(warning)
 
 
+def ws_max_size(settings: Settings) -> int:
+    """The transport's cap on one WebSocket message (uvicorn closes 1009 beyond it): well above
+    ``websocket.max_message_bytes``, which the session refuses with an error event and stays open."""
+    return max(1024 * 1024, 4 * settings.websocket.max_message_bytes)
+
+
 def run(settings: Settings) -> None:
     logredact.install(settings.server.keys)  # before uvicorn logs its first line: no key in any log
     warn_if_exposed(settings)
@@ -84,6 +90,6 @@ def run(settings: Settings) -> None:
     config = uvicorn.Config(
         app, host=settings.server.host, port=settings.server.port, log_config=None,
         access_log=False, timeout_graceful_shutdown=max(1, int(settings.server.drain_timeout_s)) or None,
-        lifespan="on",
+        lifespan="on", ws_max_size=ws_max_size(settings),
     )
     DrainingServer(config, app).run()
