@@ -56,6 +56,7 @@ ERROR_DESCRIPTIONS = {
     500: "Engine failure or internal error (details are logged, never returned)",
     503: "Overloaded, queue timeout, draining or not ready; see Retry-After",
     504: "pool.request_timeout_s passed; the engine job was cancelled",
+    507: "The voices disk is full; nothing of the voice was kept",
 }
 RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying", "schema": {"type": "integer"}}}
 ALLOW = {"Allow": {"description": "The methods this path serves", "schema": {"type": "string"}}}

@@ -67,5 +67,5 @@ VOICE_DOC: dict[str, Any] = {
                                             required_files=("audio", "name", "transcript"),
                                             example={"name": "narrator", "transcript": "the words spoken"})),
     "responses": {201: {"model": VoiceCard, "description": "Registered"},
-                  **doc.errors(400, 405, 408, 409, 413, 422, 500, 503)},
+                  **doc.errors(400, 405, 408, 409, 413, 422, 500, 503, 507)},
 }
