@@ -309,11 +309,18 @@ class Connection:
 
     async def audio(self, utt: Utterance, data: bytes) -> None:
         self._last = time.monotonic()
+        idle = self.runtime.session_limits.idle_timeout_s
         async with self._send_lock:
             if self._closed.is_set():
                 raise ClientGone("the session is closed")
             try:
-                await self.ws.send_bytes(data)
+                async with asyncio.timeout(idle):  # a client that reads nothing cannot hold the session
+                    await self.ws.send_bytes(data)
+            except TimeoutError:  # (before _GONE: TimeoutError is an OSError)
+                self._closed.set()  # mid-frame: nothing more can be sent on this socket
+                log.info("%s WS %s: the client read no audio for %g s; dropping the session", self.request_id,
+                         PATH, idle)
+                raise ClientGone(f"the client read no audio for {idle:g} s") from None
             except _GONE:
                 self._closed.set()
                 raise ClientGone("the client closed the connection") from None
@@ -350,8 +357,9 @@ class Connection:
             if self._closed.is_set():
                 return
             try:
-                await self.ws.send_text(json.dumps(data))
-            except _GONE:  # the client is gone
+                async with asyncio.timeout(self.runtime.session_limits.idle_timeout_s):
+                    await self.ws.send_text(json.dumps(data))
+            except _GONE:  # the client is gone, or read nothing for the idle timeout (TimeoutError)
                 self._closed.set()
 
     async def _close(self, code: int, reason: str) -> None:
@@ -363,6 +371,7 @@ class Connection:
             if self.ws.application_state == WebSocketState.CONNECTED and \
                     self.ws.client_state == WebSocketState.CONNECTED:
                 try:
-                    await self.ws.close(code, reason[:120])
-                except _GONE:
+                    async with asyncio.timeout(self.runtime.session_limits.idle_timeout_s):
+                        await self.ws.close(code, reason[:120])
+                except _GONE:  # gone, or not reading (TimeoutError)
                     pass

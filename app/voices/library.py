@@ -80,6 +80,12 @@ class VoiceStorageFull(VoiceError):
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
+def _shown(name: str) -> str:
+    """A name from a request (a URL path) for a message: a voice's name is at most 64 characters, so
+    anything longer is quoted by its start only, never echoed whole."""
+    return repr(name) if len(name) <= 64 else f"{name[:40]!r}... ({len(name)} characters)"
+
+
 @dataclass
 class _Entry:
     meta: dict
@@ -324,7 +330,7 @@ class VoiceLibrary:
     # -- changes ---------------------------------------------------------------------------------
     def _reserve(self, name: str, pool: Any) -> None:
         if not valid_name(name):
-            raise InvalidInput(f"invalid voice name {name!r}")
+            raise InvalidInput(f"invalid voice name {_shown(name)}")
         presets = set(pool.presets)
         with self._lock:
             if name in self._voices or name in self._pending:
@@ -395,11 +401,11 @@ class VoiceLibrary:
     async def delete(self, name: str) -> None:
         with self._lock:
             if name in self._pending:
-                raise VoiceExists(f"voice {name!r} is being registered or deleted right now; try again")
+                raise VoiceExists(f"voice {_shown(name)} is being registered or deleted right now; try again")
             entry = self._voices.pop(name, None)
             broken = self._broken.pop(name, None)
             if entry is None and broken is None:
-                raise VoiceNotFound(f"no voice named {name!r}")
+                raise VoiceNotFound(f"no voice named {_shown(name)}")
             self._pending.add(name)
         # Shielded: a client that leaves mid-delete cannot leave the index and the disk disagreeing.
         await asyncio.shield(self._remove(name, entry, broken))

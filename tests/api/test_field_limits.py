@@ -171,6 +171,8 @@ def test_voice_registration_fields_are_bounded(make_client, tmp_path):
     assert refused(r, 400, "d" * 5000)["code"] == "invalid_description"
     r = client.get("/v1/voices/" + "q" * 5000)
     assert refused(r, 404, "q" * 5000)["code"] == "voice_not_found"
+    r = client.delete("/v1/voices/" + "q" * 5000)
+    assert refused(r, 404, "q" * 5000)["code"] == "voice_not_found"
     assert client.get("/v1/voices").json()["voices"] == []
 
 

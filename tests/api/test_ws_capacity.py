@@ -223,3 +223,30 @@ def test_a_session_that_connects_while_the_server_drains_is_refused_with_1001(op
         assert closed(ws) == 1001
     assert refused_total(client, "draining") == before + 1
     assert len(runtime.sessions) == 0
+
+
+def test_a_client_that_reads_no_audio_is_dropped_after_the_idle_timeout():
+    import asyncio
+    from types import SimpleNamespace
+
+    from app.api.ws_speech import Connection
+    from app.serving.errors import ClientGone
+    from app.serving.session import SessionLimits
+
+    class NeverReads:  # the socket's send buffer is full: a send never completes
+        def __init__(self) -> None:
+            self.headers: dict = {}
+
+        async def send_bytes(self, data: bytes) -> None:
+            await asyncio.Event().wait()
+
+    conn = Connection(NeverReads(), SimpleNamespace(session_limits=SessionLimits(idle_timeout_s=0.3)))
+
+    async def send() -> float:
+        started = time.monotonic()
+        with pytest.raises(ClientGone, match="read no audio for 0.3 s"):
+            await conn.audio(None, b"\x00\x01")
+        return time.monotonic() - started
+
+    assert 0.3 <= asyncio.run(send()) < 3.0
+    assert conn._closed.is_set()  # nothing more is sent; the session ends
