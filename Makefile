@@ -74,6 +74,26 @@ bench-batching: setup
 bench-abuse: setup
 	$(PY) -m bench.abuse $(ABUSE_ARGS)
 
+# The images (docs/deploy.md, "Images"), with docker or podman, whichever is here: cosyserve:VERSION and
+# cosyserve-cuda:VERSION. Where python:3.11-slim-bookworm cannot be pulled, a stand-in is built from Debian's
+# packages (deploy/images/base-image); where the default package indexes are unreachable, this host's pip
+# configuration is passed as a build secret. image-cuda: COSYVOICE=PATH|ARCHIVE|none|auto picks the upstream
+# CosyVoice it carries (default: the pinned commit from GitHub).
+image:
+	deploy/images/build cpu
+
+image-cuda:
+	deploy/images/build cuda
+
+# builds both images, runs them as deploy/kubernetes does, removes them (~25 min on 2 cores; in CI)
+test-images:
+	bash tests/images/install-deps.sh
+	python3 tests/images/run.py
+
+# the CUDA image's pins (requirements/cuda-constraints.txt), resolved again from PyPI; commit the result
+cuda-constraints:
+	deploy/images/cuda-constraints
+
 # the Kubernetes base carries a copy of config.yaml (kustomize reads nothing outside it): refresh it after an edit
 deploy-config:
 	cp config.yaml deploy/kubernetes/base/config.yaml

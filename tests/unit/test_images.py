@@ -31,7 +31,7 @@ UPSTREAM_COMMIT_PREFIX = "ace7c47"  # the upstream commit the adapter is verifie
 TORCH_WHEEL_CUDA = {"2.13.0": "13.0"}
 # What a model config's training part needs to import, as each image's build checks it.
 CHECK_CONFIG = {"Dockerfile": "cosyserve check-config --version 1 --version 2",
-                "Dockerfile.cuda": "cosyserve check-config --cosyvoice-path /opt/CosyVoice --version 1 --version 2 "
+                "Dockerfile.cuda": 'cosyserve check-config --cosyvoice-path "${COSYVOICE_PATH}" --version 1 --version 2 '
                                    "--version 3"}
 
 
@@ -104,7 +104,9 @@ def test_install_steps_match_make_setup(name):
 
 def test_cpu_image_installs_cpu_torch_explicitly():
     run = runs("Dockerfile")
-    assert 'pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}+cpu"' in run
+    assert 'pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==${TORCH_VERSION}+cpu"' in run
+    assert args("Dockerfile")["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"  # unless the host's pip
+    # configuration is passed (`make image` where that index is unreachable: TORCH_INDEX_URL empty)
     assert "torch.version.cuda is None" in run  # and the build proves it got the CPU build
 
 
@@ -119,6 +121,7 @@ def test_cuda_image_is_the_cpu_base_with_torchs_own_cuda_and_pins_upstream():
     commit = a["COSYVOICE_COMMIT"]
     assert re.fullmatch(r"[0-9a-f]{40}", commit) and commit.startswith(UPSTREAM_COMMIT_PREFIX)
     run = runs("Dockerfile.cuda")
+    assert a["COSYVOICE_SOURCE"] == "https://github.com/FunAudioLLM/CosyVoice"
     assert 'checkout --detach "${COSYVOICE_COMMIT}"' in run and 'rev-parse HEAD)" = "${COSYVOICE_COMMIT}"' in run
     assert "submodule update --init --recursive" in run
     assert "--index-url" not in run  # PyPI's torch wheel is the CUDA build
@@ -126,7 +129,8 @@ def test_cuda_image_is_the_cpu_base_with_torchs_own_cuda_and_pins_upstream():
     assert "assert v.startswith('${TORCH_CUDA}')" in run
     assert all(lib in run for lib in ("'libcudart.so'", "'libcublas.so'", "'libcudnn.so'"))
     env = " ".join(v for i, v in instructions("Dockerfile.cuda") if i == "ENV")
-    for setting in ("COSYSERVE_ENGINE__COSYVOICE_PATH=/opt/CosyVoice", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    assert a["COSYVOICE_PATH"] == "/opt/CosyVoice"
+    for setting in ("COSYSERVE_ENGINE__COSYVOICE_PATH=${COSYVOICE_PATH}", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
                     "NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility"):
         assert setting in env, setting
     assert "COPY --from=upstream /opt/CosyVoice /opt/CosyVoice" in text("Dockerfile.cuda")
@@ -157,3 +161,40 @@ def test_non_root_user_matches_the_manifests_and_the_context_has_what_is_copied(
     assert {".venv", ".cache", ".git"} <= ignored
     entry = [v for i, v in instructions(name) if i == "ENTRYPOINT"]
     assert entry == ['["cosyserve"]'] and 'cosyserve = "app.cli:main"' in text("pyproject.toml")
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_the_hosts_pip_configuration_is_a_build_secret_never_a_layer(name):
+    """`make image` passes `pip config list` as the secret pipconf where the default indexes are unreachable."""
+    for instruction, arguments in instructions(name):
+        if instruction == "RUN" and "pip install" in arguments:
+            assert arguments.startswith("--mount=type=secret,id=pipconf export PIP_CONFIG_FILE=/run/secrets/pipconf "), \
+                arguments[:120]
+        assert not (instruction in ("ENV", "ARG", "COPY", "ADD") and re.search(r"pip\.conf|PIP_CONFIG_FILE|PIP_INDEX",
+                                                                            arguments)), (instruction, arguments)
+
+
+def test_the_cuda_images_wheels_are_pinned():
+    """requirements/cuda-constraints.txt (`make cuda-constraints`): torch and every wheel it pulls, exactly."""
+    run = runs("Dockerfile.cuda")
+    assert 'pip install -c requirements/cuda-constraints.txt "torch===${TORCH_VERSION}"' in run
+    lines = [line for line in text("requirements/cuda-constraints.txt").splitlines() if not line.startswith("#")]
+    pins = dict(line.split("==") for line in lines)
+    assert all(re.fullmatch(r"[a-z0-9-]+==[\w.+]+", line) for line in lines), lines
+    assert pins["torch"] == args("Dockerfile.cuda")["TORCH_VERSION"]
+    assert pins["cuda-toolkit"].startswith(TORCH_WHEEL_CUDA[pins["torch"]])
+    for wheel in ("nvidia-cudnn-cu13", "nvidia-cublas", "nvidia-nvjitlink", "nvidia-nccl-cu13", "triton"):
+        assert wheel in pins, wheel
+
+
+def test_make_builds_and_ci_runs_the_images():
+    make = text("Makefile")
+    for target, command in (("image", "deploy/images/build cpu"), ("image-cuda", "deploy/images/build cuda"),
+                            ("test-images", "tests/images/run.py"), ("cuda-constraints", "deploy/images/cuda-constraints")):
+        assert re.search(rf"^{target}:.*\n(\t.*\n)*\t.*{re.escape(command)}", make, re.MULTILINE), target
+    ci = [line for line in text(".ci/run").splitlines() if line and not line.startswith("#")]
+    assert "set -euo pipefail" in ci and ci.index("make test") < ci.index("make test-images")
+    for script in ("deploy/images/build", "deploy/images/base-image", "deploy/images/cuda-constraints",
+                   "deploy/images/engine.sh", "tests/images/install-deps.sh"):
+        r = subprocess.run(["bash", "-n", str(ROOT / script)], capture_output=True, text=True, check=False)
+        assert r.returncode == 0, (script, r.stderr)
