@@ -203,3 +203,14 @@ def test_a_full_voices_disk_is_507_and_nothing_half_written_remains(make_client,
     r = client.post("/v1/voices", data={"name": "alice", "transcript": "hello there"},
                     files={"audio": ("a.wav", prompt_wav(), "audio/wav")})
     assert r.status_code == 201, r.text  # the name was not left reserved
+
+
+@pytest.mark.parametrize("body", [{"text": "hi", "k" * 100_000: 1}, {"text": "hi", "format": "z" * 100_000},
+                                  {"text": "hi", "mode": "m" * 100_000}])
+def test_schema_errors_never_echo_a_giant_field_name_or_value(client, seen, body):
+    sent = next(k if len(k) > 1000 else v for k, v in body.items() if len(k) > 1000 or len(str(v)) > 1000)
+    err = refused(client.post("/v1/tts", json=body), 422, sent)
+    assert err["code"] == "validation_error"
+    r = client.post("/v1/tts", data={k: str(v) for k, v in body.items()})
+    refused(r, 422, sent)
+    assert seen == []
