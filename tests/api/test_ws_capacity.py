@@ -35,11 +35,15 @@ def open_client(tmp_path, start_app):
     return make
 
 
-def refused_total(client, reason: str) -> float:
+def series(client, name: str) -> float:
     for line in client.get("/metrics").text.splitlines():
-        if line.startswith(f'tts_ws_sessions_refused_total{{reason="{reason}"}}'):
+        if line.startswith((name + " ", name + "{")):
             return float(line.split()[-1])
-    raise AssertionError(f"no tts_ws_sessions_refused_total series for {reason}")
+    raise AssertionError(f"no {name} series")
+
+
+def refused_total(client, reason: str) -> float:
+    return series(client, f'tts_ws_sessions_refused_total{{reason="{reason}"}}')
 
 
 def test_sessions_without_text_hold_no_synthesis_permit(open_client, behaviour):
@@ -89,11 +93,13 @@ def test_sessions_beyond_max_sessions_are_refused_with_1013_and_counted(open_cli
             assert "websocket.max_sessions" in err["message"]
             assert closed(c) == 1013
         assert refused_total(client, "session_limit") == before + 1
+        assert series(client, "tts_ws_sessions") == 2  # the refused one never counted
         send(a, "nonsense")  # the open ones are untouched
         assert error(a)["code"] == "unknown_type"
         send(b, "session.close")
         assert b.receive_json()["type"] == "session.done"
     wait_until(lambda: len(client.app.state.runtime.sessions) == 0)
+    assert series(client, "tts_ws_sessions") == 0
     with client.websocket_connect(PATH) as d:  # a place freed: accepted again
         send(d, "input.text", text="Room again.")
         send(d, "input.done")
