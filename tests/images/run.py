@@ -195,7 +195,7 @@ def check_no_pip_config(engine: Engine, kind: str) -> None:
 
 def check_cuda(engine: Engine, models: Path) -> None:
     image = TAGS["cuda"]
-    labels = json.loads(engine("image", "inspect", "--format", "{{json .Labels}}", image).stdout or "{}") or {}
+    labels = json.loads(engine("image", "inspect", "--format", "{{json .Config.Labels}}", image).stdout or "{}") or {}
     source = labels.get("io.cosyserve.cosyvoice", "?")
     record("cuda image CosyVoice", "the v1/v2-only variant: the installed cosyvoice package (no upstream checkout)"
            if source.startswith("none@") else f"upstream checkout {source} (v1, v2 and v3)")
