@@ -69,10 +69,18 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
 FORM_ALLOWANCE_BYTES = 1 << 20
 
 
+# A body without uploaded audio (JSON, a urlencoded form): its text may take this many bytes a character
+# (a \uXXXX escape), plus this much for every other field. 4096 characters: 96 KB.
+PLAIN_BYTES_PER_CHAR = 8
+PLAIN_ALLOWANCE_BYTES = 64 * 1024
+
+
 def body_limits(settings: Settings) -> BodyLimits:
     s = settings.server
+    plain = s.max_text_chars * PLAIN_BYTES_PER_CHAR + PLAIN_ALLOWANCE_BYTES
     return BodyLimits(max_bytes=int(s.max_upload_mb * 1024 * 1024) + FORM_ALLOWANCE_BYTES, timeout_s=s.body_timeout_s,
-                      max_reads=s.max_body_reads, max_buffered_bytes=int(s.body_buffer_mb * 1024 * 1024))
+                      max_plain_bytes=plain, max_reads=s.max_body_reads,
+                      max_buffered_bytes=int(s.body_buffer_mb * 1024 * 1024))
 
 
 def cors_options(origins: list[str]) -> dict[str, Any]:

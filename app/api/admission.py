@@ -17,9 +17,11 @@ runs before FastAPI's routing, dependencies or body parsing:
    body from a replay. A request refused while parsing or planning gives the
    permit back here when its response ends.
 
-Every 503 from here goes through the :class:`~app.api.refusals.RefusalPacer`: at
-once up to ``server.refusals_per_s``, held beyond it, so a storm of clients that
-retry without backoff costs a bounded number of refusals a second.
+Every error answer (status 400 and up, from here or from a handler) goes through
+the :class:`~app.api.refusals.RefusalPacer`: at once up to ``server.refusals_per_s``,
+held beyond it, so a storm of clients that retry without backoff (after a 503, or
+resending a request that is refused, such as a 1 MB field) costs a bounded number
+of refusals a second. A request's permit is given back before its error is held.
 """
 
 from __future__ import annotations
@@ -48,6 +50,17 @@ class AdmissionMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        ctx = context_of(scope)
+        pacer, downstream = self.pacer, send
+
+        async def paced(message: dict) -> None:
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                if ctx.ticket is not None and ctx.ticket.held:
+                    ctx.ticket.release()  # the request failed: its permit is free before its answer waits
+                await pacer.pace()
+            await downstream(message)
+
+        send = paced
         route = match(scope)
         pool = self.pool() if route is not None else None
         body = has_body(scope)
@@ -55,7 +68,7 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         if route is not None:
-            context_of(scope).endpoint = route.path
+            ctx.endpoint = route.path
         try:
             if pool is not None:
                 pool.check_admit()  # refused now: no body read at all
@@ -70,20 +83,18 @@ class AdmissionMiddleware:
         if ticket is None:
             await self.app(scope, receive, send)
             return
-        ctx = context_of(scope)
         ctx.ticket = ticket
         try:
             await self.app(scope, receive, send)
         finally:
             ctx.ticket = None
-            ticket.release()  # nothing to do if the service took it; else nobody used it
+            if ticket.held:
+                ticket.release()  # the service took it (moved: nothing to do), or nobody used it
 
     async def _refuse(self, scope: dict, receive: Callable, send: Callable, exc: BaseException) -> None:
         info = classify(exc)
         headers: dict[str, Any] = {}
         if isinstance(exc, PayloadTooLarge):
             headers["Connection"] = "close"  # the rest of the body is not read: the connection cannot be reused
-        if info.status == 503:
-            await self.pacer.pace()
-        response = render_scope(scope, info, headers)
+        response = render_scope(scope, info, headers)  # sent through ``paced``
         await response(scope, receive, send)

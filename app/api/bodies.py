@@ -10,6 +10,10 @@ the bytes received:
 * **size**: a declared ``Content-Length`` over the limit is refused (413) before a
   byte of the body is read (a client that sent ``Expect: 100-continue`` never
   sends it); a chunked body is cut off at the limit (413), the rest never read.
+  A multipart form (uploaded audio) may be ``server.max_upload_mb`` (+1 MB for its
+  fields); any other body (JSON, a urlencoded form) is text and fields only, so its
+  limit is what the longest valid request can take (``max_plain_bytes``): a 1 MB
+  ``prompt_text`` is refused before it is read, not parsed first.
 * **time**: the whole body must arrive within ``body_timeout_s`` (408): a
   dribbling client loses its place, it never had a permit.
 * **number**: at most ``max_reads`` bodies are read at once; beyond, 503 at once.
@@ -42,8 +46,9 @@ class ClientLeft(Exception):
 
 @dataclass(frozen=True)
 class BodyLimits:
-    max_bytes: int  # one request's whole body
+    max_bytes: int  # one request's whole body (a multipart form with uploaded audio)
     timeout_s: float  # the whole body must arrive within this (0: no limit)
+    max_plain_bytes: int = 1 << 20  # a body that is not multipart (JSON, urlencoded): fields only
     max_reads: int = 64  # bodies read at once
     max_buffered_bytes: int = 256 << 20  # bytes all bodies being read may hold together
 
@@ -55,6 +60,13 @@ def has_body(scope: dict[str, Any]) -> bool:
             return value.strip() not in (b"0", b"")
         if name == b"transfer-encoding":
             return b"chunked" in value.lower()
+    return False
+
+
+def is_multipart(scope: dict[str, Any]) -> bool:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            return value.lower().startswith(b"multipart/")
     return False
 
 
@@ -81,19 +93,26 @@ class BodyGate:
     def _count(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
+    def limit_of(self, scope: dict[str, Any]) -> tuple[int, str]:
+        """The body limit for this request, and what sets it (for the message)."""
+        if is_multipart(scope):
+            return self.limits.max_bytes, "server.max_upload_mb"
+        return self.limits.max_plain_bytes, "a body without uploaded audio: server.max_text_chars and the field caps"
+
     def check_declared(self, scope: dict[str, Any]) -> None:
         """413 now for a declared length over the limit (nothing of the body read)."""
         declared = declared_length(scope)
-        if declared is not None and declared > self.limits.max_bytes:
+        limit, why = self.limit_of(scope)
+        if declared is not None and declared > limit:
             self._count("too_large")
             raise PayloadTooLarge("payload_too_large", f"the request body is {declared} bytes; the limit is "
-                                  f"{size_text(self.limits.max_bytes)} (server.max_upload_mb)")
+                                  f"{size_text(limit)} ({why})")
 
     async def read(self, scope: dict[str, Any], receive: Receive) -> bytes:
         """The whole body, or PayloadTooLarge / BodyTimeout / Overloaded / ClientLeft."""
         self.check_declared(scope)
         lim = self.limits
-        reading = _Reading(self, declared_length(scope) or 0)
+        reading = _Reading(self, declared_length(scope) or 0, *self.limit_of(scope))
         if self.reading >= lim.max_reads or self.buffered + reading.held > lim.max_buffered_bytes:
             self._count("busy")
             raise Overloaded(f"{self.reading} request bodies are being read; try again shortly", BUSY_RETRY_AFTER_S)
@@ -117,9 +136,10 @@ class BodyGate:
 class _Reading:
     """One body being read: its parts and the bytes it has reserved in the gate."""
 
-    def __init__(self, gate: BodyGate, declared: int) -> None:
+    def __init__(self, gate: BodyGate, declared: int, limit: int, why: str) -> None:
         self.gate = gate
         self.held = declared  # a declared length is reserved up front
+        self.limit, self.why = limit, why
 
     async def collect(self, receive: Receive) -> bytes:
         gate, lim = self.gate, self.gate.limits
@@ -132,10 +152,10 @@ class _Reading:
             chunk = message.get("body", b"")
             if chunk:
                 size += len(chunk)
-                if size > lim.max_bytes:
+                if size > self.limit:
                     gate._count("too_large")
                     raise PayloadTooLarge("payload_too_large", f"the request body is larger than "
-                                          f"{size_text(lim.max_bytes)} (server.max_upload_mb); the rest was not read")
+                                          f"{size_text(self.limit)} ({self.why}); the rest was not read")
                 if size > self.held:  # chunked (or longer than declared): reserve as it grows
                     grow = size - self.held
                     if gate.buffered + grow > lim.max_buffered_bytes:

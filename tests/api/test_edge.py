@@ -107,7 +107,8 @@ class App:
 
 
 def edge(pool: Pool | None, **limits) -> tuple[AdmissionMiddleware, App, BodyGate]:
-    lim = {"max_bytes": 1000, "timeout_s": 5.0, "max_reads": 4, "max_buffered_bytes": 10_000, **limits}
+    lim = {"max_bytes": 1000, "max_plain_bytes": 1000, "timeout_s": 5.0, "max_reads": 4, "max_buffered_bytes": 10_000,
+           **limits}
     gate = BodyGate(BodyLimits(**lim))
     app = App(pool or Pool())
     return AdmissionMiddleware(app, lambda: pool, gate, RefusalPacer(0)), app, gate
@@ -153,6 +154,22 @@ def test_a_declared_length_over_the_limit_is_413_before_reading_and_closes() -> 
             assert wire.status == 413 and wire.received == 0 and app.bodies == []
             assert wire.headers["connection"] == "close" and "209715200 bytes" in wire.error["message"]
             assert gate.refused == {"too_large": 1} and (pool is None or pool.out == 0)
+
+    run(main())
+
+
+def test_a_body_without_uploads_has_the_smaller_limit_of_text_and_fields() -> None:
+    async def main():
+        mw, app, gate = edge(Pool(), max_bytes=5000, max_plain_bytes=500)
+        json_body = Wire([b"x" * 100])
+        await mw(scope(headers={"content-length": "600", "content-type": "application/json"}), json_body.receive,
+                 json_body.send)
+        assert json_body.status == 413 and json_body.received == 0  # a 1 MB prompt_text never gets read
+        assert "server.max_text_chars" in json_body.error["message"]
+        form = Wire([b"x" * 600])
+        await mw(scope(headers={"content-length": "600", "content-type": "multipart/form-data; boundary=b"}),
+                 form.receive, form.send)
+        assert form.status == 200 and app.bodies == [b"x" * 600]  # uploaded audio: server.max_upload_mb
 
     run(main())
 
@@ -282,5 +299,30 @@ def test_the_edge_holds_503s_beyond_the_rate() -> None:
         elapsed = loop.time() - t0
         assert pacer.held_total == 2 and 0.3 <= elapsed < 2.0  # the 6th waited 0.2 s, the 7th 0.4 s
         assert pacer.held == 0
+
+    run(main())
+
+
+class Refusing(App):
+    """A handler that refuses the request (a 4xx after the permit was taken), noting the permits out then."""
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        await receive()
+        await send({"type": "http.response.start", "status": 400, "headers": []})
+        self.permits_seen.append(self.pool.out)
+        await send({"type": "http.response.body", "body": b"{}", "more_body": False})
+
+
+def test_a_handlers_error_is_paced_too_and_its_permit_is_free_before_it_waits() -> None:
+    async def main():
+        pool = Pool(places=1)
+        pacer = RefusalPacer(2)
+        app = Refusing(pool)
+        mw = AdmissionMiddleware(app, lambda: pool, BodyGate(BodyLimits(max_bytes=1000, timeout_s=5.0)), pacer)
+        for _ in range(4):  # a client resending a request that is refused (a 1 MB field, say) without pause
+            wire = Wire([b"{}"])
+            await mw(scope(headers={"content-length": "2"}), wire.receive, wire.send)
+            assert wire.status == 400
+        assert pacer.held_total == 2 and app.permits_seen == [0, 0, 0, 0] and pool.out == 0
 
     run(main())
