@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -30,7 +31,7 @@ from typing import Any
 import httpx
 import psutil
 
-from bench import load
+from bench import load, prom
 from bench.abuse_report import (
     evaluate_goals,
     markdown,
@@ -163,14 +164,48 @@ def logged_since(path: Path, offset: int) -> str:
         return f.read().decode(errors="replace")
 
 
+# Non-readers first get their streams admitted and synthesised (at most this long), then the polite client is
+# measured beside the connections they hold unread: what is measured is what a client that reads nothing
+# holds after its synthesis, not the (honest) compute of its long answer.
+NONREAD_LEAD_MAX_S = 180.0
+
+
+async def streams_made(url: str, before: float, clients: int, limit_s: float) -> float:
+    """Seconds until ``clients`` more engine jobs ended ok than ``before``."""
+    t0 = time.monotonic()
+    async with httpx.AsyncClient(base_url=url) as client:
+        while time.monotonic() - t0 < limit_s:
+            try:
+                m = prom.parse_samples((await client.get("/metrics", timeout=5)).text)
+                if m.get('tts_engine_jobs_total{outcome="ok"}', 0) >= before + clients:
+                    break
+            except httpx.HTTPError:
+                pass
+            await asyncio.sleep(0.5)
+    return time.monotonic() - t0
+
+
+async def jobs_ok(url: str) -> float:
+    async with httpx.AsyncClient(base_url=url) as client:
+        m = prom.parse_samples((await client.get("/metrics", timeout=5)).text)
+    return m.get('tts_engine_jobs_total{outcome="ok"}', 0.0)
+
+
 async def run_phase(srv: ServerProc, name: str, args: argparse.Namespace) -> dict[str, Any]:
     kind, clients = PHASES.get(name, (None, 0))
     proc = None
     start = (srv.rss.now(), srv.rss.elapsed(), srv.log_path.stat().st_size)  # before the adversary's first byte
+    lead_s = args.lead_s
     try:
-        if kind is not None:
+        if kind == "nonread":
+            before = await jobs_ok(srv.base_url)
+            proc = await adversary(kind, clients, srv, NONREAD_LEAD_MAX_S + args.phase_s, args.adversary_nice)
+            lead_s = await streams_made(srv.base_url, before, clients, NONREAD_LEAD_MAX_S)
+            log(f"{name}: their {clients} streams were made in {lead_s:.1f} s; measuring beside them")
+            lead_s = 0.0
+        elif kind is not None:
             proc = await adversary(kind, clients, srv, args.lead_s + args.phase_s, args.adversary_nice)
-        return await measure(srv, name, kind, clients, proc, start, args)
+        return await measure(srv, name, kind, clients, proc, start, args, lead_s)
     finally:
         if proc is not None and proc.returncode is None:  # an error on the way: no adversary outlives its phase
             proc.kill()
@@ -178,16 +213,18 @@ async def run_phase(srv: ServerProc, name: str, args: argparse.Namespace) -> dic
 
 
 async def measure(srv: ServerProc, name: str, kind: str | None, clients: int, proc: asyncio.subprocess.Process | None,
-                  start: tuple[int, float, int], args: argparse.Namespace) -> dict[str, Any]:
+                  start: tuple[int, float, int], args: argparse.Namespace, lead_s: float) -> dict[str, Any]:
     """The polite client's window beside the running adversary ``proc``; ``start``: the server's RSS, the RSS
     sampler's clock and the log's size before the adversary started."""
     me, server = psutil.Process(), psutil.Process(srv.proc.pid)
     rss_start, since, log_at = start
     t0, c_me, c_srv, c_kids = time.monotonic(), me.cpu_times(), cpu_s(server.cpu_times()), me.cpu_times()
-    lo = t0 + (args.lead_s if kind else 0.0)
+    lo = t0 + (lead_s if kind else 0.0)
     hi = lo + args.phase_s
     sent, errors = await polite(srv.base_url, hi, args.timeout_s)
     results = [r for r in sent if r.start + r.latency_s >= lo]  # the measured window's (as load.closed_loop keeps)
+    if proc is not None and proc.returncode is None:
+        proc.send_signal(signal.SIGUSR1)  # the window is over: the adversary ends now and reports
     tally = await tally_of(proc, args.phase_s + 60) if proc is not None else None
     wall = time.monotonic() - t0
     after = me.cpu_times()

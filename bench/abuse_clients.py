@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import signal
 import time
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
@@ -133,13 +134,26 @@ class Adversaries:
             sock.close()
 
     async def nonread(self, tally: Tally) -> None:
-        """A long streamed request from a socket that reads nothing; watches for the server closing it."""
-        body = json.dumps({"text": LONG_TEXT, "stream": True, "format": "pcm"}).encode()
+        """A long streamed request from a socket that reads nothing; watches for the server closing it.
+
+        Polite about admission (a 503's Retry-After is honoured: it is refused, not holding anything), rude about
+        the stream: once admitted it never reads a byte. 48 kHz PCM makes the answer (~5 MB) larger than what the
+        kernel's socket buffers take (~3 MB on loopback), so the server has to hold the rest.
+        """
+        body = json.dumps({"text": LONG_TEXT, "stream": True, "format": "pcm", "sample_rate": 48000}).encode()
         loop, t0 = asyncio.get_running_loop(), time.monotonic()
         sock = await connect(self.host, self.port, rcvbuf=RCVBUF)
         try:
             await loop.sock_sendall(sock, request_head(self.host, "/v1/tts", len(body)) + body)
             mine = sock.getsockname()[1]
+            head = b""
+            while not head and self.left() > 0:  # the status line, without reading the audio behind it
+                await asyncio.sleep(0.1)
+                head = peek(sock)
+            if head and status_of(head) == "503":
+                tally.count("503 (Retry-After honoured)", time.monotonic() - t0)
+                await asyncio.sleep(min(retry_after(head), max(0.0, self.left())))
+                return
             while self.left() > 0:
                 await asyncio.sleep(min(0.5, max(0.0, self.left())))
                 peers = self.server_peers()
@@ -149,12 +163,14 @@ class Adversaries:
                     how = "then closed" if closed else "then let go by the server"
                     tally.count(f"{status_of(head) if head else 'no answer'} {how}", time.monotonic() - t0)
                     tally.received_bytes.append(queued(sock))
-                    return
-            head = peek(sock)
-            tally.count(f"{status_of(head) if head else 'no answer'} still open at end", time.monotonic() - t0)
-            tally.received_bytes.append(queued(sock))
+                    break
+            else:
+                head = peek(sock)
+                tally.count(f"{status_of(head) if head else 'no answer'} still open at end", time.monotonic() - t0)
+                tally.received_bytes.append(queued(sock))
         finally:
             sock.close()
+        await asyncio.sleep(max(0.0, self.left()))  # served (and maybe let go): it asks for nothing more
 
     async def huge(self, tally: Tally, chunked: bool = False) -> None:
         """Declares a 200 MB body and sends it as fast as it can, until the server answers or closes; ``chunked``:
@@ -288,6 +304,11 @@ class Adversaries:
 
 async def run(kind: str, url: str, clients: int, seconds: float, server_pid: int | None = None) -> Tally:
     adv, tally = Adversaries(url, seconds, server_pid), Tally(kind, clients)
+
+    def stop() -> None:  # SIGUSR1: the measured window is over, end now (every loop checks left())
+        adv.end = time.monotonic()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, stop)
     one = {
         "dribble": lambda i: adv.raw_attempts(tally, adv.dribble),
         "nonread": lambda i: adv.raw_attempts(tally, adv.nonread),
@@ -310,6 +331,18 @@ async def run(kind: str, url: str, clients: int, seconds: float, server_pid: int
     if late:
         tally.note(f"{len(late)} client(s) still waiting {seconds + 15:.0f} s after the start; cancelled")
     return tally
+
+
+def retry_after(head: bytes) -> float:
+    """A 503's Retry-After in seconds (1 when absent or unreadable)."""
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"retry-after":
+            try:
+                return max(0.0, float(value.strip()))
+            except ValueError:
+                break
+    return 1.0
 
 
 def main(argv: list[str] | None = None) -> int:
