@@ -2,8 +2,9 @@
 # Sourced by deploy/images/*: picks the container engine (ENGINE: docker if its daemon answers,
 # else podman) and, for podman, a containers.conf for hosts its defaults fail on, used only by
 # these scripts (CONTAINERS_CONF; the host's own configuration is not touched):
-#   - default ulimits within what the host allows: podman asks for nofile 1048576 and the host's
-#     nproc, which a VM with lower hard limits refuses ("error setting rlimit type 6")
+#   - default ulimits within what the host allows: podman asks for nofile 1048576, above a VM's
+#     hard limit ("setrlimit RLIMIT_NOFILE: Operation not permitted"), and an nproc such a VM
+#     refuses too (runc: "error setting rlimit type 6"); 4096 processes is plenty here
 #   - runc where cgroups are v1 / hybrid: crun refuses them ("cgroups in hybrid mode not supported")
 if [ -z "${ENGINE:-}" ]; then
     if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then ENGINE=docker
