@@ -52,7 +52,7 @@ class ServerSettings(_Section):
     max_body_reads: int = Field(64, ge=1)  # request bodies read at once (no permit held meanwhile); beyond: 503
     body_buffer_mb: float = Field(256.0, gt=0)  # bytes all bodies being read may hold together; beyond: 503
     send_timeout_s: float = Field(30.0, ge=0)  # a stream whose client reads nothing this long is closed (0: never)
-    refusals_per_s: float = Field(50.0, ge=0)  # 503s answered at once per second; beyond, held (0: no pacing)
+    refusals_per_s: float = Field(20.0, ge=0)  # error answers sent at once per second; beyond, held (0: no pacing)
     # NoDecode: an env var is a comma-separated list (or a JSON list), split by _split
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)  # empty (and no file): no keys, every route open
     api_keys_file: str | None = None  # one key per line; blank lines and '#' comments ignored

@@ -29,13 +29,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from app.api.bodies import BodyGate, ClientLeft, has_body, replay
+from app.api.bodies import BodyGate, ClientLeft, declared_length, has_body, replay
 from app.api.context import context_of
 from app.api.errors import classify, render_scope
 from app.api.refusals import RefusalPacer
 from app.api.routes import match
 from app.serving.errors import PayloadTooLarge, RequestError, ServingError
 from app.serving.pool import EnginePool
+
+
+# A refused body up to this size (declared) is left to the HTTP parser, which reads past it and keeps the
+# connection: closing a socket with unread bytes makes the kernel send a reset, which can destroy the 413 before
+# the client reads it. A larger or chunked one is not worth reading: the connection is closed.
+DRAIN_MAX_BYTES = 16 << 20
 
 
 class AdmissionMiddleware:
@@ -57,7 +63,7 @@ class AdmissionMiddleware:
             if message["type"] == "http.response.start" and message["status"] >= 400:
                 if ctx.ticket is not None and ctx.ticket.held:
                     ctx.ticket.release()  # the request failed: its permit is free before its answer waits
-                await pacer.pace()
+                ctx.held_s = await pacer.pace()
             await downstream(message)
 
         send = paced
@@ -95,6 +101,8 @@ class AdmissionMiddleware:
         info = classify(exc)
         headers: dict[str, Any] = {}
         if isinstance(exc, PayloadTooLarge):
-            headers["Connection"] = "close"  # the rest of the body is not read: the connection cannot be reused
+            declared = declared_length(scope)
+            if declared is None or declared > DRAIN_MAX_BYTES:
+                headers["Connection"] = "close"  # the rest of the body is not read: the connection cannot be reused
         response = render_scope(scope, info, headers)  # sent through ``paced``
         await response(scope, receive, send)

@@ -44,6 +44,7 @@ class RequestContext:
     latency_s: float | None = None
     completed: bool = False  # the last body byte was sent
     timings: StageTimings | None = None  # seconds per stage (frontend, llm, flow, hift, encode)
+    held_s: float = 0.0  # an error answer held by the refusal pacer (server.refusals_per_s) before it was sent
 
     def take_ticket(self) -> Ticket | None:
         """Move the edge's permit to the caller (the speech service); None if there is none."""

@@ -56,11 +56,11 @@ class RefusalPacer:
         self._tat = tat + self._interval
         return max(0.0, wait)
 
-    async def pace(self) -> None:
-        """Hold this refusal until its turn (no CPU while held)."""
+    async def pace(self) -> float:
+        """Hold this refusal until its turn (no CPU while held); the seconds it was held."""
         wait = self.hold_s()
         if wait <= 0:
-            return
+            return 0.0
         self.held += 1
         self.held_total += 1
         self.held_s_total += wait
@@ -68,3 +68,4 @@ class RefusalPacer:
             await asyncio.sleep(wait)
         finally:
             self.held -= 1
+        return wait

@@ -10,6 +10,7 @@ import pytest
 
 from app.api.admission import AdmissionMiddleware
 from app.api.bodies import BodyGate, BodyLimits
+from app.api.context import context_of
 from app.api.refusals import MAX_HOLD_S, RefusalPacer
 from app.serving.errors import Overloaded
 from tests.waiting import await_until, run
@@ -166,6 +167,7 @@ def test_a_body_without_uploads_has_the_smaller_limit_of_text_and_fields() -> No
                  json_body.send)
         assert json_body.status == 413 and json_body.received == 0  # a 1 MB prompt_text never gets read
         assert "server.max_text_chars" in json_body.error["message"]
+        assert "connection" not in json_body.headers  # a small one: the parser reads past it, no reset
         form = Wire([b"x" * 600])
         await mw(scope(headers={"content-length": "600", "content-type": "multipart/form-data; boundary=b"}),
                  form.receive, form.send)
@@ -292,12 +294,15 @@ def test_the_edge_holds_503s_beyond_the_rate() -> None:
         mw = AdmissionMiddleware(App(pool), lambda: pool, gate, pacer)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
+        held = []
         for _ in range(7):
-            wire = Wire()
-            await mw(scope(method="GET", path="/inference_sft"), wire.receive, wire.send)
+            wire, sc = Wire(), scope(method="GET", path="/inference_sft")
+            await mw(sc, wire.receive, wire.send)
             assert wire.status == 503
+            held.append(round(context_of(sc).held_s, 1))  # the access log says how long each was held
         elapsed = loop.time() - t0
-        assert pacer.held_total == 2 and 0.3 <= elapsed < 2.0  # the 6th waited 0.2 s, the 7th 0.4 s
+        assert held == [0.0] * 5 + [0.2, 0.2]  # one every 1/rate s after the burst
+        assert pacer.held_total == 2 and 0.3 <= elapsed < 2.0  # the 6th and the 7th waited 0.2 s each
         assert pacer.held == 0
 
     run(main())
