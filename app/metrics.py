@@ -57,6 +57,7 @@ BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 PREFILL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 STREAM_TIMEOUT_ERRORS = frozenset({"DeadlineExceeded"})
+STREAM_CLIENT_ERRORS = frozenset({"ClientStalled"})  # the client read nothing for server.send_timeout_s: it left
 ENGINE_ERROR_CODES = frozenset({"engine_failure"})
 WS_REFUSALS: tuple[str, ...] = ("session_limit", "draining")
 
@@ -76,6 +77,8 @@ def outcome_of(ctx: RequestContext) -> str:
         return "error"
     stream_error = ctx.stream_error
     if stream_error:  # headers were 2xx, then the stream broke on the server side
+        if stream_error in STREAM_CLIENT_ERRORS:
+            return "aborted"
         return "timeout" if stream_error in STREAM_TIMEOUT_ERRORS else "error"
     if not ctx.completed:
         return "aborted"  # the client left before the last byte

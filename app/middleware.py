@@ -14,7 +14,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from app.api.context import RequestContext, context_of, request_id
+from app.api.context import CLIENT_LEFT, RequestContext, context_of, request_id
+from app.api.errors import CLIENT_GONE_STATUS
 
 log = logging.getLogger("cosyserve.access")
 
@@ -60,7 +61,7 @@ class RequestContextMiddleware:
         finally:
             elapsed = time.perf_counter() - started
             ctx.latency_s = elapsed
-            ctx.status = status["code"] or 500
+            ctx.status = status["code"] or (CLIENT_GONE_STATUS if ctx.error_code == CLIENT_LEFT else 500)
             ctx.completed = status["completed"]
             if self.on_done is not None:
                 self.on_done(ctx)

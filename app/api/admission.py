@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from app.api.bodies import BodyGate, ClientLeft, declared_length, has_body, replay
-from app.api.context import context_of
+from app.api.context import CLIENT_LEFT, context_of
 from app.api.errors import classify, render_scope
 from app.api.refusals import RefusalPacer
 from app.api.routes import match
@@ -82,7 +82,8 @@ class AdmissionMiddleware:
                 receive = replay(await self.bodies.read(scope, receive), receive)
             ticket = pool.admit() if pool is not None else None
         except ClientLeft:
-            return  # nobody to answer
+            ctx.error_code = CLIENT_LEFT  # nobody to answer: logged and counted as the client's leaving (499)
+            return
         except (ServingError, RequestError) as exc:
             await self._refuse(scope, receive, send, exc)
             return

@@ -18,6 +18,7 @@ from app.engines.timings import StageTimings
 from app.serving.admission import Ticket
 
 SCOPE_KEY = "cosyserve.context"
+CLIENT_LEFT = "client_closed_request"  # the error code of a request whose client left before any answer
 
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
