@@ -14,25 +14,9 @@ import json
 import time
 
 import pytest
-from fastapi.testclient import TestClient
 
-from app.config import Settings
 from tests.api.test_ws_speech import PATH, closed, error, in_flight, send, utterance
 from tests.waiting import wait_until
-
-
-@pytest.fixture
-def open_client(tmp_path, start_app):
-    def make(pool=None, server=None, websocket=None) -> TestClient:
-        return start_app(Settings(
-            engine={"kind": "fake"},
-            pool={"workers": 2, "max_queue": 2, "queue_timeout_s": 5.0, "request_timeout_s": 30.0, **(pool or {})},
-            server={"access_log": False, "drain_timeout_s": 5, **(server or {})},
-            voices={"dir": str(tmp_path / "voices")},
-            websocket=websocket or {},
-        ))
-
-    return make
 
 
 def series(client, name: str) -> float:

@@ -15,24 +15,9 @@ import pytest
 from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-from app.config import Settings
 from tests.waiting import wait_until
 
 PATH = "/v1/audio/speech/stream"
-
-
-@pytest.fixture
-def open_client(tmp_path, start_app):
-    def make(pool=None, server=None, websocket=None) -> TestClient:
-        return start_app(Settings(
-            engine={"kind": "fake"},
-            pool={"workers": 2, "max_queue": 2, "queue_timeout_s": 5.0, "request_timeout_s": 30.0, **(pool or {})},
-            server={"access_log": False, "drain_timeout_s": 5, **(server or {})},
-            voices={"dir": str(tmp_path / "voices")},
-            websocket=websocket or {},
-        ))
-
-    return make
 
 
 def in_flight(client: TestClient) -> int:
