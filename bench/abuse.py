@@ -44,7 +44,7 @@ from bench.abuse_report import (
 )
 from bench.admission import gauges, pool_server, shown, work
 from bench.load import LoadClient, Result
-from bench.procs import ROOT, ServerProc
+from bench.procs import ROOT, ServerProc, new_run_dir
 from bench.sched import realtime_client
 
 # phase -> (adversary kind for bench/abuse_clients.py, its clients); None: the polite client alone
@@ -248,14 +248,10 @@ async def measure(srv: ServerProc, name: str, kind: str | None, clients: int, pr
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.model_dir:
-        model_dir = args.model_dir
-    else:
-        from bench.model import ensure_model
+    from bench.model import ensure_model
 
-        model_dir = ensure_model(2)
-    run_dir = ROOT / ".bench" / ("abuse-" + time.strftime("%Y%m%d-%H%M%S"))
-    run_dir.mkdir(parents=True, exist_ok=True)
+    model_dir = args.model_dir or ensure_model(2)
+    run_dir = new_run_dir("abuse")
     results: dict[str, Any] = {
         "config": {k: shown(v) if k in ("out", "model_dir") else v for k, v in vars(args).items()},
         "model": Path(model_dir).name, "cores": os.cpu_count(), "phase_s": args.phase_s, "lead_s": args.lead_s,

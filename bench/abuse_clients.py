@@ -17,6 +17,7 @@ import functools
 import json
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
@@ -98,11 +99,16 @@ class Adversaries:
     def left(self) -> float:
         return self.end - time.monotonic()
 
-    async def raw_attempts(self, tally: Tally, attempt) -> None:
+    def tries(self, tally: Tally) -> Iterator[float]:
+        """One client's attempts, bounded in time (``left``) and in count (MAX_ATTEMPTS): each its start time."""
         for _ in range(MAX_ATTEMPTS):
             if self.left() <= 0:
                 return
             tally.attempts += 1
+            yield time.monotonic()
+
+    async def raw_attempts(self, tally: Tally, attempt) -> None:
+        for _ in self.tries(tally):
             try:
                 await attempt(tally)
             except OSError as exc:
@@ -221,11 +227,7 @@ class Adversaries:
         )
 
         url = f"ws://{self.host}:{self.port}/v1/audio/speech/stream"
-        for _ in range(MAX_ATTEMPTS):
-            if self.left() <= 0:
-                return
-            tally.attempts += 1
-            t0 = time.monotonic()
+        for t0 in self.tries(tally):
             try:
                 async with ws_connect(url, open_timeout=10, close_timeout=2) as ws:
                     try:
@@ -259,11 +261,7 @@ class Adversaries:
             path, body = "/v1/tts", {"text": "hello", "format": "pcm", "prompt_text": "x" * GIANT}
         content = json.dumps(body).encode()
         async with httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(60.0, connect=10.0)) as client:
-            for _ in range(MAX_ATTEMPTS):
-                if self.left() <= 0:
-                    return
-                tally.attempts += 1
-                t0 = time.monotonic()
+            for t0 in self.tries(tally):
                 try:
                     r = await client.post(path, content=content, headers={"content-type": "application/json"})
                     tally.count(f"{r.status_code} {path}", time.monotonic() - t0, len(content))
@@ -280,11 +278,7 @@ class Adversaries:
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=0 if fresh else 1)
         async with httpx.AsyncClient(base_url=self.url, limits=limits,
                                      timeout=httpx.Timeout(120.0, connect=10.0)) as client:
-            for _ in range(MAX_ATTEMPTS):
-                if self.left() <= 0:
-                    return
-                tally.attempts += 1
-                t0 = time.monotonic()
+            for t0 in self.tries(tally):
                 try:
                     async with client.stream(spec.method, spec.path, json=spec.json) as r:
                         async for _part in r.aiter_raw():

@@ -55,7 +55,7 @@ from bench.admission_report import (
     settle_times,
 )
 from bench.load import LoadClient, RequestSpec, Result
-from bench.procs import ROOT, ServerProc, free_port, python_module
+from bench.procs import ROOT, ServerProc, free_port, new_run_dir, python_module
 from bench.sched import realtime_client
 
 TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
@@ -411,14 +411,10 @@ def fail(results: dict[str, Any], system: str, exc: BaseException) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.model_dir:
-        model_dir = args.model_dir
-    else:
-        from bench.model import ensure_model
+    from bench.model import ensure_model
 
-        model_dir = ensure_model(2)
-    run_dir = ROOT / ".bench" / ("admission-" + time.strftime("%Y%m%d-%H%M%S"))
-    run_dir.mkdir(parents=True, exist_ok=True)
+    model_dir = args.model_dir or ensure_model(2)
+    run_dir = new_run_dir("admission")
     load1 = os.getloadavg()[0]
     log(f"model {model_dir}; out {args.out}; logs {run_dir}; {os.cpu_count()} cores; load average {load1:.2f}")
     results: dict[str, Any] = {

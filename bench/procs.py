@@ -29,6 +29,13 @@ THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THRE
               "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 
 
+def new_run_dir(name: str) -> Path:
+    """A fresh folder for one run's server logs and configs: .bench/NAME-YYYYmmdd-HHMMSS (git-ignored)."""
+    run_dir = ROOT / ".bench" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
