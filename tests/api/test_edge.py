@@ -239,8 +239,10 @@ def test_a_client_that_leaves_mid_body_gets_nothing_and_frees_its_place() -> Non
         async def send(m: dict) -> None:
             sent.append(m)
 
-        await mw(scope(headers={"content-length": "50"}), receive, send)
+        sc = scope(headers={"content-length": "50"})
+        await mw(sc, receive, send)
         assert sent == [] and gate.reading == 0 and pool.out == 0 and app.bodies == []
+        assert context_of(sc).error_code == "client_closed_request"  # logged as 499, not as a 500
 
     run(main())
 

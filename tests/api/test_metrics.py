@@ -234,6 +234,7 @@ def test_each_app_has_its_own_registry(tmp_path):
     ({"status": 200, "completed": False}, "aborted"),
     ({"status": 200, "completed": False, "stream_error": "EngineFailure"}, "error"),
     ({"status": 200, "completed": False, "stream_error": "DeadlineExceeded"}, "timeout"),
+    ({"status": 200, "completed": False, "stream_error": "ClientStalled"}, "aborted"),  # read nothing: it left
     ({"status": 400, "completed": True}, "client_error"),
     ({"status": 422, "completed": True}, "client_error"),
     ({"status": 503, "completed": True}, "rejected"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -82,3 +83,22 @@ def test_non_http_scopes_pass_through(scope_type):
 
     asyncio.run(RequestContextMiddleware(inner)({"type": scope_type}, None, None))
     assert seen == [{"type": scope_type}]
+
+
+def test_a_client_that_left_before_any_answer_is_logged_499_not_500():
+    done: list[RequestContext] = []
+
+    async def leaves(scope, receive, send):  # the edge's path when the body never completes
+        context_of(scope).error_code = "client_closed_request"
+
+    async def crashes(scope, receive, send):  # no answer for another reason: still a 500
+        pass
+
+    for app, status in ((leaves, 499), (crashes, 500)):
+        mw = RequestContextMiddleware(app, access_log=False, on_done=done.append)
+
+        async def noop(message=None):
+            return {"type": "http.disconnect"}
+
+        asyncio.run(mw({"type": "http", "method": "POST", "path": "/v1/tts", "headers": []}, noop, noop))
+        assert done[-1].status == status
