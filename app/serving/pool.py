@@ -42,6 +42,7 @@ from app.serving.buffers import StreamBudget
 from app.serving.config import PoolConfig
 from app.serving.errors import Draining, HealthCheckTimeout, NotReady, QueueTimeout
 from app.serving.job import Job
+from app.serving.priority import Priority
 from app.serving.slots import Slot, Slots
 from app.serving.stats import NullObserver, PoolObserver, SafeObserver
 
@@ -309,6 +310,23 @@ class EnginePool:
         """Take an admission permit at once, or raise Overloaded / Draining / NotReady."""
         self._refuse_if_closed()
         return self._admission.admit()
+
+    def check_admit_class(self, priority: Priority | None) -> None:
+        """``check_admit`` for a class; ``None`` (not known before the body): refuse only if no class would admit.
+
+        Contract for issue 39 (``app/serving/priority.py``); bulk is admitted as interactive until the
+        bulk queue lands.
+        """
+        self.check_admit()
+
+    async def admit_for(self, priority: Priority, client: str = "") -> Ticket:
+        """A permit for a request of class ``priority`` from ``client`` (an API key's id, else its address).
+
+        Interactive: ``admit()`` (at once or Overloaded). Bulk: waits its turn in the bulk queue (fair
+        between clients) for capacity interactive work leaves, or raises Overloaded when that queue is
+        full or its wait times out. Contract for issue 39; bulk is admitted as interactive until then.
+        """
+        return self.admit()
 
     def _refuse_if_closed(self) -> None:
         if self._draining or self._closed:
