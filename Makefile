@@ -9,7 +9,15 @@ PORT   ?= 8000
 
 .PHONY: setup test-deps run test test-unit test-integration test-cluster test-upstream loadtest bench bench-batching bench-cost bench-abuse gpu-check gpu-wheels lint deploy-config clean
 
-setup: $(STAMP)
+setup: $(STAMP) hooks
+
+# the commit convention's hook (CONTRIBUTING.md), only at the top of a git work tree; never fails setup
+.PHONY: hooks
+hooks:
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1 && [ -z "$$(git rev-parse --show-prefix)" ]; then \
+	  [ "$$(git config core.hooksPath)" = .githooks ] || git config core.hooksPath .githooks \
+	    || echo "hooks: could not set core.hooksPath; commits are not checked"; \
+	else echo "hooks: not a git work tree, no commit-msg hook"; fi
 
 $(STAMP): pyproject.toml requirements/engine.txt requirements/nodeps.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -115,7 +123,7 @@ gpu-wheels: setup
 	$(PY) -m bench.gpu_wheels
 
 lint: setup
-	$(VENV)/bin/ruff check app tests bench locustfiles
+	$(VENV)/bin/ruff check app tests bench locustfiles tools
 
 clean:
 	rm -rf $(VENV) .pytest_cache reports
