@@ -120,7 +120,7 @@ gpu-check:
 
 # the wheels a GPU machine without network needs for gpu-check (Python 3.12), into .whl/; prints their size
 gpu-wheels: setup
-	$(PY) -m bench.gpu_wheels
+	$(PY) -m tools.gpu_wheels
 
 lint: setup
 	$(VENV)/bin/ruff check app tests bench locustfiles tools

@@ -5,7 +5,7 @@
 One ``cosyserve serve`` (the tiny CosyVoice2 model unless ``--model-dir``; no pool settings: the defaults).
 Phase after phase, the polite client (one closed-loop client, bench/admission.py's request: one sentence,
 streamed PCM, a 503's Retry-After honoured) runs ``--phase-s`` measured seconds: first alone, then beside
-each adversary (started ``--lead-s`` before it, in its own process: bench/abuse_clients.py), and alone
+each adversary (started ``--lead-s`` before it, in its own process: bench/lib/abuse_clients.py), and alone
 again at the end. Adversaries: 4 dribblers (a body byte a second), 4 non-readers (a long stream never
 read), 8 idle and 8 chatty WebSocket sessions (never any text), 2 clients sending 1 MB fields, a 200 MB
 declared body sent flat out (and the same bytes chunked, no length declared), and retry storms of 8 and 64 clients (503 -> again at once; ``-fresh``: a new
@@ -31,8 +31,9 @@ from typing import Any
 import httpx
 import psutil
 
-from bench import load, prom
-from bench.abuse_report import (
+from bench.admission import gauges, pool_server, shown, work
+from bench.lib import load, prom
+from bench.lib.abuse_report import (
     evaluate_goals,
     markdown,
     phase_line,
@@ -42,12 +43,11 @@ from bench.abuse_report import (
     storm_rates,
     verdict,
 )
-from bench.admission import gauges, pool_server, shown, work
-from bench.load import LoadClient, Result
-from bench.procs import ROOT, ServerProc, new_run_dir
-from bench.sched import realtime_client
+from bench.lib.load import LoadClient, Result
+from bench.lib.procs import ROOT, ServerProc, new_run_dir
+from bench.lib.sched import realtime_client
 
-# phase -> (adversary kind for bench/abuse_clients.py, its clients); None: the polite client alone
+# phase -> (adversary kind for bench/lib/abuse_clients.py, its clients); None: the polite client alone
 PHASES: dict[str, tuple[str | None, int]] = {
     "dribblers": ("dribble", 4), "non-readers": ("nonread", 4), "ws-idle": ("ws-idle", 8),
     "ws-chatty": ("ws-chatty", 8), "giant-fields": ("giant", 2), "huge-body": ("huge", 1),
@@ -68,12 +68,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--only", help=f"comma list of adversary phases (default all: {', '.join(PHASES)}); the alone "
                     "phase runs first and last regardless")
     ap.add_argument("--out", help="output dir (default .cache/bench/abuse)")
-    ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/model.py")
+    ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/lib/model.py")
     ap.add_argument("--adversary-nice", type=int, default=10,
                     help="niceness of the adversary process: on one host it steals the server's CPU, which real "
                          "adversaries on their own machines do not (its CPU is reported; 0: same as the server)")
     ap.add_argument("--client-rt-priority", type=int, default=1,
-                    help="the polite client in SCHED_FIFO at this priority where permitted (bench/sched.py; 0: off)")
+                    help="the polite client in SCHED_FIFO at this priority where permitted (bench/lib/sched.py; 0: off)")
     ap.add_argument("--rss-guard-mb", type=int, default=6000, help="kill the server past this tree RSS (0: no guard)")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="the polite client's timeout per request")
     args = ap.parse_args(argv)
@@ -119,7 +119,7 @@ def statuses(results: list[Result]) -> dict[str, int]:
 
 
 async def adversary(kind: str, clients: int, srv: ServerProc, seconds: float, nice: int) -> asyncio.subprocess.Process:
-    argv = [sys.executable, "-m", "bench.abuse_clients", kind, "--url", srv.base_url, "--clients", str(clients),
+    argv = [sys.executable, "-m", "bench.lib.abuse_clients", kind, "--url", srv.base_url, "--clients", str(clients),
             "--seconds", f"{seconds:.1f}", "--server-pid", str(srv.proc.pid)]
     if nice > 0:
         argv = ["nice", "-n", str(nice), *argv]
@@ -248,7 +248,7 @@ async def measure(srv: ServerProc, name: str, kind: str | None, clients: int, pr
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from bench.model import ensure_model
+    from bench.lib.model import ensure_model
 
     model_dir = args.model_dir or ensure_model(2)
     run_dir = new_run_dir("abuse")

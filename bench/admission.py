@@ -44,8 +44,8 @@ from typing import Any
 import httpx
 import yaml
 
-from bench import load, prom
-from bench.admission_report import (
+from bench.lib import load, prom
+from bench.lib.admission_report import (
     best_closed,
     best_closed_rps,
     evaluate_goals,
@@ -54,9 +54,9 @@ from bench.admission_report import (
     per_point,
     settle_times,
 )
-from bench.load import LoadClient, RequestSpec, Result
-from bench.procs import ROOT, ServerProc, free_port, new_run_dir, python_module
-from bench.sched import realtime_client
+from bench.lib.load import LoadClient, RequestSpec, Result
+from bench.lib.procs import ROOT, ServerProc, free_port, new_run_dir, python_module
+from bench.lib.sched import realtime_client
 
 TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 GAUGES = {"limit": "tts_admission_limit", "load": "tts_admission_load",
@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: a few seconds per point (numbers meaningless)")
     ap.add_argument("--out", help="output dir (default docs/benchmarks; --quick: reports/bench-admission-quick)")
-    ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/model.py")
+    ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/lib/model.py")
     ap.add_argument("--systems", default="defaults,before,tuned", help="comma list of defaults, before, tuned")
     ap.add_argument("--concurrency", default="1,2,4,8,16")
     ap.add_argument("--factors", default="1.5,3", help="open-loop rates, in best closed-loop throughputs")
@@ -97,7 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "keep the load generator from waiting for a CPU (see --client-rt-priority)")
     ap.add_argument("--client-rt-priority", type=int, default=1,
                     help="run the load generator in SCHED_FIFO at this priority where permitted, its servers in the "
-                         "normal class (bench/sched.py), so it is not preempted by their compute threads (0: off)")
+                         "normal class (bench/lib/sched.py), so it is not preempted by their compute threads (0: off)")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="client timeout per request")
     ap.add_argument("--reject-backoff-s", type=float, default=None,
                     help="closed-loop client pause after a 503 (default: the Retry-After it names, as a client that "
@@ -411,7 +411,7 @@ def fail(results: dict[str, Any], system: str, exc: BaseException) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from bench.model import ensure_model
+    from bench.lib.model import ensure_model
 
     model_dir = args.model_dir or ensure_model(2)
     run_dir = new_run_dir("admission")

@@ -32,8 +32,8 @@ from typing import Any
 import httpx
 import yaml
 
-from bench import prom
-from bench.batching_plan import (
+from bench.lib import prom
+from bench.lib.batching_plan import (
     SAMPLE_RATE,
     ModelPlan,
     SystemSpec,
@@ -42,15 +42,15 @@ from bench.batching_plan import (
     plan_for,
     systems,
 )
-from bench.batching_report import (
+from bench.lib.batching_report import (
     evaluate_goals,
     goal_lines,
     markdown,
     plot,
     summarize_point,
 )
-from bench.load import LoadClient, RequestSpec, Result
-from bench.procs import ROOT, THREAD_ENV, ServerProc, free_port, python_module
+from bench.lib.load import LoadClient, RequestSpec, Result
+from bench.lib.procs import ROOT, THREAD_ENV, ServerProc, free_port, python_module
 
 FULL_DIR = ROOT / ".cache" / "full2"
 
@@ -76,7 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="smoke run: a few requests per point (numbers meaningless)")
     ap.add_argument("--out", help="output dir (default docs/benchmarks; --quick: reports/bench-batching-quick)")
     ap.add_argument("--full-dir", default=str(FULL_DIR), help="full-size model dir (built there if missing)")
-    ap.add_argument("--tiny-dir", help="default: the tiny CosyVoice2 model of bench/model.py")
+    ap.add_argument("--tiny-dir", help="default: the tiny CosyVoice2 model of bench/lib/model.py")
     ap.add_argument("--systems", default="per_request,batched", help="comma list of per_request, batched")
     ap.add_argument("--concurrency", default="1,2,4,8,16")
     ap.add_argument("--stream-concurrency", help="streaming levels (default: full 1,4,8; tiny all; --quick 1,8)")
@@ -101,7 +101,7 @@ def model_dir(model: str, args: argparse.Namespace) -> str:
     if model == "tiny":
         if args.tiny_dir:
             return args.tiny_dir
-        from bench.model import ensure_model
+        from bench.lib.model import ensure_model
 
         return ensure_model(2)
     from app.engines.cosyvoice.layout import TINY_MARKER

@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.procs import ROOT, THREAD_ENV
+from bench.lib.procs import ROOT, THREAD_ENV
 
 FULL_DIR = ROOT / ".cache" / "full2"
 LONG = ("The train to the city leaves at seven every single morning, and the people who ride it read, "
@@ -266,7 +266,7 @@ def _model_dir(model: str) -> str:
             subprocess.run([sys.executable, "-m", "app.cli", "make-tiny-model", "--version", "2", "--full-size",
                             str(FULL_DIR)], cwd=ROOT, check=True)
         return str(FULL_DIR)
-    from bench.model import ensure_model
+    from bench.lib.model import ensure_model
 
     return ensure_model(2)
 

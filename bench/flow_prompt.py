@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     if args.model_dir is None:
-        from bench.model import ensure_model
+        from bench.lib.model import ensure_model
 
         args.model_dir = ensure_model(2)
     flow = load_model_dir(args.model_dir, dtype="fp32").model.flow

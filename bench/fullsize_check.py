@@ -16,7 +16,7 @@ import time
 
 import psutil
 
-from bench.batching_plan import FULL_TEXT
+from bench.lib.batching_plan import FULL_TEXT
 
 SHORT = "Hello there, how are you?"
 

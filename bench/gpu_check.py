@@ -20,8 +20,8 @@ reports:
 * host syncs per decode step (``set_sync_debug_mode`` on CUDA, and the CPU proxy's
   count), peak GPU memory;
 * prefill: the running batch's stall when 16 requests join it at once, one-by-one vs
-  batched prefill (``bench/prefill_stall.py``);
-* token2wav: ``engine.token2wav_batch`` off vs on, one engine each (``bench/t2w_phases.py``):
+  batched prefill (``bench/probes/prefill_stall.py``);
+* token2wav: ``engine.token2wav_batch`` off vs on, one engine each (``bench/probes/t2w_phases.py``):
   time to first audio p50/p95, audio seconds per wall second, flow rounds (batch, ms) and
   LLM step ms at 1, 4, 8 and 16 streams (quick: 1 and 4).
 
@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_report import markdown, percentile
+from bench.lib.gpu_report import markdown, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = [
@@ -351,7 +351,7 @@ def stages(eng: Any, device: Any, repeats: int = 3) -> dict:
 
 def streaming(eng: Any, steps: Steps, concurrency: int, requests: int, deadline: Deadline) -> dict:
     """Closed loop: ``concurrency`` threads stream ``requests`` requests in all."""
-    from bench.t2w_phases import closed_loop
+    from bench.probes.t2w_phases import closed_loop
 
     steps.steps.clear()
     steps.recording = True
@@ -371,7 +371,7 @@ def streaming(eng: Any, steps: Steps, concurrency: int, requests: int, deadline:
 def syncs(eng: Any, device: Any) -> dict:
     """Host syncs per decode step of 4 sequences: the CPU proxy, and on CUDA the driver's own count."""
     from app.engines.cosyvoice.batching.lm import BatchedLM
-    from bench.syncs import CudaSyncCounter, HostSyncCounter, summary
+    from bench.probes.syncs import CudaSyncCounter, HostSyncCounter, summary
 
     out = {}
     counters: list[tuple[str, Any]] = [("proxy", HostSyncCounter())]
@@ -397,7 +397,7 @@ def syncs(eng: Any, device: Any) -> dict:
 def prefill(eng: Any, quick: bool) -> dict:
     """16 requests joining 4 running ones at once: the running batch's token gap, one-by-one vs batched prefill."""
     from app.engines.cosyvoice.batching.lm import BatchedLM
-    from bench.prefill_stall import compare
+    from bench.probes.prefill_stall import compare
 
     lm = BatchedLM(eng.loaded.model.llm)
     return compare(lm, joiners=16, running=4, rounds=1 if quick else 3, prompt=(50, 150) if quick else (100, 300))
@@ -405,7 +405,7 @@ def prefill(eng: Any, quick: bool) -> dict:
 
 def token2wav(mdir: str, device: str, quick: bool, threads: int) -> dict:
     """``engine.token2wav_batch`` off vs on: the same streamed requests on one engine per setting."""
-    from bench.t2w_phases import compare
+    from bench.probes.t2w_phases import compare
 
     levels = (1, 4) if quick else (1, 4, 8, 16)
     runs = compare(mdir, batches=("off", "on"), concurrency=levels, requests=1 if quick else 2, stream=True,

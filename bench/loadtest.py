@@ -21,8 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from bench.model import ensure_model
-from bench.procs import ROOT, ServerProc, free_port, python_module
+from bench.lib.model import ensure_model
+from bench.lib.procs import ROOT, ServerProc, free_port, python_module
 
 
 def parse_duration(text: str) -> float:

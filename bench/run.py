@@ -36,11 +36,11 @@ from typing import Any
 
 import httpx
 
-from bench import load
-from bench.model import ensure_model
-from bench.procs import ROOT, THREAD_ENV, ServerProc
-from bench.report import evaluate_goals, print_goals, write_outputs
-from bench.systems import System, systems
+from bench.lib import load
+from bench.lib.model import ensure_model
+from bench.lib.procs import ROOT, THREAD_ENV, ServerProc
+from bench.lib.run_report import evaluate_goals, print_goals, write_outputs
+from bench.lib.systems import System, systems
 
 TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 SHORT_TEXT = "Hello there."
@@ -94,14 +94,14 @@ def log(msg: str) -> None:
 
 
 def run_ceiling(mode: str, args: argparse.Namespace, model_dir: str) -> dict:
-    argv = [sys.executable, "-m", "bench.ceilings", mode, "--model-dir", model_dir, "--text", TEXT,
+    argv = [sys.executable, "-m", "bench.lib.ceilings", mode, "--model-dir", model_dir, "--text", TEXT,
             "--workers", str(args.workers), "--warmup", str(args.warmup_s), "--duration", str(args.point_s),
             "--streams", str(args.streams)]
     log(f"(a) ceiling, {mode}")
     proc = subprocess.run(argv, check=False, cwd=ROOT, env={**os.environ, **THREAD_ENV}, capture_output=True,
                           text=True, timeout=1800)
     if proc.returncode != 0:
-        raise RuntimeError(f"bench.ceilings {mode} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"bench.lib.ceilings {mode} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1]
     return json.loads(line)
 

@@ -34,7 +34,7 @@ import httpx
 import yaml
 from websockets.sync.client import connect
 
-from bench.procs import free_port
+from bench.lib.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND = ".venv/bin/python -m bench.ws_ttfa"

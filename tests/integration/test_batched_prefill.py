@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.prefill_stall import JoinGate, Recorder
+from bench.probes.prefill_stall import JoinGate, Recorder
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

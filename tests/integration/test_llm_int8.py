@@ -28,7 +28,7 @@ from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 from app.engines.cosyvoice.levers import Levers
 from app.engines.cosyvoice.load import load_model_dir
 from app.engines.cosyvoice.quantize import quantize_llm_int8
-from bench.llm_int8 import compare
+from bench.probes.llm_int8 import compare
 
 MAX_ABS_LOGPROB = 0.1  # nats, over tokens fp32 gives >= 1e-4
 MAX_KL = 1e-4  # nats per step

@@ -14,7 +14,7 @@ import contextlib
 
 import pytest
 
-from bench.prefill_stall import Recorder
+from bench.probes.prefill_stall import Recorder
 from tests.integration.test_batched_prefill import (
     MIXED,
     make_inputs,

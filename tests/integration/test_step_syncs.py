@@ -19,7 +19,7 @@ from app.engines.cosyvoice.batching.lm import BatchedLM  # noqa: E402
 from app.engines.cosyvoice.batching.sampling import SamplingRules  # noqa: E402
 from app.engines.cosyvoice.batching.scheduler import LLMScheduler  # noqa: E402
 from app.engines.cosyvoice.load import load_model_dir  # noqa: E402
-from bench.syncs import HostSyncCounter  # noqa: E402
+from bench.probes.syncs import HostSyncCounter  # noqa: E402
 
 
 def test_the_proxy_counts_what_would_wait_on_a_device_and_not_host_work():

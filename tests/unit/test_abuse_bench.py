@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from bench.abuse import PHASES, parse_args, statuses
-from bench.abuse_clients import Tally
-from bench.abuse_report import (
+from bench.lib.abuse_clients import Tally
+from bench.lib.abuse_report import (
     answers_text,
     evaluate_goals,
     markdown,
@@ -16,8 +16,8 @@ from bench.abuse_report import (
     server_refusal_p99_ms,
     storm_rates,
 )
-from bench.abuse_sockets import request_head, status_of
-from bench.load import Result
+from bench.lib.abuse_sockets import request_head, status_of
+from bench.lib.load import Result
 
 MB = 1024 * 1024
 

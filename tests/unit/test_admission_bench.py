@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from bench.admission import parse_args, pool_settings
-from bench.admission_report import (
+from bench.lib.admission_report import (
     _rows,
     evaluate_goals,
     knee,
@@ -76,7 +76,7 @@ def test_the_defaults_system_has_no_pool_settings_and_the_report_renders():
 def test_runs_of_single_systems_merge_into_one_report(tmp_path):
     import json
 
-    from bench.admission_report import main
+    from bench.lib.admission_report import main
 
     args = parse_args(["--quick"])
     base = {"config": vars(args) | {"out": str(args.out)}, "cores": 2, "model": "tiny", "text": "x",
@@ -169,7 +169,7 @@ def test_the_servers_run_niced_below_the_load_generator_unless_told_not_to(tmp_p
 
 _SCHED_PROBE = """
 import os, subprocess, sys
-from bench.sched import realtime_client
+from bench.lib.sched import realtime_client
 with realtime_client(int(sys.argv[1])) as how:
     mine = os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK
     child = subprocess.check_output([sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"])
@@ -179,7 +179,7 @@ print(mine, int(child), os.sched_getscheduler(0))
 
 
 def _sched_probe(priority: int) -> tuple[str, list[int]]:
-    from bench.procs import ROOT
+    from bench.lib.procs import ROOT
 
     out = subprocess.run([sys.executable, "-c", _SCHED_PROBE, str(priority)], cwd=ROOT, capture_output=True,
                          text=True, check=True, timeout=60).stdout.splitlines()
@@ -204,7 +204,7 @@ def test_a_closed_loop_client_honours_the_retry_after_of_a_503_unless_given_a_fi
     import asyncio
     import time
 
-    from bench import load
+    from bench.lib import load
 
     sent: list[float] = []
 
@@ -224,7 +224,7 @@ def test_a_closed_loop_client_honours_the_retry_after_of_a_503_unless_given_a_fi
 
 
 def test_goodput_is_also_graded_against_the_best_point_measured_just_before_it():
-    from bench.admission_report import paired_ratios
+    from bench.lib.admission_report import paired_ratios
 
     opened = [{"factor": 1.5, "throughput_rps": 7.0}, {"factor": 3.0, "throughput_rps": 6.0},
               {"factor": 1.5, "throughput_rps": 5.0}, {"factor": 3.0, "throughput_rps": 6.6}]
@@ -270,8 +270,9 @@ def test_the_re_run_best_point_reads_the_gauges_as_the_open_loop_it_is_paired_wi
     """A scrape of /metrics costs the server CPU: the reference and the open loop must both pay it."""
     import asyncio
 
-    from bench import admission, load
+    from bench import admission
     from bench.admission import SystemRun
+    from bench.lib import load
 
     polling: list[bool] = []
     active = {"n": 0}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.overload_pairs import line, parse_args, shares
+from bench.probes.overload_pairs import line, parse_args, shares
 
 
 def test_shares_count_each_reading_once():

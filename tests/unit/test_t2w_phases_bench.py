@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.engines.fake import FakeBehaviour, FakeEngine
-from bench.t2w_phases import Recorder, _pct, header, line, phase
+from bench.probes.t2w_phases import Recorder, _pct, header, line, phase
 
 
 def test_a_phase_runs_every_request_and_reports_its_rounds():

@@ -110,7 +110,7 @@ def markdown(doc: dict) -> str:
     sy = _phase(doc, "syncs")
     if sy:
         px = sy["proxy"]
-        lines.append(f"- CPU proxy (`bench/syncs.py`): max {px.get('max')}, mean {px.get('mean')} over "
+        lines.append(f"- CPU proxy (`bench/probes/syncs.py`): max {px.get('max')}, mean {px.get('mean')} over "
                      f"{px.get('steps')} steps ({px.get('kinds')}).")
         if "cuda_flagged" in sy:
             cf = sy["cuda_flagged"]
@@ -137,7 +137,7 @@ def markdown(doc: dict) -> str:
     lines += ["", "## Batched token2wav: engine.token2wav_batch off vs on", ""]
     tw = _phase(doc, "token2wav")
     if tw:
-        from bench.t2w_phases import header, line
+        from bench.probes.t2w_phases import header, line
 
         lines.append(header())
         for setting, rows in tw["runs"].items():

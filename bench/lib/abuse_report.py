@@ -6,7 +6,7 @@ import re
 import statistics
 from typing import Any
 
-from bench.load import Result, percentile, work_in_window
+from bench.lib.load import Result, percentile, work_in_window
 
 MB = 1024 * 1024
 # the phases graded on the polite client and the server's RSS (huge-chunked: not in the list, graded alike)

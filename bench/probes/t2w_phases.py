@@ -2,13 +2,13 @@
 
 In-process (no HTTP), one CosyVoice engine at a time, the same requests for every setting:
 
-    python -m bench.t2w_phases --model-dir DIR [--batch off,on] [--concurrency 1,4,8] [--requests 2]
+    python -m bench.probes.t2w_phases --model-dir DIR [--batch off,on] [--concurrency 1,4,8] [--requests 2]
                                [--whole] [--first-chunk-tokens N] [--json OUT]
 
 For the GPU check (``bench/gpu_check.py``), call :func:`compare` (or :func:`load_engine` +
 :func:`phase`) with the model dir; it returns plain dicts:
 
-    from bench.t2w_phases import compare
+    from bench.probes.t2w_phases import compare
     results = compare(model_dir, batches=("off", "on"), concurrency=(1, 4, 8, 16), stream=True,
                       engine_kw={"dtype": "fp16"})
     # {"off": [{"concurrency": 1, "ttfa_p50_s": ..., ...}, ...], "on": [...]}

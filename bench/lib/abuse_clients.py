@@ -1,6 +1,6 @@
 """The abuse suite's adversaries, run in their own process so their CPU and event loop are not the measuring client's.
 
-    python -m bench.abuse_clients KIND --url http://127.0.0.1:PORT --clients N --seconds S
+    python -m bench.lib.abuse_clients KIND --url http://127.0.0.1:PORT --clients N --seconds S
 
 KIND: dribble, nonread, ws-idle, ws-chatty, giant, huge, huge-chunked, storm, storm-fresh. It prints ``ready`` once its
 imports are done, runs its clients for ``--seconds`` (every loop bounded in time and in attempts, loopback
@@ -24,7 +24,8 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
-from bench.abuse_sockets import (
+from bench.admission import TEXT
+from bench.lib.abuse_sockets import (
     TCP_CLOSE,
     TCP_CLOSE_WAIT,
     connect,
@@ -34,7 +35,6 @@ from bench.abuse_sockets import (
     status_of,
     tcp_state,
 )
-from bench.admission import TEXT
 
 MAX_ATTEMPTS = 100_000  # per client and phase: a bound on every reconnect / retry loop
 MAX_SAMPLES = 20_000  # per list in the tally

@@ -1,6 +1,6 @@
 """Open loop against the closed loop next to it, on one server: where open-loop goodput goes.
 
-    python -m bench.overload_pairs [--pool '{"workers": 2, "max_queue": 2, "admission": "fixed"}']
+    python -m bench.probes.overload_pairs [--pool '{"workers": 2, "max_queue": 2, "admission": "fixed"}']
         [--clients 8] [--rates 9,18] [--pairs 3] [--model-dir DIR]
 
 One ``cosyserve serve`` (the tiny CosyVoice2 model unless ``--model-dir``; no pool settings unless
@@ -25,12 +25,12 @@ from typing import Any
 
 import psutil
 
-from bench import load
 from bench.admission import Poller, pool_server, work
-from bench.admission_report import paired_ratios
-from bench.model import ensure_model
-from bench.procs import ServerProc
-from bench.sched import realtime_client
+from bench.lib import load
+from bench.lib.admission_report import paired_ratios
+from bench.lib.model import ensure_model
+from bench.lib.procs import ServerProc
+from bench.lib.sched import realtime_client
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--pairs", type=int, default=3, help="rounds of closed then open loop")
     ap.add_argument("--closed-s", type=float, default=25.0)
     ap.add_argument("--open-s", type=float, default=30.0)
-    ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/model.py")
+    ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/lib/model.py")
     args = ap.parse_args(argv)
     args.pool = json.loads(args.pool)
     args.rates = [float(r) for r in args.rates.split(",") if r.strip()]

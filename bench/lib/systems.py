@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from bench.load import RequestSpec
-from bench.procs import ServerProc, free_port, python_module
+from bench.lib.load import RequestSpec
+from bench.lib.procs import ServerProc, free_port, python_module
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Self
 import httpx
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
 
 # One intra-op thread per engine everywhere; the benchmark compares serving designs, not BLAS settings.

@@ -1,7 +1,7 @@
 """Download the wheels a GPU machine without network needs to run ``bench.gpu_check``, into ``.whl/``.
 
-    python -m bench.gpu_wheels            # or: make gpu-wheels
-    python -m bench.gpu_wheels --text-normalization   # also wetext (+46 MB): engine.text_normalization auto
+    python -m tools.gpu_wheels            # or: make gpu-wheels
+    python -m tools.gpu_wheels --text-normalization   # also wetext (+46 MB): engine.text_normalization auto
 
 The machine is assumed to have a CUDA PyTorch stack already (torch, torchaudio,
 transformers, numpy, onnx, onnxruntime, scipy, numba, ...): ``IMAGE`` below is the package

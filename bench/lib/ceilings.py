@@ -1,6 +1,6 @@
 """System (a): the ceilings. The same engine called in-process, no HTTP, no pool.
 
-Run as its own process (``python -m bench.ceilings ...``) so the benchmark
+Run as its own process (``python -m bench.lib.ceilings ...``) so the benchmark
 driver never holds a model, and one system runs at a time. Two modes:
 
 * ``threads``: ``workers`` CosyVoiceEngine instances, one per thread, 1 torch
@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any
 
-from bench.load import Result, percentile, summarize
+from bench.lib.load import Result, percentile, summarize
 
 SPEAKER_ENV = "COSYSERVE_BENCH_SPEAKER"
 

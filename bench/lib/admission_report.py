@@ -202,7 +202,7 @@ def markdown(r: dict) -> str:
             "\"again\" rows): goodput is graded against the best point of the whole sweep and, a minute apart "
             "on the same host, against that one (each round's ratio, their median). " if cfg.get("paired") else "")
          + (f"The servers ran at nice {cfg['server_nice']}. " if cfg.get("server_nice", 0) > 0 else "")
-         + (f"The load generator ran in {r['load_generator']} (bench/sched.py: on the same cores a client in the "
+         + (f"The load generator ran in {r['load_generator']} (bench/lib/sched.py: on the same cores a client in the "
             "normal class waits behind the servers' compute threads, and its timings with it; a real "
             "deployment's clients are elsewhere). " if r.get("load_generator") else "")
          + f"Load average at start {r['loadavg_start'][0]:.2f}, at end {r['loadavg_end'][0]:.2f}. "
@@ -263,14 +263,14 @@ def merge(runs: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bench.admission_report OUT_DIR RUN.json...``: merge runs into OUT_DIR/admission.{json,md}."""
+    """``python -m bench.lib.admission_report OUT_DIR RUN.json...``: merge runs into OUT_DIR/admission.{json,md}."""
     import json
     import sys
     from pathlib import Path
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) < 2:
-        print("usage: python -m bench.admission_report OUT_DIR RUN.json [RUN.json ...]", file=sys.stderr)
+        print("usage: python -m bench.lib.admission_report OUT_DIR RUN.json [RUN.json ...]", file=sys.stderr)
         return 2
     out_dir = Path(args[0])
     merged = merge([json.loads(Path(p).read_text()) for p in args[1:]])

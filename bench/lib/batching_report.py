@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.batching_plan import SPEECH_TOKENS_PER_S
-from bench.load import Result, percentile
+from bench.lib.batching_plan import SPEECH_TOKENS_PER_S
+from bench.lib.load import Result, percentile
 
 SYSTEMS = ("per_request", "batched")
 

@@ -1,0 +1,1 @@
+"""The benchmarks' shared library and the suites' parts (bench/README.md)."""

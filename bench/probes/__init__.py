@@ -1,0 +1,1 @@
+"""Probes: instruments that tests and the GPU check import (bench/README.md)."""
