@@ -1,6 +1,6 @@
 """The flow estimator and HiFT on ONNX Runtime against eager torch, and ORT's thread count under concurrency.
 
-    python -m bench.onnx_cpu --model-dir .cache/full2          # full-size v2 (~3 min on 2 cores)
+    python -m bench.studies.2026-12-01-onnx-cpu.onnx_cpu --model-dir .cache/full2          # full-size v2 (~3 min on 2 cores)
 
 One process. Reported (milliseconds, median of ``--repeats``):
 

@@ -1,6 +1,6 @@
 """What the garbage collector costs a server with a loaded model (app/gcpolicy.py).
 
-    python -m bench.gc_cost [--model-dir DIR] [--repeats 3]
+    python -m bench.studies.2026-12-02-gc-cost.gc_cost [--model-dir DIR] [--repeats 3]
 
 Each measurement in a fresh process (``--one``): build, load and warm up one engine as the
 server does (the tiny v2 default unless ``--model-dir``), with automatic collection on as
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     rows: dict[str, list[dict]] = {"on": [], "paused": []}
     for _ in range(args.repeats):
         for mode in ("on", "paused"):  # alternating: a drifting host slows both alike
-            cmd = [sys.executable, "-m", "bench.gc_cost", "--one", mode]
+            cmd = [sys.executable, "-m", "bench.studies.2026-12-02-gc-cost.gc_cost", "--one", mode]
             if args.model_dir:
                 cmd += ["--model-dir", args.model_dir]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]

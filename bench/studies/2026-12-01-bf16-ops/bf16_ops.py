@@ -1,6 +1,6 @@
 """Does bf16 pay on this CPU? One full-size Linear and one Conv1d, fp32 vs bf16 weights, 1 thread.
 
-    python -m bench.bf16_ops
+    python -m bench.studies.2026-12-01-bf16-ops.bf16_ops
 
 Shapes: the Qwen2.5-0.5B MLP up-projection (896 -> 4864) over 200 rows, and a 256-channel
 kernel-3 Conv1d over 2000 frames (a flow-estimator-sized convolution). Prints ms per

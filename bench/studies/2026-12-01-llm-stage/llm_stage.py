@@ -1,6 +1,6 @@
 """The LLM stage alone: CosyVoice's own per-request decoding vs our batched scheduler.
 
-    python -m bench.llm_stage MODEL_DIR [--concurrency 1,8,16] [--workers 2] [--requests N]
+    python -m bench.studies.2026-12-01-llm-stage.llm_stage MODEL_DIR [--concurrency 1,8,16] [--workers 2] [--requests N]
 
 Both systems decode the same sft requests (one fixed sentence, the model's first
 preset speaker) on the same loaded model, one system at a time:

@@ -1,6 +1,6 @@
 """Per-request latency, RTF and first-chunk time of CosyVoiceEngine on tiny v1 and v2 models.
 
-    .venv/bin/python -m bench.engine_latency [--reps 10] [--threads 1]
+    .venv/bin/python -m bench.studies.2026-12-01-engine-latency.engine_latency [--reps 10] [--threads 1]
 
 In-process, no HTTP: what one engine slot costs per request on this machine.
 """
@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TEXT = "The quick brown fox jumps over the lazy dog while seven happy children sing loudly near the old wooden bridge."
 
 

@@ -1,6 +1,6 @@
 """Facts about a (full-size) random-weight CosyVoice2 dir: load time, RSS, speech tokens per text, LLM step time.
 
-    python -m bench.fullsize_check .cache/full2 [--text "..."]...
+    python -m bench.studies.2026-12-01-fullsize-check.fullsize_check .cache/full2 [--text "..."]...
 
 Loads the dir with the server's own loader (``load_model_dir``: strict state dicts),
 runs the loaded LLM's real ``inference`` (sft, no prompt) on each text and prints one

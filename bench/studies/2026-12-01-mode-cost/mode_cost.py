@@ -3,8 +3,8 @@
 Uses only the engine's public contract (CosyVoiceEngine, CosyVoiceConfig, SynthesisRequest,
 PromptAudio), so the same file runs against an older checkout of the project:
 
-    PYTHONPATH=. python bench/mode_cost.py --model-dir .cache/models/v2-short-seed0-b2
-    git worktree add ../old-checkout REV && PYTHONPATH=../old-checkout python bench/mode_cost.py --model-dir ...
+    PYTHONPATH=. python bench/studies/2026-12-01-mode-cost/mode_cost.py --model-dir .cache/models/v2-short-seed0-b2
+    git worktree add ../old-checkout REV && PYTHONPATH=../old-checkout python bench/studies/2026-12-01-mode-cost/mode_cost.py --model-dir ...
 
 Prints, per mode and streaming flag, the median process CPU seconds and wall seconds per
 request, time to the first chunk, and audio seconds (seeded, so both runs decode the same

@@ -1,7 +1,7 @@
 """The flow's first hop with and without a registered voice's prompt cache, flow only (no LLM, no HiFT).
 
-    python -m bench.flow_prompt                      # tiny v2
-    python -m bench.flow_prompt --model-dir .cache/full2 --repeats 2
+    python -m bench.studies.2026-12-01-flow-prompt.flow_prompt                      # tiny v2
+    python -m bench.studies.2026-12-01-flow-prompt.flow_prompt --model-dir .cache/full2 --repeats 2
 
 The same first streamed call (50 prompt tokens, the first 25-token hop + 3 look-ahead)
 through ``flow.inference`` with ``engine.flow_cache``'s incremental path: once with the

@@ -1,4 +1,4 @@
-"""What text normalization costs: ``python -m bench.normalize_cost [--repeat N]``.
+"""What text normalization costs: ``python -m bench.studies.2026-12-01-normalize-cost.normalize_cost [--repeat N]``.
 
 Prints the one-off FST load time and, per language mix, milliseconds per 100 input
 characters of ``TextNormalizer.normalize`` (wetext, one thread; the engine runs it in
@@ -46,7 +46,7 @@ def main() -> None:
     for name, unit in texts.items():
         text = (unit * (args.chars // len(unit) + 1))[: args.chars]
         print(f"{name:<12} {len(text):>6} {measure(norm, text, args.repeat):>13.2f}")
-    print(f"command: python -m bench.normalize_cost --repeat {args.repeat} --chars {args.chars}")
+    print(f"command: python -m bench.studies.2026-12-01-normalize-cost.normalize_cost --repeat {args.repeat} --chars {args.chars}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Dated studies: one folder each, script + README + result (bench/README.md)."""
