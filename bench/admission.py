@@ -22,7 +22,7 @@ open loop at 0.5x -> 3x -> 0.5x while ``/metrics`` is read every 0.5 s (the admi
 load, predicted wait, in-flight requests). Per point: admitted latency p50/p99, time to first
 audio, 503 count and p99, goodput (audio seconds and requests per wall second), errors,
 timeouts. Output: ``admission.json`` and ``admission.md`` in ``--out`` (default
-docs/benchmarks; --quick: reports/bench-admission-quick); the goals are printed.
+.cache/bench/admission; --quick: .cache/bench/admission/quick); the goals are printed.
 """
 
 from __future__ import annotations
@@ -55,7 +55,14 @@ from bench.lib.admission_report import (
     settle_times,
 )
 from bench.lib.load import LoadClient, RequestSpec, Result
-from bench.lib.procs import ROOT, ServerProc, free_port, new_run_dir, python_module
+from bench.lib.procs import (
+    ROOT,
+    ServerProc,
+    free_port,
+    new_run_dir,
+    python_module,
+    results_dir,
+)
 from bench.lib.sched import realtime_client
 
 TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
@@ -71,7 +78,7 @@ def log(msg: str) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: a few seconds per point (numbers meaningless)")
-    ap.add_argument("--out", help="output dir (default docs/benchmarks; --quick: reports/bench-admission-quick)")
+    ap.add_argument("--out", help="output dir (default .cache/bench/admission; --quick: .cache/bench/admission/quick)")
     ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/lib/model.py")
     ap.add_argument("--systems", default="defaults,before,tuned", help="comma list of defaults, before, tuned")
     ap.add_argument("--concurrency", default="1,2,4,8,16")
@@ -113,7 +120,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
-    args.out = Path(args.out or ("reports/bench-admission-quick" if args.quick else "docs/benchmarks"))
+    args.out = Path(args.out) if args.out else results_dir("admission", args.quick)
     return args
 
 

@@ -14,7 +14,7 @@ requests each (throughput, latency), then streamed requests (time to first audio
 point also the server's peak RSS and, from ``/metrics`` deltas, the LLM's speech tokens/s,
 mean batch size and step time (null where the server has no such metric).
 Output: ``batching.json``, ``batching.md``, ``batching.png`` in ``--out`` (default
-docs/benchmarks, or reports/bench-batching-quick with ``--quick``); goal ratios printed.
+.cache/bench/batching, or .cache/bench/batching/quick with ``--quick``); goal ratios printed.
 """
 
 from __future__ import annotations
@@ -50,7 +50,14 @@ from bench.lib.batching_report import (
     summarize_point,
 )
 from bench.lib.load import LoadClient, RequestSpec, Result
-from bench.lib.procs import ROOT, THREAD_ENV, ServerProc, free_port, python_module
+from bench.lib.procs import (
+    ROOT,
+    THREAD_ENV,
+    ServerProc,
+    free_port,
+    python_module,
+    results_dir,
+)
 
 FULL_DIR = ROOT / ".cache" / "full2"
 
@@ -74,7 +81,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=None, help="comma list of full, tiny (default: full,tiny; --quick: tiny)")
     ap.add_argument("--quick", action="store_true", help="smoke run: a few requests per point (numbers meaningless)")
-    ap.add_argument("--out", help="output dir (default docs/benchmarks; --quick: reports/bench-batching-quick)")
+    ap.add_argument("--out", help="output dir (default .cache/bench/batching; --quick: .cache/bench/batching/quick)")
     ap.add_argument("--full-dir", default=str(FULL_DIR), help="full-size model dir (built there if missing)")
     ap.add_argument("--tiny-dir", help="default: the tiny CosyVoice2 model of bench/lib/model.py")
     ap.add_argument("--systems", default="per_request,batched", help="comma list of per_request, batched")
@@ -93,7 +100,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.concurrency = tuple(int(c) for c in args.concurrency.split(",") if c.strip())
     args.stream_concurrency = (tuple(int(c) for c in args.stream_concurrency.split(",") if c.strip())
                                if args.stream_concurrency else None)
-    args.out = Path(args.out or ("reports/bench-batching-quick" if args.quick else "docs/benchmarks"))
+    args.out = Path(args.out) if args.out else results_dir("batching", args.quick)
     return args
 
 

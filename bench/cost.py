@@ -1,6 +1,6 @@
 """What one request costs: CPU seconds, real-time factor, first audio, flow frames, per stage.
 
-    python -m bench.cost                       # full-size v2 (.cache/full2) and tiny v2; writes docs/benchmarks/cost.*
+    python -m bench.cost                       # full-size v2 (.cache/full2) and tiny v2; writes .cache/bench/cost/cost.*
     python -m bench.cost --models tiny --quick # a smoke run (~1 min)
 
 One system at a time: each (model, variant) runs in its own subprocess (one torch
@@ -15,7 +15,7 @@ no HTTP), zero-shot requests with a 2 s prompt (50 prompt speech tokens):
   request and audio seconds per wall second.
 
 ``--plan levers`` (``make bench-cost`` runs both plans) measures the CPU cost levers instead,
-into ``docs/benchmarks/cost_cpu.*``: today's default (``fp32``: torch flow, fp32 LLM), each lever
+into ``cost-cpu.*``: today's default (``fp32``: torch flow, fp32 LLM), each lever
 alone (``int8``: ``engine.llm_quantization``; ``ort``: ``engine.flow_runtime: onnxruntime``;
 ``steps5``: ``engine.flow_steps: 5``; ``nocfg``: ``engine.flow_cfg: false``), ``int8-ort`` and
 ``all`` (the four together), each at c=1 whole and streamed and c=8 whole (short text):
@@ -30,8 +30,9 @@ prompt, whose prompt part of the flow state is computed once; one streamed reque
 fills that cache before the cases run). ``first_hop_flow_frames``: estimator frames
 computed before the first chunk of a c=1 stream. Full size runs the long text (~86 speech
 tokens, 3.5 s) for fp32 whole/streamed, and the short text (~38 tokens) for the fp32 vs
-bf16 comparison, which is expensive where bf16 is emulated. Results:
-``docs/benchmarks/cost.json`` and ``cost.md`` (``--merge`` updates them with re-run cases).
+bf16 comparison, which is expensive where bf16 is emulated. Results: ``cost.json`` and
+``cost.md`` in ``--out`` (default .cache/bench/cost; ``--out docs/benchmarks`` for the committed
+result; ``--merge`` updates them with re-run cases).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.lib.procs import ROOT, THREAD_ENV
+from bench.lib.procs import ROOT, THREAD_ENV, results_dir
 
 FULL_DIR = ROOT / ".cache" / "full2"
 LONG = ("The train to the city leaves at seven every single morning, and the people who ride it read, "
@@ -86,7 +87,7 @@ LEVER_PLAN: dict[tuple[str, str], list[tuple[str, str, bool, int, int]]] = {
     **{("tiny", v): [(n, t, st, c, 3 if c == 1 else 2) for n, t, st, c, _ in LEVER_CASES] for v in LEVER_VARIANTS},
 }
 PLANS = {"cost": PLAN, "levers": LEVER_PLAN}
-OUTPUTS = {"cost": "cost", "levers": "cost_cpu"}
+OUTPUTS = {"cost": "cost", "levers": "cost-cpu"}
 
 # variant -> engine settings (CosyVoiceConfig fields); "-voice": requests use a registered voice
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -439,7 +440,7 @@ def markdown(doc: dict, plan: str = "cost") -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plan", choices=sorted(PLANS), default="cost",
-                    help="cost: fp32/bf16/flow cache (docs/benchmarks/cost.*); levers: the CPU cost levers (cost_cpu.*)")
+                    help="cost: fp32/bf16/flow cache (docs/benchmarks/cost.*); levers: the CPU cost levers (cost-cpu.*)")
     ap.add_argument("--models", default="full,tiny", help="comma list of full, tiny")
     ap.add_argument("--variants", default=None,
                     help="comma list from VARIANTS (default: the plan's: fp32,bf16,fp32-cache,fp32-cache-voice; "
@@ -447,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default=None, help="comma list: run only these cases (e.g. long-whole,long-stream)")
     ap.add_argument("--merge", action="store_true", help="update the existing cost.json instead of replacing it")
     ap.add_argument("--quick", action="store_true", help="one repeat, full size: short c=1 only")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
+    ap.add_argument("--out", default=str(results_dir("cost")),
+                    help="output dir (default .cache/bench/cost; docs/benchmarks to update the committed result)")
     ap.add_argument("--worker-timeout-s", type=float, default=900.0, help="most seconds per (model, dtype) run")
     ap.add_argument("--worker", nargs=3, metavar=("MODEL_DIR", "MODEL", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

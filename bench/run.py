@@ -38,7 +38,7 @@ import httpx
 
 from bench.lib import load
 from bench.lib.model import ensure_model
-from bench.lib.procs import ROOT, THREAD_ENV, ServerProc
+from bench.lib.procs import ROOT, THREAD_ENV, ServerProc, results_dir
 from bench.lib.run_report import evaluate_goals, print_goals, write_outputs
 from bench.lib.systems import System, systems
 
@@ -53,7 +53,7 @@ def env_float(name: str, default: float) -> float:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: a few seconds per point (numbers meaningless)")
-    ap.add_argument("--out", help="output dir (default docs/benchmarks, or reports/bench-quick with --quick)")
+    ap.add_argument("--out", help="output dir (default .cache/bench/run, --quick: .cache/bench/run/quick)")
     ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model, built once into the cache")
     ap.add_argument("--systems", default="ceilings,cosyserve,upstream,per_request,admission,batching",
                     help="comma list of: ceilings, cosyserve, upstream, per_request, admission, batching")
@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, key, type(default)(env) if env is not None else default)
     args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    args.out = Path(args.out or ("reports/bench-quick" if args.quick else "docs/benchmarks"))
+    args.out = Path(args.out) if args.out else results_dir("run", args.quick)
     return args
 
 

@@ -1,6 +1,6 @@
 """Benchmark: what a registered voice saves, on a tiny real CosyVoice2 model, in process.
 
-    .venv/bin/python -m bench.voices            # prints a Markdown table, writes docs/benchmarks/voices.md
+    .venv/bin/python -m bench.voices            # prints a Markdown table, writes .cache/bench/voices/voices.md
 
 Four ways to speak the same sentence (streaming, torch seeded before every run so
 the token counts match), each measured ``--reps`` times after ``--warmup`` runs:
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--model-dir", help="a CosyVoice2 model dir (default: the tiny test model, built once)")
-    parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "voices.md"),
+    parser.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "voices" / "voices.md"),
                         help="Markdown report to write ('' to skip)")
     args = parser.parse_args(argv)
 

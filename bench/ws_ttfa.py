@@ -1,6 +1,6 @@
 """Benchmark: time to first audio for text that arrives at an LLM's pace, WebSocket vs. POST.
 
-    .venv/bin/python -m bench.ws_ttfa            # prints a Markdown table, writes docs/benchmarks/ws_ttfa.md
+    .venv/bin/python -m bench.ws_ttfa            # prints a Markdown table, writes .cache/bench/ws_ttfa/ws-ttfa.md
 
 A real ``cosyserve serve`` on the tiny CosyVoice2 (the default config: batched LLM,
 so streamed text goes into bistream sequences). For each text, ``--reps`` times:
@@ -131,7 +131,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=float, default=20.0, help="tokens per second the 'LLM' writes")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "ws_ttfa.md"))
+    ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "ws_ttfa" / "ws-ttfa.md"))
     args = ap.parse_args()
     port = free_port()
     base, url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/v1/audio/speech/stream"
@@ -171,6 +171,7 @@ def main() -> None:
     lines += ["", "All times from the first token the LLM wrote. 'done': the last audio byte."]
     report = "\n".join(lines) + "\n"
     print(report)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(report)
 
 

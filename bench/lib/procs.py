@@ -29,6 +29,14 @@ THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THRE
               "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
 
 
+def results_dir(suite: str, quick: bool = False) -> Path:
+    """Where a suite writes its results unless told: .cache/bench/SUITE[/quick] (git-ignored).
+
+    Curated results are copied into docs/benchmarks/ on purpose (bench/README.md).
+    """
+    return ROOT / ".cache" / "bench" / suite / ("quick" if quick else "")
+
+
 def new_run_dir(name: str) -> Path:
     """A fresh folder for one run's server logs and configs: .bench/NAME-YYYYmmdd-HHMMSS (git-ignored)."""
     run_dir = ROOT / ".bench" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
