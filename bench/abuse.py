@@ -3,7 +3,7 @@
     python -m bench.abuse [--phase-s 30] [--only dribblers,storm-8] [--out DIR] [--model-dir DIR]
 
 One ``cosyserve serve`` (the tiny CosyVoice2 model unless ``--model-dir``; no pool settings: the defaults).
-Phase after phase, the polite client (one closed-loop client, bench/admission.py's request: one sentence,
+Phase after phase, the polite client (one closed-loop client, the admission suite's request, bench/lib/admission_server.py: one sentence,
 streamed PCM, a 503's Retry-After honoured) runs ``--phase-s`` measured seconds: first alone, then beside
 each adversary (started ``--lead-s`` before it, in its own process: bench/lib/abuse_clients.py), and alone
 again at the end. Adversaries: 4 dribblers (a body byte a second), 4 non-readers (a long stream never
@@ -31,7 +31,6 @@ from typing import Any
 import httpx
 import psutil
 
-from bench.admission import gauges, pool_server, shown, work
 from bench.lib import load, prom
 from bench.lib.abuse_report import (
     evaluate_goals,
@@ -43,6 +42,7 @@ from bench.lib.abuse_report import (
     storm_rates,
     verdict,
 )
+from bench.lib.admission_server import gauges, pool_server, shown, work
 from bench.lib.load import LoadClient, Result
 from bench.lib.procs import ROOT, ServerProc, new_run_dir
 from bench.lib.sched import realtime_client

@@ -35,16 +35,12 @@ import json
 import os
 import random
 import re
-import shutil
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
-import yaml
-
-from bench.lib import load, prom
+from bench.lib import load
 from bench.lib.admission_report import (
     best_closed,
     best_closed_rps,
@@ -54,21 +50,20 @@ from bench.lib.admission_report import (
     per_point,
     settle_times,
 )
+from bench.lib.admission_server import (
+    TEXT,
+    Poller,
+    pool_server,
+    shown,
+    work,
+)
 from bench.lib.load import LoadClient, RequestSpec, Result
 from bench.lib.procs import (
-    ROOT,
     ServerProc,
-    free_port,
     new_run_dir,
-    python_module,
     results_dir,
 )
 from bench.lib.sched import realtime_client
-
-TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
-GAUGES = {"limit": "tts_admission_limit", "load": "tts_admission_load",
-          "predicted_wait_s": "tts_admission_predicted_wait_seconds", "in_flight": "tts_inflight_requests",
-          "target_s": "tts_admission_target_latency_seconds"}
 
 
 def log(msg: str) -> None:
@@ -137,64 +132,6 @@ def pool_settings(system: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def server(system: str, args: argparse.Namespace, model_dir: str, run_dir: Path) -> ServerProc:
     return pool_server(system, pool_settings(system, args), args.server_nice, model_dir, run_dir)
-
-
-def pool_server(name: str, pool: dict[str, Any], nice: int, model_dir: str, run_dir: Path) -> ServerProc:
-    """A ``cosyserve serve`` subprocess with ``pool`` as its pool section (none: the defaults), at ``nice``."""
-    config: dict[str, Any] = {
-        "server": {"log_level": "info", "access_log": True, "drain_timeout_s": 5},  # 503s timed server-side too
-        "engine": {"model_dir": model_dir},
-        "voices": {"dir": str(run_dir / "voices")},
-    }
-    if pool:
-        config["pool"] = pool
-    path = run_dir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    argv = python_module("app.cli", "serve", "--config", str(path), "--host", "127.0.0.1", "--port", str(port))
-    if nice > 0 and shutil.which("nice"):
-        argv = ["nice", "-n", str(nice), *argv]  # nice execs the server: its pid is the server's
-    return ServerProc(name, argv, port, "/health/ready", run_dir)
-
-
-def work() -> RequestSpec:
-    return RequestSpec("POST", "/v1/tts", json={"text": TEXT, "format": "pcm", "stream": True})
-
-
-async def gauges(client: httpx.AsyncClient) -> dict[str, float | None]:
-    samples = prom.parse_samples((await client.get("/metrics", timeout=5)).text)
-    return {k: samples.get(name) for k, name in GAUGES.items()}
-
-
-class Poller:
-    """Reads the admission gauges every ``every_s`` into ``series`` (seconds since ``t0``)."""
-
-    def __init__(self, url: str, t0: float, every_s: float = 0.5) -> None:
-        self.url, self.t0, self.every_s = url, t0, every_s
-        self.series: list[dict[str, Any]] = []
-        self._task: asyncio.Task | None = None
-
-    async def _run(self) -> None:
-        async with httpx.AsyncClient(base_url=self.url) as client:
-            while True:
-                try:
-                    self.series.append({"t": round(time.monotonic() - self.t0, 2), **await gauges(client)})
-                except httpx.HTTPError:
-                    pass
-                await asyncio.sleep(self.every_s)
-
-    @property
-    def limits(self) -> list[float]:
-        """The admission limit at each reading that had one."""
-        return [g["limit"] for g in self.series if g.get("limit") is not None]
-
-    def __enter__(self) -> Poller:
-        self._task = asyncio.create_task(self._run())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._task is not None:
-            self._task.cancel()
 
 
 async def open_phases(url: str, spec: RequestSpec, phases: list[tuple[float, float]], timeout_s: float,
@@ -401,14 +338,6 @@ def turns(runs: dict[str, SystemRun], plans: dict[str, list[tuple[int, Any]]], i
     present = [(system, run) for system, run in runs.items() if i < len(plans[system])]
     odd = any(plans[system][i][0] % 2 for system, _ in present)
     return present[::-1] if odd else present
-
-
-def shown(path: str | Path | None) -> str | None:
-    """A path as the report may name it: relative to the repository, or only its name (no machine's paths)."""
-    if path is None:
-        return None
-    resolved = Path(path).resolve()
-    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else resolved.name
 
 
 def fail(results: dict[str, Any], system: str, exc: BaseException) -> None:

@@ -24,7 +24,6 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
-from bench.admission import TEXT
 from bench.lib.abuse_sockets import (
     TCP_CLOSE,
     TCP_CLOSE_WAIT,
@@ -35,6 +34,7 @@ from bench.lib.abuse_sockets import (
     status_of,
     tcp_state,
 )
+from bench.lib.admission_server import TEXT
 
 MAX_ATTEMPTS = 100_000  # per client and phase: a bound on every reconnect / retry loop
 MAX_SAMPLES = 20_000  # per list in the tally
@@ -272,7 +272,7 @@ class Adversaries:
     async def storm(self, tally: Tally, fresh: bool) -> None:
         """A client that retries at once on a 503 (no backoff, Retry-After ignored); ``fresh``: a new connection
         per request."""
-        from bench.admission import work
+        from bench.lib.admission_server import work
 
         spec = work()
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=0 if fresh else 1)

@@ -9,7 +9,7 @@ open loop (Poisson, 30 s) at each of ``--rates`` requests/s, each phase right af
 the host's drift (this one's speed moves by a third within minutes) hits the closed loop and the
 open loop next to it alike. Per phase: goodput, admitted latency, 503s, the server's and the load
 generator's CPU (cores), and from ``/metrics`` every 0.25 s the admission limit and the requests in
-flight (how often a place sat idle: fewer in flight than the limit). The bench/admission.py request, clients and scheduling.
+flight (how often a place sat idle: fewer in flight than the limit). The admission suite's request (bench/lib/admission_server.py), clients and scheduling.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 
 import psutil
 
-from bench.admission import Poller, pool_server, work
 from bench.lib import load
 from bench.lib.admission_report import paired_ratios
+from bench.lib.admission_server import Poller, pool_server, work
 from bench.lib.model import ensure_model
 from bench.lib.procs import ServerProc
 from bench.lib.sched import realtime_client

@@ -151,7 +151,7 @@ def test_rounds_interleave_every_point_and_the_report_shows_their_range():
 
 
 def test_the_report_names_no_path_outside_the_repository(tmp_path):
-    from bench.admission import ROOT, shown
+    from bench.lib.admission_server import ROOT, shown
 
     assert shown(ROOT / "docs" / "benchmarks") == "docs/benchmarks"
     assert shown(tmp_path / "models" / "full2") == "full2"
