@@ -6,7 +6,7 @@ Builds (once) the tiny random-weight CosyVoice2 model, starts ``cosyserve serve`
 on a free loopback port, waits until it is ready, runs
 ``locust -f locustfiles/locustfile.py --headless`` against it (bounded by a
 timeout), always stops the server with SIGTERM, and prints a summary from the
-CSV files. Reports: ``reports/loadtest_*.csv`` and ``reports/loadtest.html``.
+CSV files. Reports: ``.cache/bench/loadtest/loadtest_*.csv`` and ``loadtest.html`` there.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-queue", type=int, default=8)
     ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model, built once into the cache")
     ap.add_argument("--fake", action="store_true", help="serve the fake engine (a tone) instead of a model")
-    ap.add_argument("--reports", default="reports")
+    ap.add_argument("--reports", default=".cache/bench/loadtest", help="output dir (default .cache/bench/loadtest)")
     args = ap.parse_args(argv)
 
     reports = (ROOT / args.reports).resolve()
