@@ -10,7 +10,7 @@ One run, one machine, the same tiny CosyVoice2 model, ONE system at a time:
 Each HTTP system gets closed-loop points at concurrency 1, 2, 4, 8, 16 and an
 open-loop overload at 3x its own measured capacity; cosyserve also gets a
 time-to-first-audio series and a memory run. Results go to ``--out``
-(results.json, results.md, *.png); goals are printed as ratios.
+(run.json, run.md, *.png); goals are printed as ratios.
 
   (e) batching: ``bench/batching.py`` (per-request pool vs batched LLM, full-size and tiny
       CosyVoice2; ~20 min more), run last as its own subprocess; batching.{json,md,png}
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     results["goals"] = goals
     write_outputs(results, args.out)
     print_goals(goals)
-    log(f"done in {results['elapsed_s'] / 60:.1f} min; wrote {args.out}/results.json, results.md, *.png")
+    log(f"done in {results['elapsed_s'] / 60:.1f} min; wrote {args.out}/run.json, run.md, *.png")
     if "admission" in args.systems:
         run_admission(args)
     if "batching" in args.systems:

@@ -1,4 +1,4 @@
-"""Benchmark goals, and the files a run writes: results.json, results.md and PNG plots."""
+"""Benchmark goals, and the files a run writes: run.json, run.md and PNG plots."""
 
 from __future__ import annotations
 
@@ -253,8 +253,8 @@ def plots(r: dict, out: Path) -> None:
 
 def write_outputs(r: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(r, indent=1, default=_jsonable) + "\n")
-    (out / "results.md").write_text(markdown(r))
+    (out / "run.json").write_text(json.dumps(r, indent=1, default=_jsonable) + "\n")
+    (out / "run.md").write_text(markdown(r))
     plots(r, out)
 
 
