@@ -8,7 +8,7 @@ Measured here (4 sequences x 60 teacher-forced steps): largest log-prob differen
 tokens with probability >= 1e-4, KL 2e-6 nats, greedy agreement 100%. The bounds are ~5-20x
 those: loose enough for other CPUs' int8 kernels, tight enough to catch an unquantized
 activation path gone wrong (a scale error moves log-probs by whole nats) or a quantized speech
-head. Full size (24 layers) is measured by ``python -m bench.llm_int8`` (docs/cpu.md).
+head. Full size (24 layers) is measured by ``python -m bench.probes.llm_int8`` (docs/cpu.md).
 """
 
 from __future__ import annotations

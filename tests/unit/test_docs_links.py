@@ -15,8 +15,6 @@ DOCS = ROOT / "docs"
 INDEX = DOCS / "README.md"
 TOP = [ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
 NAME = re.compile(r"^(README|[a-z0-9]+(-[a-z0-9]+)*)\.md$")
-# renamed to hyphens on the bench branch (issue 38 part 1); empty this once it is merged
-BENCH_RENAMES_PENDING = {"benchmarks/cost_cpu.md", "benchmarks/token2wav_batch.md", "benchmarks/ws_ttfa.md"}
 
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
 CODE = re.compile(r"`[^`\n]*`")
@@ -60,6 +58,5 @@ def test_the_readme_links_the_index():
 
 
 def test_doc_names_are_lowercase_with_hyphens():
-    bad = [rel for md in docs() if not NAME.match(md.name)
-           and (rel := str(md.relative_to(DOCS))) not in BENCH_RENAMES_PENDING]
+    bad = [str(md.relative_to(DOCS)) for md in docs() if not NAME.match(md.name)]
     assert not bad, "rename (git mv) to lowercase-with-hyphens.md and fix the links:\n" + "\n".join(bad)

@@ -1,4 +1,4 @@
-"""bench/overload_pairs.py's pure parts: the gauge shares and the phase line."""
+"""bench/probes/overload_pairs.py's pure parts: the gauge shares and the phase line."""
 
 from __future__ import annotations
 
