@@ -1,4 +1,4 @@
-"""Host syncs per batched decode step, counted on the CPU with the proxy of ``bench/syncs.py``.
+"""Host syncs per batched decode step, counted on the CPU with the proxy of ``bench/probes/syncs.py``.
 
 A GPU step that reads a value back (``int()``, ``.item()``, ``.tolist()``), copies to the
 host, or indexes with a boolean mask makes the host wait for every kernel queued so far.

@@ -1,4 +1,4 @@
-"""The admission benchmark's pure parts (bench/admission_report.py): settling, the knee, the goals."""
+"""The admission benchmark's pure parts (bench/lib/admission_report.py): settling, the knee, the goals."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""bench/t2w_phases.py's phase loop and report, on the fake engine (no torch)."""
+"""bench/probes/t2w_phases.py's phase loop and report, on the fake engine (no torch)."""
 
 from __future__ import annotations
 
