@@ -1,8 +1,8 @@
 """The GPU check: does cosyserve's engine run right, and how fast, on this CUDA machine?
 
-    python -m bench.gpu_check                       # CUDA: full-size v2 built here, .cache/bench/gpu_check/gpu.{md,json}
-    python -m bench.gpu_check --device cpu --quick  # CI: tiny v2 on the CPU, .cache/bench/gpu_check/cpu.{md,json}
-    make gpu-check                                  # --out docs/benchmarks/gpu: the committed result
+    python -m bench.gpu_check                       # CUDA: full-size v2 built here, docs/benchmarks/gpu.{md,json}
+    python -m bench.gpu_check --device cpu --quick  # CI: tiny v2 on the CPU, reports/gpu_check_cpu.{md,json}
+    make gpu-check
 
 In-process (the engine, no HTTP server), so the machine needs torch and the CosyVoice
 runtime only (docs/gpu.md: carrying the wheels to a machine without network). It builds
@@ -20,8 +20,8 @@ reports:
 * host syncs per decode step (``set_sync_debug_mode`` on CUDA, and the CPU proxy's
   count), peak GPU memory;
 * prefill: the running batch's stall when 16 requests join it at once, one-by-one vs
-  batched prefill (``bench/probes/prefill_stall.py``);
-* token2wav: ``engine.token2wav_batch`` off vs on, one engine each (``bench/probes/t2w_phases.py``):
+  batched prefill (``bench/prefill_stall.py``);
+* token2wav: ``engine.token2wav_batch`` off vs on, one engine each (``bench/t2w_phases.py``):
   time to first audio p50/p95, audio seconds per wall second, flow rounds (batch, ms) and
   LLM step ms at 1, 4, 8 and 16 streams (quick: 1 and 4).
 
@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.lib.gpu_report import markdown, percentile
+from bench.gpu_report import markdown, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = [
@@ -158,8 +158,8 @@ def llm_input(eng: Any, text: str) -> dict:
 
 
 def scheduler(lm: Any, greedy: bool, trace: bool = False, probe: Any = None, max_batch: int = 16) -> Any:
-    from app.engines.cosyvoice.batching.sampling import SamplingRules
-    from app.engines.cosyvoice.batching.scheduler import LLMScheduler
+    from app.engines.cosyvoice.llm.sampling import SamplingRules
+    from app.engines.cosyvoice.llm.scheduler import LLMScheduler
 
     sched = LLMScheduler(lm, max_batch_size=max_batch, rules=SamplingRules.from_llm(lm.llm, greedy=greedy),
                          trace_logp=trace, step_probe=probe)
@@ -189,7 +189,7 @@ def reference(llm: Any, model_input: dict) -> tuple[list[int], list]:
     """CosyVoice's own ``llm.inference`` alone, greedy (ranked_greedy): tokens and each step's log-probs."""
     import torch
 
-    from app.engines.cosyvoice.batching.sampling import ranked_greedy
+    from app.engines.cosyvoice.llm.sampling import ranked_greedy
 
     steps: list = []
     hook = llm.llm_decoder.register_forward_hook(lambda m, i, o: steps.append(o.float().log_softmax(-1)[0].cpu()))
@@ -211,7 +211,7 @@ def reference(llm: Any, model_input: dict) -> tuple[list[int], list]:
 
 
 def parity(eng: Any, texts: list[str]) -> dict:
-    from app.engines.cosyvoice.batching.lm import BatchedLM
+    from app.engines.cosyvoice.llm.forward import BatchedLM
 
     llm = eng.loaded.model.llm
     inputs = [llm_input(eng, t) for t in texts]
@@ -237,7 +237,7 @@ def seeded(eng: Any, device: Any, texts: list[str], seed: int = 1234) -> dict:
     """Seeded tokens: alone vs inside a batch on this device, and this device vs the CPU."""
     import torch
 
-    from app.engines.cosyvoice.batching.lm import BatchedLM
+    from app.engines.cosyvoice.llm.forward import BatchedLM
 
     llm = eng.loaded.model.llm
     inputs = [llm_input(eng, t) for t in texts]
@@ -274,7 +274,7 @@ def drift(eng: Any, device: Any, text: str, steps: int = 60) -> dict:
     """Half-precision LLM log-probs against fp32, teacher-forced on fp32's greedy tokens."""
     import torch
 
-    from app.engines.cosyvoice.batching.lm import BatchedLM
+    from app.engines.cosyvoice.llm.forward import BatchedLM
     from app.engines.cosyvoice.precision import llm_in
 
     llm = eng.loaded.model.llm
@@ -351,7 +351,7 @@ def stages(eng: Any, device: Any, repeats: int = 3) -> dict:
 
 def streaming(eng: Any, steps: Steps, concurrency: int, requests: int, deadline: Deadline) -> dict:
     """Closed loop: ``concurrency`` threads stream ``requests`` requests in all."""
-    from bench.probes.t2w_phases import closed_loop
+    from bench.t2w_phases import closed_loop
 
     steps.steps.clear()
     steps.recording = True
@@ -370,7 +370,7 @@ def streaming(eng: Any, steps: Steps, concurrency: int, requests: int, deadline:
 
 def syncs(eng: Any, device: Any) -> dict:
     """Host syncs per decode step of 4 sequences: the CPU proxy, and on CUDA the driver's own count."""
-    from app.engines.cosyvoice.batching.lm import BatchedLM
+    from app.engines.cosyvoice.llm.forward import BatchedLM
     from bench.probes.syncs import CudaSyncCounter, HostSyncCounter, summary
 
     out = {}
@@ -396,7 +396,7 @@ def syncs(eng: Any, device: Any) -> dict:
 
 def prefill(eng: Any, quick: bool) -> dict:
     """16 requests joining 4 running ones at once: the running batch's token gap, one-by-one vs batched prefill."""
-    from app.engines.cosyvoice.batching.lm import BatchedLM
+    from app.engines.cosyvoice.llm.forward import BatchedLM
     from bench.probes.prefill_stall import compare
 
     lm = BatchedLM(eng.loaded.model.llm)
@@ -405,7 +405,7 @@ def prefill(eng: Any, quick: bool) -> dict:
 
 def token2wav(mdir: str, device: str, quick: bool, threads: int) -> dict:
     """``engine.token2wav_batch`` off vs on: the same streamed requests on one engine per setting."""
-    from bench.probes.t2w_phases import compare
+    from bench.t2w_phases import compare
 
     levels = (1, 4) if quick else (1, 4, 8, 16)
     runs = compare(mdir, batches=("off", "on"), concurrency=levels, requests=1 if quick else 2, stream=True,
@@ -506,13 +506,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model-dir", help="check this CosyVoice2 dir instead of building the full-size one")
     ap.add_argument("--budget-s", type=float, default=None, help="time budget in seconds (default 480; quick 240)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 4 on CUDA, 1 on a CPU)")
-    ap.add_argument("--out", help="output prefix (default .cache/bench/gpu_check/gpu, on a CPU .../cpu; make gpu-check: "
-                    "docs/benchmarks/gpu)")
+    ap.add_argument("--out", help="output prefix (default docs/benchmarks/gpu on CUDA, reports/gpu_check_cpu on a CPU)")
     args = ap.parse_args(argv)
     cpu = args.device == "cpu"
     args.budget_s = args.budget_s or (240.0 if args.quick else 480.0)
     args.threads = args.threads or (1 if cpu else 4)
-    args.out = args.out or str(ROOT / ".cache" / "bench" / "gpu_check" / ("cpu" if cpu else "gpu"))
+    args.out = args.out or str(ROOT / ("reports/gpu_check_cpu" if cpu else "docs/benchmarks/gpu"))
     return args
 
 

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from app.engines.cosyvoice.batching.lm import BatchedLM
+    from app.engines.cosyvoice.llm.forward import BatchedLM
     from app.engines.cosyvoice.load import load_model_dir
     from app.engines.cosyvoice.quantize import quantize_llm_int8
 

@@ -101,8 +101,8 @@ def random_inputs(lm: Any, count: int, prompt: tuple[int, int], seed: int = 0) -
 
 def one_round(lm: Any, running: list[Any], joiners: list[Any], one_by_one: bool) -> dict:
     """One join of ``joiners`` into a batch of ``running``: the running sequences' token gaps around it."""
-    from app.engines.cosyvoice.batching.sampling import SamplingRules
-    from app.engines.cosyvoice.batching.scheduler import LLMScheduler
+    from app.engines.cosyvoice.llm.sampling import SamplingRules
+    from app.engines.cosyvoice.llm.scheduler import LLMScheduler
 
     rec, gate = Recorder(), JoinGate()
     sched = LLMScheduler(lm, max_batch_size=len(running) + len(joiners), rules=SamplingRules.from_llm(lm.llm),
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from app.engines.cosyvoice.batching.lm import BatchedLM
+    from app.engines.cosyvoice.llm.forward import BatchedLM
     from app.engines.cosyvoice.load import load_model_dir
 
     torch.set_num_threads(args.threads)

@@ -28,11 +28,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 torch = pytest.importorskip("torch")
 
-from app.engines.cosyvoice.batching.bistream import BistreamFeed  # noqa: E402
-from app.engines.cosyvoice.batching.lm import BatchedLM  # noqa: E402
-from app.engines.cosyvoice.batching.prefill import Joiner, plan  # noqa: E402
-from app.engines.cosyvoice.batching.sampling import SamplingRules  # noqa: E402
-from app.engines.cosyvoice.batching.scheduler import LLMScheduler  # noqa: E402
+from app.engines.cosyvoice.llm.bistream import BistreamFeed  # noqa: E402
+from app.engines.cosyvoice.llm.forward import BatchedLM  # noqa: E402
+from app.engines.cosyvoice.llm.prefill import Joiner, plan  # noqa: E402
+from app.engines.cosyvoice.llm.sampling import SamplingRules  # noqa: E402
+from app.engines.cosyvoice.llm.scheduler import LLMScheduler  # noqa: E402
 from app.engines.cosyvoice.load import load_model_dir  # noqa: E402
 
 TOL = 1e-5  # fp32: largest difference / largest magnitude

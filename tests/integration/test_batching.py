@@ -111,9 +111,9 @@ def reference(engine, model_input: dict) -> tuple[list[int], list]:
 
 
 def make_scheduler(engine, greedy: bool = True, max_batch_size: int = 16, observer=None):
-    from app.engines.cosyvoice.batching.lm import BatchedLM
-    from app.engines.cosyvoice.batching.sampling import SamplingRules
-    from app.engines.cosyvoice.batching.scheduler import LLMScheduler
+    from app.engines.cosyvoice.llm.forward import BatchedLM
+    from app.engines.cosyvoice.llm.sampling import SamplingRules
+    from app.engines.cosyvoice.llm.scheduler import LLMScheduler
 
     lm = BatchedLM(engine.loaded.model.llm)
     sched = LLMScheduler(lm, max_batch_size=max_batch_size, trace_logp=True, observer=observer,
@@ -336,7 +336,7 @@ def test_no_cache_or_memory_growth_over_1000_mixed_sequences(v2):
 
 
 def test_stopping_the_scheduler_fails_every_sequence_in_flight_with_scheduler_closed(batched_long):
-    from app.engines.cosyvoice.batching.scheduler import SchedulerClosed
+    from app.engines.cosyvoice.llm.scheduler import SchedulerClosed
 
     reqs = mixed_requests(batched_long)
     lm, sched = make_scheduler(batched_long, max_batch_size=2)

@@ -8,8 +8,8 @@ pytestmark = [pytest.mark.integration]
 
 torch = pytest.importorskip("torch")
 
-from app.engines.cosyvoice.batching.kv import BatchedKV  # noqa: E402
-from app.engines.cosyvoice.batching.sampling import (  # noqa: E402
+from app.engines.cosyvoice.llm.kv import BatchedKV  # noqa: E402
+from app.engines.cosyvoice.llm.sampling import (  # noqa: E402
     Sampler,
     SamplingRules,
     nucleus_support,

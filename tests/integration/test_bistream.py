@@ -15,7 +15,7 @@ import time
 import pytest
 
 from app.engines.base import SynthesisRequest
-from app.engines.cosyvoice.batching.bistream import BistreamFeed
+from app.engines.cosyvoice.llm.bistream import BistreamFeed
 from app.text.stream import TextStream
 from tests.waiting import wait_until
 
@@ -158,7 +158,7 @@ def test_without_bistream_each_sentence_is_spoken_once_it_is_complete(engines, v
 
 def _pushed_text_ids(engine, monkeypatch, text: str, **req) -> list[int]:
     """The text token ids the engine's feeder handed the bistream sequence for ``text`` (streamed in pieces)."""
-    from app.engines.cosyvoice.batching import bistream
+    from app.engines.cosyvoice.llm import bistream
 
     pushed: list[int] = []
     original = bistream.BistreamFeed.push

@@ -1,4 +1,4 @@
-"""Batched token2wav (flow_batch.py, flow_scheduler.py) against CosyVoice's own per-request flow, tiny CosyVoice2.
+"""Batched token2wav (flow/batch.py, flow/scheduler.py) against CosyVoice's own per-request flow, tiny CosyVoice2.
 
 The reference is ``flow.inference`` (CosyVoice's code) one call at a time. A batched round
 pads every call to the longest and masks; in fp32 the two differ by summation order only
@@ -28,13 +28,13 @@ pytestmark = [pytest.mark.integration]
 
 torch = pytest.importorskip("torch")
 
-from app.engines.cosyvoice.batching.flow_batch import BatchedFlow, FlowItem  # noqa: E402
-from app.engines.cosyvoice.batching.flow_scheduler import (  # noqa: E402
+from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine  # noqa: E402
+from app.engines.cosyvoice.flow.batch import BatchedFlow, FlowItem  # noqa: E402
+from app.engines.cosyvoice.flow.scheduler import (  # noqa: E402
     FlowCancelled,
     FlowScheduler,
     FlowStopped,
 )
-from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine  # noqa: E402
 from app.engines.cosyvoice.load import load_model_dir  # noqa: E402
 
 EXACT = 1e-4
@@ -106,8 +106,8 @@ def test_a_row_cancelled_mid_round_leaves_it_and_the_others_are_unchanged(flow):
 
 
 def test_registered_voices_start_after_their_cached_prompt_frames(flow):
-    from app.engines.cosyvoice.batching.flow_cache import PromptCache
-    from app.engines.cosyvoice.batching.flow_prefix import PromptRef
+    from app.engines.cosyvoice.flow.cache import PromptCache
+    from app.engines.cosyvoice.flow.prefix import PromptRef
 
     cache = PromptCache(2**30)
     items = [item(28, 75, streaming=True, finalize=False, seed=40),  # 75 prompt tokens: 2 whole chunks cacheable
@@ -405,7 +405,7 @@ def test_a_batched_round_takes_engine_flow_steps_as_the_per_request_path_does(ti
 
 
 def test_without_guidance_the_flow_is_not_batched_and_says_why(tiny_models):
-    from app.engines.cosyvoice.batching.flow_batch import unsupported_reason
+    from app.engines.cosyvoice.flow.batch import unsupported_reason
     from app.engines.cosyvoice.levers import Levers
 
     unguided = load_model_dir(tiny_models(2), levers=Levers(flow_cfg=False)).model.flow

@@ -17,9 +17,9 @@ pytestmark = [pytest.mark.integration]
 torch = pytest.importorskip("torch")
 
 from app.engines.base import SynthesisRequest  # noqa: E402
-from app.engines.cosyvoice.batching import flow_cache  # noqa: E402
-from app.engines.cosyvoice.batching.flow_budget import FlowCacheBudget, bytes_per_frame  # noqa: E402
 from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine  # noqa: E402
+from app.engines.cosyvoice.flow import cache as flow_cache  # noqa: E402
+from app.engines.cosyvoice.flow.budget import FlowCacheBudget, bytes_per_frame  # noqa: E402
 from app.engines.cosyvoice.load import load_model_dir  # noqa: E402
 from tests.integration.test_flow_cache import EXACT, STREAM_TEXT, inputs, streamed_mel  # noqa: E402
 

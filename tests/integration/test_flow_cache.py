@@ -1,4 +1,4 @@
-"""Streaming flow with per-request caches (flow_cache.py) against the recomputing path, tiny CosyVoice2.
+"""Streaming flow with per-request caches (flow/cache.py) against the recomputing path, tiny CosyVoice2.
 
 The recomputing path runs the flow over prompt + every token so far at each hop and
 keeps the new frames; the cached path runs the estimator over the new frames only,
@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.integration]
 torch = pytest.importorskip("torch")
 
 from app.engines.base import SynthesisRequest
-from app.engines.cosyvoice.batching import flow_cache
 from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+from app.engines.cosyvoice.flow import cache as flow_cache
 from app.engines.cosyvoice.load import load_model_dir
 
 EXACT = 1e-4
@@ -46,7 +46,7 @@ def inputs(n_tokens: int = 86, n_prompt: int = 50, seed: int = 0):
 
 
 def hops(n_tokens: int, n_prompt: int, hop: int = 25, look: int = 3):
-    """(end token, offset, finalize) of each call, as token2wav.py schedules them (fixed hop)."""
+    """(end token, offset, finalize) of each call, as token2wav/hops.py schedules them (fixed hop)."""
     pad = -(-n_prompt // hop) * hop - n_prompt
     offset, calls = 0, []
     while True:

@@ -23,14 +23,14 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
 from app.engines.base import EngineFailure, SynthesisRequest
-from app.engines.cosyvoice import flow_onnx
 from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
-from app.engines.cosyvoice.flow_onnx import (
+from app.engines.cosyvoice.flow import onnx as flow_onnx
+from app.engines.cosyvoice.flow.onnx import (
     MODEL_DIR_FILE,
     load_onnx_estimator,
     weights_key,
 )
-from app.engines.cosyvoice.flow_runtime import onnx_of
+from app.engines.cosyvoice.flow.runtime import onnx_of
 from app.engines.cosyvoice.levers import Levers
 from app.engines.cosyvoice.load import load_model_dir
 

@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.integration]
 torch = pytest.importorskip("torch")
 
 from app.engines.base import PromptAudio, SynthesisRequest
-from app.engines.cosyvoice.batching import flow_cache
 from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+from app.engines.cosyvoice.flow import cache as flow_cache
 from app.engines.cosyvoice.load import load_model_dir
 from tests.integration.test_flow_cache import (
     EXACT,

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.integration]
 
 torch = pytest.importorskip("torch")
 
-from app.engines.cosyvoice.batching.lm import BatchedLM  # noqa: E402
+from app.engines.cosyvoice.llm.forward import BatchedLM  # noqa: E402
 from app.engines.cosyvoice.load import load_model_dir  # noqa: E402
 from app.engines.cosyvoice.precision import Precision, apply_precision, llm_in  # noqa: E402
 

@@ -19,9 +19,9 @@ pytestmark = [pytest.mark.integration]
 
 torch = pytest.importorskip("torch")
 
-from app.engines.cosyvoice.batching.lm import BatchedLM  # noqa: E402
-from app.engines.cosyvoice.batching.sampling import Sampler, SamplingRules  # noqa: E402
-from app.engines.cosyvoice.batching.scheduler import LLMScheduler  # noqa: E402
+from app.engines.cosyvoice.llm.forward import BatchedLM  # noqa: E402
+from app.engines.cosyvoice.llm.sampling import Sampler, SamplingRules  # noqa: E402
+from app.engines.cosyvoice.llm.scheduler import LLMScheduler  # noqa: E402
 from app.engines.cosyvoice.load import load_model_dir  # noqa: E402
 
 

@@ -23,9 +23,9 @@ pytestmark = [pytest.mark.integration]
 torch = pytest.importorskip("torch")
 
 from app.engines.base import EngineFailure, SynthesisRequest
-from app.engines.cosyvoice.batching.lm import BatchedLM
 from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 from app.engines.cosyvoice.levers import Levers
+from app.engines.cosyvoice.llm.forward import BatchedLM
 from app.engines.cosyvoice.load import load_model_dir
 from app.engines.cosyvoice.quantize import quantize_llm_int8
 from bench.probes.llm_int8 import compare

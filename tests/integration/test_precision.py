@@ -21,8 +21,8 @@ pytestmark = [pytest.mark.integration]
 torch = pytest.importorskip("torch")
 
 from app.engines.base import SynthesisRequest
-from app.engines.cosyvoice.batching.lm import BatchedLM
 from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+from app.engines.cosyvoice.llm.forward import BatchedLM
 from app.engines.cosyvoice.load import load_model_dir
 
 LLM_BOUND = 0.02

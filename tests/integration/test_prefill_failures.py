@@ -27,8 +27,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 torch = pytest.importorskip("torch")
 
-from app.engines.cosyvoice.batching.lm import BatchedLM  # noqa: E402
-from app.engines.cosyvoice.batching.sampling import Sampler  # noqa: E402
+from app.engines.cosyvoice.llm.forward import BatchedLM  # noqa: E402
+from app.engines.cosyvoice.llm.sampling import Sampler  # noqa: E402
 from app.engines.cosyvoice.load import load_model_dir  # noqa: E402
 
 COUNT = 8

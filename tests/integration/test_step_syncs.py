@@ -15,9 +15,9 @@ pytestmark = [pytest.mark.integration]
 
 torch = pytest.importorskip("torch")
 
-from app.engines.cosyvoice.batching.lm import BatchedLM  # noqa: E402
-from app.engines.cosyvoice.batching.sampling import SamplingRules  # noqa: E402
-from app.engines.cosyvoice.batching.scheduler import LLMScheduler  # noqa: E402
+from app.engines.cosyvoice.llm.forward import BatchedLM  # noqa: E402
+from app.engines.cosyvoice.llm.sampling import SamplingRules  # noqa: E402
+from app.engines.cosyvoice.llm.scheduler import LLMScheduler  # noqa: E402
 from app.engines.cosyvoice.load import load_model_dir  # noqa: E402
 from bench.probes.syncs import HostSyncCounter  # noqa: E402
 

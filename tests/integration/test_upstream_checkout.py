@@ -207,7 +207,7 @@ for batch in ("off", "on"):
     engines[batch] = eng
 import cosyvoice
 assert cosyvoice.__file__.startswith(upstream), cosyvoice.__file__
-from app.engines.cosyvoice.batching.flow_batch import BatchedFlow
+from app.engines.cosyvoice.flow.batch import BatchedFlow
 from tests.integration.test_flow_batch import (MIX, assert_exact, assert_same_audio, deterministic_hift, every_mode,
                                                item, pcm, reference)
 flow = engines["off"].loaded.model.flow

@@ -18,34 +18,34 @@ from dataclasses import replace
 from typing import Any
 
 from app.engines.base import InvalidInput
-from app.engines.cosyvoice.batching.bistream import BistreamFeed
-from app.engines.cosyvoice.batching.flow_batch import BatchedFlow
-from app.engines.cosyvoice.batching.flow_budget import FlowCacheBudget, bytes_per_frame
-from app.engines.cosyvoice.batching.flow_cache import (
+from app.engines.cosyvoice.device import ready_event
+from app.engines.cosyvoice.flow.batch import BatchedFlow
+from app.engines.cosyvoice.flow.budget import FlowCacheBudget, bytes_per_frame
+from app.engines.cosyvoice.flow.cache import (
     FlowStream,
     PromptCache,
     prompt_key,
     supports_flow_cache,
 )
-from app.engines.cosyvoice.batching.flow_cache import install as install_flow_cache
-from app.engines.cosyvoice.batching.flow_prefix import PromptRef
-from app.engines.cosyvoice.batching.flow_scheduler import FlowObserver, FlowScheduler
-from app.engines.cosyvoice.batching.flow_scheduler import install as install_flow_rounds
-from app.engines.cosyvoice.batching.gate import PriorityGate
-from app.engines.cosyvoice.batching.lm import (
+from app.engines.cosyvoice.flow.cache import install as install_flow_cache
+from app.engines.cosyvoice.flow.prefix import PromptRef
+from app.engines.cosyvoice.flow.scheduler import FlowObserver, FlowScheduler
+from app.engines.cosyvoice.flow.scheduler import install as install_flow_rounds
+from app.engines.cosyvoice.llm.bistream import BistreamFeed
+from app.engines.cosyvoice.llm.forward import (
     ENDOFPROMPT_ID,
     BatchedLM,
     supports_batching,
 )
-from app.engines.cosyvoice.batching.sampling import SamplingRules
-from app.engines.cosyvoice.batching.scheduler import LLMObserver, LLMScheduler
-from app.engines.cosyvoice.batching.token2wav import (
+from app.engines.cosyvoice.llm.sampling import SamplingRules
+from app.engines.cosyvoice.llm.scheduler import LLMObserver, LLMScheduler
+from app.engines.cosyvoice.token2wav.gate import PriorityGate
+from app.engines.cosyvoice.token2wav.hops import (
     FixedTokens,
     HopSchedule,
     first_hop_bounds,
     synthesize_tokens,
 )
-from app.engines.cosyvoice.device import ready_event
 from app.engines.timings import current
 from app.text.normalize import ClauseNormalizer
 from app.text.stream import TextStream, WordBuffer

@@ -23,12 +23,12 @@ class CosyVoiceConfig:
     max_batch_size: int = 16
     llm_greedy: bool = False  # testing only: argmax sampling
     token2wav_workers: int | None = None  # batched: token2wav calls at once; None: CPU cores (CPU), no limit (GPU)
-    flow_cache: bool = False  # batched streaming: flow computes each hop's new frames only (flow_cache.py)
+    flow_cache: bool = False  # batched streaming: flow computes each hop's new frames only (flow/cache.py)
     flow_cache_window_frames: int | None = None  # keep at most this many cached frames per layer (inexact)
     flow_prompt_cache_mb: float = 0  # flow_cache or token2wav_batch: voices' prompt flow state, LRU by bytes (0: off)
     flow_cache_budget_mb: float | None = None  # with flow_cache: all streams' caches together (None: no limit)
     llm_quantization: str = "none"  # none | int8: dynamic int8 Qwen2 backbone on a CPU (quantize.py)
-    flow_runtime: str = "torch"  # auto | torch | onnxruntime: what runs the flow estimator (flow_runtime.py)
+    flow_runtime: str = "torch"  # auto | torch | onnxruntime: what runs the flow estimator (flow/runtime.py)
     flow_steps: int | None = None  # the flow ODE's Euler steps (None: the model's, 10); fewer changes the audio
     flow_cfg: bool = True  # classifier-free guidance in the flow; false halves its work and changes the audio
     onnx_cache_dir: str | None = None  # where exported ONNX graphs are kept, keyed by weights (None: memory only)

@@ -104,7 +104,7 @@ class CosyVoiceEngine:
         self.inputs = ModelInputs(lm.frontend, lm.version, self.prompts, self.normalizer,
                                   self.config.max_segment_chars, self.config.max_segment_tokens)
         if self.config.llm_greedy and lm.version >= 2:
-            from app.engines.cosyvoice.batching.sampling import ranked_greedy
+            from app.engines.cosyvoice.llm.sampling import ranked_greedy
 
             lm.model.llm.sampling = ranked_greedy()  # testing: deterministic per-request decoding
         if self.config.batching:
@@ -161,7 +161,7 @@ class CosyVoiceEngine:
         """``engine.token2wav_batch``: on, off, or auto (on for CUDA, where one batched flow pass per round
         replaces one pass per request; off on a CPU, where the flow is compute-bound and runs best one
         request per core, docs/batching.md)."""
-        from app.engines.cosyvoice.batching.flow_batch import unsupported_reason
+        from app.engines.cosyvoice.flow.batch import unsupported_reason
 
         mode = self.config.token2wav_batch
         if mode == "off":

@@ -45,7 +45,7 @@ WEIGHT_FILES = {"llm": "llm.pt", "flow": "flow.pt", "hift": "hift.pt"}  # keyed 
 # Upstream's loader reads llm.pt only; engine.llm_weights picks one (base: llm.pt).
 LLM_WEIGHTS = {"base": WEIGHT_FILES["llm"], "rl": "llm.rl.pt"}
 # The flow's estimator exported by upstream (inputs x, mask, mu, t, spks, cond; batch 2) for its
-# TensorRT path; flow_onnx.py serves it on ONNX Runtime when it matches the loaded weights.
+# TensorRT path; flow/onnx.py serves it on ONNX Runtime when it matches the loaded weights.
 FLOW_ESTIMATOR_ONNX = "flow.decoder.estimator.fp32.onnx"
 CAMPPLUS = "campplus.onnx"
 SPK2INFO = "spk2info.pt"

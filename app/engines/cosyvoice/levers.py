@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from app.engines.cosyvoice.flow_runtime import (
+from app.engines.cosyvoice.flow.runtime import (
     FlowOptions,
     FlowRuntimeRefused,
     install,
@@ -81,7 +81,7 @@ def apply_levers(levers: Levers, *, llm: Any, flow: Any, version: int, device_ty
 
 def _onnx_estimator(levers: Levers, flow: Any, model_dir: Any, *, explicit: bool) -> tuple[Any, str]:
     """The ONNX estimator, or (None, "torch") with a warning when ``auto`` cannot have it."""
-    from app.engines.cosyvoice.flow_onnx import load_onnx_estimator
+    from app.engines.cosyvoice.flow.onnx import load_onnx_estimator
 
     try:
         return load_onnx_estimator(flow.decoder.estimator, model_dir=model_dir, cache_dir=levers.onnx_cache_dir,

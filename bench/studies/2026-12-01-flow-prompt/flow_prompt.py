@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from app.engines.cosyvoice.batching import flow_cache
+    from app.engines.cosyvoice.flow import cache as flow_cache
     from app.engines.cosyvoice.load import load_model_dir
 
     torch.set_num_threads(1)

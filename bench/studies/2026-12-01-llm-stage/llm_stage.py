@@ -95,8 +95,8 @@ class _Steps:
 def batched(llm, model_input: dict, concurrency: int, requests: int) -> dict:
     import torch
 
-    from app.engines.cosyvoice.batching.lm import BatchedLM
-    from app.engines.cosyvoice.batching.scheduler import LLMScheduler
+    from app.engines.cosyvoice.llm.forward import BatchedLM
+    from app.engines.cosyvoice.llm.scheduler import LLMScheduler
 
     steps = _Steps()
     blm = BatchedLM(llm)

@@ -5,7 +5,7 @@
 One process. Reported (milliseconds, median of ``--repeats``):
 
 * one estimator pass (2 CFG rows x 280 frames, whole and chunk-masked) in eager torch and on
-  ONNX Runtime (our export, ``flow_onnx.py``), 1 thread each, and their largest difference;
+  ONNX Runtime (our export, ``flow/onnx.py``), 1 thread each, and their largest difference;
 * throughput with two passes at once (two slot threads, as the token2wav gate allows on 2 cores):
   one shared session with 1 intra-op thread vs with 2, and eager torch with 1 thread per caller;
 * the export's time and size, and the RSS one session adds;
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     import psutil
     import torch
 
-    from app.engines.cosyvoice.flow_onnx import OnnxEstimator, _dummy, _session, export
+    from app.engines.cosyvoice.flow.onnx import OnnxEstimator, _dummy, _session, export
     from app.engines.cosyvoice.load import load_model_dir
 
     torch.set_num_threads(1)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from app.engines.cosyvoice.batching.gate import PriorityGate
+from app.engines.cosyvoice.token2wav.gate import PriorityGate
 from tests.waiting import wait_until
 
 

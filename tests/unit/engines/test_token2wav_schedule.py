@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.engines.cosyvoice.batching.flow_scheduler import MAX_SKIPS, FlowJob, pick_round
-from app.engines.cosyvoice.batching.token2wav import HopSchedule, first_hop_bounds
+from app.engines.cosyvoice.flow.scheduler import MAX_SKIPS, FlowJob, pick_round
+from app.engines.cosyvoice.token2wav.hops import HopSchedule, first_hop_bounds
 
 V2 = HopSchedule(hop=25, max_hop=100, scale=2, lookahead=3)
 

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from app.engines.cosyvoice.batching.bistream import SOS, TASK, BistreamFeed
+from app.engines.cosyvoice.llm.bistream import SOS, TASK, BistreamFeed
 from app.text.stream import TextStream, WordBuffer, sentences
 
 

@@ -23,7 +23,7 @@ path finishes with full attention; ``window_frames`` (optional) keeps only that 
 cached frames per layer, bounding memory (keys + values of every layer and ODE step:
 ~4.6 MB per frame at full size in fp32) at the price of exactness.
 Config: ``engine.flow_cache`` (off by default) and ``engine.flow_cache_window_frames``.
-All streams together hold at most ``engine.flow_cache_budget_mb`` (``flow_budget.py``): a
+All streams together hold at most ``engine.flow_cache_budget_mb`` (``flow/budget.py``): a
 stream that does not fit drops its cache and recomputes, as without this module.
 
 The prompt part (``PromptCache``, ``engine.flow_prompt_cache_mb``): the estimator frames
@@ -46,7 +46,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.engines.cosyvoice.flow_runtime import MODEL_STEPS, options_of, time_grid
+from app.engines.cosyvoice.flow.runtime import MODEL_STEPS, options_of, time_grid
 
 _local = threading.local()
 

@@ -1,10 +1,10 @@
 """Batched estimator passes whose rows start after a cached prefix: a voice's prompt frames.
 
-CosyVoice2's streaming estimator is chunk-causal (``flow_cache.py`` explains why), so the
+CosyVoice2's streaming estimator is chunk-causal (``flow/cache.py`` explains why), so the
 frames of a prompt's leading whole chunks depend on the voice alone, and the flow prompt
 cache (``flow_cache.PromptCache``) keeps their per-ODE-step state: each causal
 convolution's last input frames and each attention layer's keys and values. In a batched
-round (``flow_batch.py``) a streamed call of a registered voice then starts after those
+round (``flow/batch.py``) a streamed call of a registered voice then starts after those
 frames: its rows run the estimator over the rest only, with
 
 * each causal convolution's left context taken from its call's state (zeros, the
@@ -109,7 +109,7 @@ class PrefixAttention:
             return self.inner(attn, hidden_states, encoder_hidden_states, attention_mask, temb, *args, **kwargs)
         import torch
 
-        from app.engines.cosyvoice.batching.flow_cache import attend, project
+        from app.engines.cosyvoice.flow.cache import attend, project
 
         b, t, _ = hidden_states.shape
         q, k, v = project(attn, hidden_states)
@@ -141,6 +141,6 @@ def _conv_post(module: Any, _args: tuple, out: Any) -> Any:
 
 def install(flow: Any) -> None:
     """Hook ``flow``'s estimator (CosyVoice2's; ``flow_cache.supports_flow_cache``) for prefixed rows. Idempotent."""
-    from app.engines.cosyvoice.batching.flow_cache import hook_estimator
+    from app.engines.cosyvoice.flow.cache import hook_estimator
 
     hook_estimator(flow.decoder.estimator, "_cosyserve_flow_prefix", _conv_pre, _conv_post, PrefixAttention)

@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.engines.cosyvoice.batching.bistream import BistreamFeed
-from app.engines.cosyvoice.batching.kv import SavedRow
-from app.engines.cosyvoice.batching.sampling import Sampler
+from app.engines.cosyvoice.llm.bistream import BistreamFeed
+from app.engines.cosyvoice.llm.kv import SavedRow
+from app.engines.cosyvoice.llm.sampling import Sampler
 
 
 @dataclass(eq=False)

@@ -39,16 +39,16 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from app.engines.cosyvoice.batching.bistream import BistreamFeed
-from app.engines.cosyvoice.batching.lm import BatchedLM
-from app.engines.cosyvoice.batching.prefill import (
+from app.engines.cosyvoice.llm.bistream import BistreamFeed
+from app.engines.cosyvoice.llm.forward import BatchedLM
+from app.engines.cosyvoice.llm.prefill import (
     GroupPrefill,
     Joiner,
     arrival,
     out_of_memory,
 )
-from app.engines.cosyvoice.batching.sampling import Sampler, SamplingRules
-from app.engines.cosyvoice.batching.sequence import Sequence
+from app.engines.cosyvoice.llm.sampling import Sampler, SamplingRules
+from app.engines.cosyvoice.llm.sequence import Sequence
 from app.engines.threads import lower_this_thread
 
 log = logging.getLogger("cosyserve.engine.batch")

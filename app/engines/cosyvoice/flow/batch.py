@@ -22,7 +22,7 @@ same for B calls in one pass, with our own code over the loaded modules:
   per estimator pass;
 * streaming and non-streaming calls (chunk-masked vs full attention) run as two groups;
 * a streamed call of a registered voice (``FlowItem.prompt``, with ``prompts`` on) starts
-  after the voice's cached prompt frames (``flow_prefix.py``): its rows run the estimator
+  after the voice's cached prompt frames (``flow/prefix.py``): its rows run the estimator
   over the rest only, each from its own start frame.
 
 Between ODE steps, rows whose request was cancelled are dropped from the batch.
@@ -65,7 +65,7 @@ def unsupported_reason(flow: Any) -> str | None:
     """Why ``flow`` cannot be batched here, or None when it can (CosyVoice2/3's causal flows)."""
     import torch
 
-    from app.engines.cosyvoice import flow_runtime
+    from app.engines.cosyvoice.flow import runtime as flow_runtime
 
     decoder = getattr(flow, "decoder", None)
     estimator = getattr(decoder, "estimator", None)
@@ -107,7 +107,8 @@ class BatchedFlow:
         self.ratio = int(getattr(flow, "token_mel_ratio", 2))
         self.prompts = prompts
         if prompts:
-            from app.engines.cosyvoice.batching import flow_cache, flow_prefix
+            from app.engines.cosyvoice.flow import cache as flow_cache
+            from app.engines.cosyvoice.flow import prefix as flow_prefix
 
             if not flow_cache.supports_flow_cache(flow):
                 raise TypeError("this flow cannot start a call after cached prompt frames")
@@ -162,7 +163,7 @@ class BatchedFlow:
 
     def _prompt_states(self, items: list[FlowItem], spks: Any) -> list[Any]:
         """Each call's voice prompt state (computed and cached on the voice's first call), or None."""
-        from app.engines.cosyvoice.batching.flow_cache import prompt_state
+        from app.engines.cosyvoice.flow.cache import prompt_state
 
         states: list[Any] = []
         for i, it in enumerate(items):
@@ -245,8 +246,8 @@ class BatchedFlow:
         """
         import torch
 
-        from app.engines.cosyvoice import flow_runtime
-        from app.engines.cosyvoice.batching import flow_prefix
+        from app.engines.cosyvoice.flow import prefix as flow_prefix
+        from app.engines.cosyvoice.flow import runtime as flow_runtime
 
         cfm = self.cfm
         b, channels, _ = mu.shape

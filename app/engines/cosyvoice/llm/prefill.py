@@ -27,9 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.engines.cosyvoice.batching.kv import BatchedKV, SavedRow
-from app.engines.cosyvoice.batching.lm import BatchedLM
-from app.engines.cosyvoice.batching.sequence import Sequence
+from app.engines.cosyvoice.llm.forward import BatchedLM
+from app.engines.cosyvoice.llm.kv import BatchedKV, SavedRow
+from app.engines.cosyvoice.llm.sequence import Sequence
 
 log = logging.getLogger("cosyserve.engine.batch")
 

@@ -32,12 +32,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app.engines.cosyvoice.batching.flow_scheduler import (
+from app.engines.cosyvoice.flow.scheduler import (
     FlowCall,
     FlowCancelled,
     bound_call,
 )
-from app.engines.cosyvoice.batching.gate import PriorityGate
+from app.engines.cosyvoice.token2wav.gate import PriorityGate
 
 MAX_SILENT_RUN = 5
 POLL_S = 0.05  # how often a waiting consumer re-checks its cancel flag
@@ -164,7 +164,7 @@ def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, sp
     """
     import torch
 
-    from app.engines.cosyvoice.batching.flow_cache import bound_stream
+    from app.engines.cosyvoice.flow.cache import bound_stream
 
     started = time.monotonic() if started is None else started
     calls = 0

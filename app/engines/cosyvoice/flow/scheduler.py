@@ -5,7 +5,7 @@ thread (CosyVoice's own code: the hop schedule, HiFT and its per-request cache),
 ``flow.inference`` call becomes a :class:`FlowJob` handed to :class:`FlowScheduler`, and
 the slot thread waits for its mel. The scheduler thread, like the LLM scheduler for the
 LLM, repeatedly takes the jobs that are waiting and runs them as one round of
-:class:`~app.engines.cosyvoice.batching.flow_batch.BatchedFlow`:
+:class:`~app.engines.cosyvoice.flow.batch.BatchedFlow`:
 
 * **order**: first hops first (time to first audio), then by the request's start (older
   streams finish first); a job left out of a round moves to the front after
@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from app.engines.cosyvoice.batching.flow_batch import BatchedFlow, FlowItem
+from app.engines.cosyvoice.flow.batch import BatchedFlow, FlowItem
 from app.engines.threads import lower_this_thread
 
 log = logging.getLogger("cosyserve.engine")

@@ -6,7 +6,7 @@ their own input embeddings (text: the backbone's ``embed_tokens``; speech:
 ``speech_embedding``; start/task markers: ``llm_embedding`` in v2,
 ``speech_embedding`` in v3) and a speech-token head (``llm_decoder``). We reuse
 those modules and their weights as they are, and run the decoder layers
-ourselves over a :class:`~app.engines.cosyvoice.batching.kv.BatchedKV`, so one step
+ourselves over a :class:`~app.engines.cosyvoice.llm.kv.BatchedKV`, so one step
 serves every running sequence whatever its length:
 
 * ``prefill_many`` runs several sequences' inputs in one forward (their real
@@ -34,9 +34,9 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from app.engines.cosyvoice.batching.kv import BatchedKV, SavedRow
 from app.engines.cosyvoice.device import StepIO, to_device
 from app.engines.cosyvoice.layout import ENDOFPROMPT_ID
+from app.engines.cosyvoice.llm.kv import BatchedKV, SavedRow
 
 
 @dataclass(frozen=True)

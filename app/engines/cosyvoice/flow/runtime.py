@@ -6,7 +6,7 @@ the conditioned one and an unconditioned one for classifier-free guidance (CFG, 
 ``inference_cfg_rate``, 0.7). Three settings act on it:
 
 * ``engine.flow_runtime`` (``auto | torch | onnxruntime``): the estimator on ONNX Runtime
-  (``flow_onnx.py``) for every call its graph serves, torch for the rest. Exact to float
+  (``flow/onnx.py``) for every call its graph serves, torch for the rest. Exact to float
   rounding. ``auto``: ONNX Runtime on a CPU with an fp32 flow, torch on CUDA or with a
   bf16/fp16 flow (docs/cpu.md has the measurements).
 * ``engine.flow_steps`` (default: the model's, 10): fewer Euler steps, proportionally less
@@ -16,7 +16,7 @@ the conditioned one and an unconditioned one for classifier-free guidance (CFG, 
 
 The ONNX estimator replaces the CFM's ``forward_estimator`` (the one place upstream's Euler
 solver calls the network); steps and CFG replace its ``solve_euler`` with ours, only when one
-of them differs from the model's. The flow cache (``batching/flow_cache.py``) runs its own
+of them differs from the model's. The flow cache (``flow/cache.py``) runs its own
 solver on the torch modules (it keeps per-layer state between hops, which one opaque graph
 cannot): it reads the steps and CFG from :func:`options_of`, and stays on torch.
 """
