@@ -7,7 +7,7 @@ POSITION, ``session.get_inputs()[i].name``: the names are whatever the export ch
 ``spk2info.pt`` (``{speaker: {"embedding": [1, 192]}}``, plus entries ``save_spkinfo`` adds for
 zero-shot speakers) and ``CosyVoice-BlankEN/`` (the builders write its released file set).
 ``flow.decoder.estimator.fp32.onnx`` is read only by upstream's TensorRT path (cosyserve's
-``engine.flow_runtime: onnxruntime`` tries it: tests/integration/test_flow_onnx.py; the engines
+``engine.flow_runtime: onnxruntime`` tries it: tests/integration/engines/cosyvoice/flow/test_onnx.py; the engines
 here run the flow in torch), and ``llm.rl.pt`` (Fun-CosyVoice3's RL-tuned LLM) by nothing
 upstream: cosyserve loads it when ``engine.llm_weights: rl`` says so.
 """

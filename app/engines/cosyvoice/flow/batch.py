@@ -10,7 +10,7 @@ same for B calls in one pass, with our own code over the loaded modules:
 * right padding to the longest call, a per-row length mask everywhere. Every layer the
   padding could reach is per-frame (norms, feed-forwards), causal (the estimator's and
   the upsampler's convolutions are left-padded) or attention, which the mask keeps off
-  padded keys, so no request's frames change (``tests/integration/test_flow_batch.py``);
+  padded keys, so no request's frames change (``tests/integration/engines/cosyvoice/flow/test_batch.py``);
 * the look-ahead: a streamed hop hands the encoder its last ``pre_lookahead_len`` tokens
   as *context*, appended after the hop's tokens. Here every row carries all its tokens and
   the look-ahead layer runs over them with zeros after each row's last token, which is

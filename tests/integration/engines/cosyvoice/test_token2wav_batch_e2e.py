@@ -7,8 +7,8 @@ import threading
 import httpx
 import pytest
 
+from tests.integration.engines.cosyvoice.test_batched_e2e import metric
 from tests.integration.server import ServerProcess
-from tests.integration.test_batching_e2e import metric
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

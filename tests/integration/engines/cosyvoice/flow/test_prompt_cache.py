@@ -6,7 +6,7 @@ voice starts after them. That must not change the output: the same streamed mel 
 with the prompt cache off and as the recomputing path. The difference is summation
 order only (the prompt chunks computed in their own estimator call, the encoder run
 over the prompt tokens alone, attention over cached + new keys): measured ~1e-6 of the
-mel's scale in fp32; the bound 1e-4 of the scale (as in test_flow_cache.py) leaves room
+mel's scale in fp32; the bound 1e-4 of the scale (as in flow/test_cache.py) leaves room
 for other CPUs' kernels, while a wrong state (another voice's, a chunk off by one, a
 prompt chunk that did depend on the generated tokens) moves frames by O(1).
 """
@@ -26,7 +26,7 @@ from app.engines.base import PromptAudio, SynthesisRequest
 from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 from app.engines.cosyvoice.flow import cache as flow_cache
 from app.engines.cosyvoice.load import load_model_dir
-from tests.integration.test_flow_cache import (
+from tests.integration.engines.cosyvoice.flow.test_cache import (
     EXACT,
     STREAM_TEXT,
     inputs,

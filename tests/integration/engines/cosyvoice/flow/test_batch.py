@@ -21,7 +21,7 @@ import pytest
 
 from app.engines.base import InvalidInput, PromptAudio, SynthesisRequest
 from tests.integration.conftest import speechlike
-from tests.integration.test_batching import mixed_requests
+from tests.integration.engines.cosyvoice.llm.test_scheduler import mixed_requests
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration]

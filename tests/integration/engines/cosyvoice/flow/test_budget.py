@@ -21,7 +21,12 @@ from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine  # noq
 from app.engines.cosyvoice.flow import cache as flow_cache  # noqa: E402
 from app.engines.cosyvoice.flow.budget import FlowCacheBudget, bytes_per_frame  # noqa: E402
 from app.engines.cosyvoice.load import load_model_dir  # noqa: E402
-from tests.integration.test_flow_cache import EXACT, STREAM_TEXT, inputs, streamed_mel  # noqa: E402
+from tests.integration.engines.cosyvoice.flow.test_cache import (  # noqa: E402
+    EXACT,
+    STREAM_TEXT,
+    inputs,
+    streamed_mel,
+)
 
 
 @pytest.fixture(scope="module")

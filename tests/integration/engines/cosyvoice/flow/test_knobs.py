@@ -22,7 +22,11 @@ from app.engines.cosyvoice.flow import cache as flow_cache
 from app.engines.cosyvoice.flow.runtime import options_of, solve, time_grid
 from app.engines.cosyvoice.levers import Levers
 from app.engines.cosyvoice.load import load_model_dir
-from tests.integration.test_flow_cache import EXACT, inputs, streamed_mel
+from tests.integration.engines.cosyvoice.flow.test_cache import (
+    EXACT,
+    inputs,
+    streamed_mel,
+)
 
 
 def flow_mel(flow, x):

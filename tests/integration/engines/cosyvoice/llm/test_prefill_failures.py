@@ -15,7 +15,7 @@ import contextlib
 import pytest
 
 from bench.probes.prefill_stall import Recorder
-from tests.integration.test_batched_prefill import (
+from tests.integration.engines.cosyvoice.llm.test_prefill import (
     MIXED,
     make_inputs,
     queued_together,
