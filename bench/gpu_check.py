@@ -1,8 +1,8 @@
 """The GPU check: does cosyserve's engine run right, and how fast, on this CUDA machine?
 
-    python -m bench.gpu_check                       # CUDA: full-size v2 built here, docs/benchmarks/gpu.{md,json}
-    python -m bench.gpu_check --device cpu --quick  # CI: tiny v2 on the CPU, reports/gpu_check_cpu.{md,json}
-    make gpu-check
+    python -m bench.gpu_check                       # CUDA: full-size v2 built here, .cache/bench/gpu_check/gpu.{md,json}
+    python -m bench.gpu_check --device cpu --quick  # CI: tiny v2 on the CPU, .cache/bench/gpu_check/cpu.{md,json}
+    make gpu-check                                  # --out docs/benchmarks/gpu: the committed result
 
 In-process (the engine, no HTTP server), so the machine needs torch and the CosyVoice
 runtime only (docs/gpu.md: carrying the wheels to a machine without network). It builds
@@ -20,8 +20,8 @@ reports:
 * host syncs per decode step (``set_sync_debug_mode`` on CUDA, and the CPU proxy's
   count), peak GPU memory;
 * prefill: the running batch's stall when 16 requests join it at once, one-by-one vs
-  batched prefill (``bench/prefill_stall.py``);
-* token2wav: ``engine.token2wav_batch`` off vs on, one engine each (``bench/t2w_phases.py``):
+  batched prefill (``bench/probes/prefill_stall.py``);
+* token2wav: ``engine.token2wav_batch`` off vs on, one engine each (``bench/probes/t2w_phases.py``):
   time to first audio p50/p95, audio seconds per wall second, flow rounds (batch, ms) and
   LLM step ms at 1, 4, 8 and 16 streams (quick: 1 and 4).
 
@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_report import markdown, percentile
+from bench.lib.gpu_report import markdown, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = [
@@ -351,7 +351,7 @@ def stages(eng: Any, device: Any, repeats: int = 3) -> dict:
 
 def streaming(eng: Any, steps: Steps, concurrency: int, requests: int, deadline: Deadline) -> dict:
     """Closed loop: ``concurrency`` threads stream ``requests`` requests in all."""
-    from bench.t2w_phases import closed_loop
+    from bench.probes.t2w_phases import closed_loop
 
     steps.steps.clear()
     steps.recording = True
@@ -405,7 +405,7 @@ def prefill(eng: Any, quick: bool) -> dict:
 
 def token2wav(mdir: str, device: str, quick: bool, threads: int) -> dict:
     """``engine.token2wav_batch`` off vs on: the same streamed requests on one engine per setting."""
-    from bench.t2w_phases import compare
+    from bench.probes.t2w_phases import compare
 
     levels = (1, 4) if quick else (1, 4, 8, 16)
     runs = compare(mdir, batches=("off", "on"), concurrency=levels, requests=1 if quick else 2, stream=True,
@@ -506,12 +506,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model-dir", help="check this CosyVoice2 dir instead of building the full-size one")
     ap.add_argument("--budget-s", type=float, default=None, help="time budget in seconds (default 480; quick 240)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 4 on CUDA, 1 on a CPU)")
-    ap.add_argument("--out", help="output prefix (default docs/benchmarks/gpu on CUDA, reports/gpu_check_cpu on a CPU)")
+    ap.add_argument("--out", help="output prefix (default .cache/bench/gpu_check/gpu, on a CPU .../cpu; make gpu-check: "
+                    "docs/benchmarks/gpu)")
     args = ap.parse_args(argv)
     cpu = args.device == "cpu"
     args.budget_s = args.budget_s or (240.0 if args.quick else 480.0)
     args.threads = args.threads or (1 if cpu else 4)
-    args.out = args.out or str(ROOT / ("reports/gpu_check_cpu" if cpu else "docs/benchmarks/gpu"))
+    args.out = args.out or str(ROOT / ".cache" / "bench" / "gpu_check" / ("cpu" if cpu else "gpu"))
     return args
 
 
