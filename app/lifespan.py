@@ -104,7 +104,7 @@ def admission_start(settings: Settings, device: str, ceiling: int) -> tuple[int,
 def log_admission(settings: Settings, pool: EnginePool) -> None:
     """Pick the adaptive limit's start from the loaded engine's device, and say what was chosen and why."""
     p, adm = settings.pool, pool.admission
-    if adm.limiter is None:
+    if adm.mode == "fixed":
         log.info("admission: fixed, %d request(s) at once (pool.workers %d + pool.max_queue %d; "
                  "pool.admission: adaptive makes it follow measured latency)", adm.capacity, p.workers, p.queue_limit)
         return

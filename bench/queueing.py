@@ -11,7 +11,7 @@ requests' latency p50 / p99 in service times, and that p99 over the p99 of one s
 
 With no room this is Erlang's loss system (its blocking does not depend on the service time's
 distribution: at 2 places and 1.5x, 53 % of the arrivals are refused and 71 % of the capacity
-used); the waiting room trades latency for goodput. ``app/serving/limiter.py`` lets a request wait at least one round of the running ones
+used); the waiting room trades latency for goodput. ``app/serving/limit/waiting.py`` lets a request wait at least one round of the running ones
 (a room as deep as the places): docs/concurrency.md shows what this model and the benchmarks say.
 """
 

@@ -5,7 +5,7 @@ waits, so a refusal costs next to nothing (TEI's ``try_acquire_permit``). Two mo
 
 * ``fixed``: ``workers + max_queue`` permits, a constant (``queue_full`` beyond).
 * ``adaptive``: ``limit`` average-size requests run at once, where the limit follows
-  measured latency (``limiter.py``); beyond it a request may wait (FIFO, for a slot the
+  measured latency (``app/serving/limit/``); beyond it a request may wait (FIFO, for a slot the
   pool leases only within the limit) if its predicted latency stays within the budget,
   else it is refused as ``over_budget`` with a ``Retry-After`` from the predicted wait.
   Never more than ``workers + max_queue`` in flight. Size enters in two steps: at the edge, before the body is read, a
@@ -35,13 +35,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable
 
 from app.serving.config import PoolConfig
 from app.serving.errors import Overloaded
-from app.serving.limiter import LatencyLimit, LimiterConfig
+from app.serving.limit import AdaptiveConfig, AdaptiveLimit, FixedLimit, Limit
 from app.serving.stats import PoolObserver, ServiceTimeEstimator
 
 log = logging.getLogger(__name__)
@@ -130,18 +129,21 @@ class Ticket:
 class Admission:
     """The permits of one pool, their counters and the Retry-After estimate. Event-loop thread only.
 
-    ``limiter`` (adaptive mode) bounds the admitted load below the fixed capacity.
+    ``ceiling``: ``workers + max_queue`` in flight, a fixed limit, refused past as ``queue_full``.
+    ``limiter``: the limit in force (the mode): that same fixed one unless another is given, e.g. an
+    adaptive one beneath it, refused past as ``over_budget``.
     """
 
     def __init__(self, workers: int, max_queue: int, observer: PoolObserver,
-                 limiter: LatencyLimit | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 limiter: Limit | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.workers = workers
         self.max_queue = max_queue
         self.capacity = workers + max_queue  # the hard ceiling, in requests
-        self.limiter = limiter
+        self._service_times = ServiceTimeEstimator()
+        self.ceiling = FixedLimit(workers, max_queue, self._service_times)
+        self.limiter: Limit = limiter or self.ceiling
         self.clock = clock
         self._observer = observer
-        self._service_times = ServiceTimeEstimator()
         self.in_flight = 0  # permits out: queued, running or still being consumed
         self.queued = 0  # permits whose holder waits for a slot
         self.load = 0.0  # the permits out, in average requests (their weights)
@@ -156,27 +158,24 @@ class Admission:
     @classmethod
     def for_pool(cls, config: PoolConfig, observer: PoolObserver) -> Admission:
         """Fixed, or adaptive with a limit bounded by the fixed capacity (``workers + max_queue``)."""
-        limiter = None
-        if config.admission == "adaptive":
-            limiter = LatencyLimit(LimiterConfig(
-                ceiling=config.ceiling, initial=config.admission_initial or config.ceiling,
-                budget_s=config.admission_budget_s, tolerance=config.admission_tolerance,
-                max_wait_s=config.queue_timeout_s))
+        limiter = AdaptiveLimit(AdaptiveConfig(
+            ceiling=config.ceiling, initial=config.ceiling, budget_s=config.admission_budget_s,
+            tolerance=config.admission_tolerance, max_wait_s=config.queue_timeout_s,
+        )) if config.admission == "adaptive" else None
         return cls(config.workers, config.max_queue, observer, limiter=limiter)
 
     def start_at(self, limit: int) -> None:
-        """Adaptive: the limit to start from (the lifespan picks it from the machine), within 1..ceiling."""
-        if self.limiter is not None:
-            self.limiter.limit = float(max(1, min(self.capacity, limit)))
+        """The limit to start from (the lifespan picks it from the machine), within 1..ceiling; fixed: stays."""
+        self.limiter.start_at(max(1, min(self.capacity, limit)))
 
     @property
     def mode(self) -> str:
-        return "fixed" if self.limiter is None else "adaptive"
+        return self.limiter.name
 
     @property
     def limit(self) -> int:
         """Requests (of average size) admitted at once now: the capacity, or the adaptive limit."""
-        return self.capacity if self.limiter is None else self.limiter.value
+        return self.limiter.value
 
     # -- the gate -----------------------------------------------------------------------------
     def check(self) -> None:
@@ -200,11 +199,11 @@ class Admission:
         return Ticket(_Permit(self))
 
     def _refuse_if_full(self) -> None:
-        if self.in_flight >= self.capacity:
+        if not self.ceiling.allows(self.load):
             self.reject("queue_full")
             raise Overloaded(f"all {self.workers} workers are busy and {self.max_queue} requests are waiting",
                              self.retry_after_s())
-        if self.limiter is not None and not self.limiter.allows(self.load):
+        if not self.limiter.allows(self.load):
             self.limiter.note_refused()
             self.reject("over_budget")
             raise Overloaded(f"{self.limiter.value} requests are running and the wait for a place would take "
@@ -217,21 +216,13 @@ class Admission:
 
     def predicted_wait_s(self) -> float:
         """How long a request arriving now would wait before it could start (0: at once)."""
-        if self.limiter is not None:
-            wait = self.limiter.predicted_wait_s(self.load)
-            return max(wait, self._fixed_wait_s()) if self.in_flight >= self.capacity else wait
-        return self._fixed_wait_s() if self.in_flight >= self.workers else 0.0
-
-    def _fixed_wait_s(self) -> float:
-        """Every worker busy: they finish their jobs, then the queue ahead is shared among them."""
-        service = self._service_times.average_s or self._service_times.initial_s
-        return service * (1.0 + self.queued / max(1, self.workers))
+        wait = self.limiter.predicted_wait_s(self.load)
+        if not self.ceiling.allows(self.load):  # at the ceiling: behind every busy worker, too
+            wait = max(wait, self.ceiling.predicted_wait_s(self.load))
+        return wait
 
     def retry_after_s(self) -> float:
-        if self.limiter is not None:
-            wait = self.predicted_wait_s()
-            return float(min(self._service_times.max_retry_after_s, max(1, math.ceil(wait))))
-        return self._service_times.retry_after(self.queued, self.workers)
+        return self.limiter.retry_after_s(self.predicted_wait_s())
 
     def observe_service(self, seconds: float) -> None:
         """A job's service time, for the Retry-After estimate."""
@@ -240,7 +231,7 @@ class Admission:
     def observe_latency(self, ticket: Ticket, latency_s: float) -> None:
         """A finished request's latency (queue wait + engine time, without time blocked on its client)."""
         permit = ticket._permit
-        if self.limiter is None or not permit.sampled:
+        if not permit.sampled:
             return
         alone = permit.first_alone and self.starts == permit.serial  # ran with nothing else running
         self.limiter.observe(latency_s / max(permit.weight, 1e-3), admitted_at=permit.admitted_at, alone=alone)
@@ -258,9 +249,9 @@ class Admission:
             "ceiling": self.capacity,
             "load": round(self.load, 3),
             "predicted_wait_s": self.predicted_wait_s(),
-            "target_s": lim.target_s if lim is not None else None,
-            "unloaded_s": lim.unloaded_s if lim is not None else None,
-            "average_s": lim.average_s if lim is not None else self.average_service_s,
+            "target_s": lim.target_s,
+            "unloaded_s": lim.unloaded_s,
+            "average_s": lim.average_s,
         }
 
     async def wait_idle(self, timeout: float | None) -> bool:
@@ -290,9 +281,9 @@ class Admission:
         return self.in_flight - self.queued
 
     def _note_load(self) -> None:
-        """Tell the limiter the load and the running count after any change to them."""
-        if self.limiter is not None:
-            self.limiter.note_load(self.load, self.running)
+        """Tell the limits the load and the counts after any change to them."""
+        self.ceiling.note_load(self.load, self.running, self.queued)
+        self.limiter.note_load(self.load, self.running, self.queued)
 
     def _started(self, permit: _Permit) -> None:
         self.starts += 1

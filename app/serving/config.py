@@ -21,7 +21,6 @@ class PoolConfig:
     admission: str = "fixed"  # fixed: workers + max_queue at once | adaptive: a limit that follows latency
     admission_budget_s: float | None = None  # adaptive: target latency of an average request (None: automatic)
     admission_tolerance: float = 2.5  # adaptive, automatic target: this many unloaded latencies
-    admission_initial: int | None = None  # adaptive: where the limit starts (None: the ceiling)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -44,8 +43,6 @@ class PoolConfig:
             raise ValueError("admission_budget_s must be positive (or None: automatic)")
         if self.admission_tolerance <= 1:
             raise ValueError("admission_tolerance must be above 1")
-        if self.admission_initial is not None and self.admission_initial < 1:
-            raise ValueError("admission_initial must be at least 1")
 
     @property
     def ceiling(self) -> int:

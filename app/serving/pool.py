@@ -84,8 +84,8 @@ class EnginePool:
         self._observer = SafeObserver(observer if observer is not None else NullObserver())
         self._admission = Admission.for_pool(config, self._observer)
         self.stream_budget = StreamBudget(config.stream_buffer_total_bytes)  # all streams' unread audio
-        limiter = self._admission.limiter  # adaptive: lease no more slots than its limit; the rest wait FIFO
-        self._slots = Slots(cap=(lambda: limiter.value) if limiter is not None else None)
+        limiter = self._admission.limiter  # lease no more slots than the limit (fixed: capacity); the rest wait FIFO
+        self._slots = Slots(cap=lambda: limiter.value)
         self._slot_list: list[Slot] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loaded: Loaded | None = None  # slot 0's engine, info and presets, once every slot is loaded

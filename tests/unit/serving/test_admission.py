@@ -20,7 +20,7 @@ from app.serving import (
 )
 from app.serving.admission import Admission
 from app.serving.errors import ClientGone
-from app.serving.limiter import LatencyLimit, LimiterConfig
+from app.serving.limit import AdaptiveConfig, AdaptiveLimit
 from app.serving.limits import SpeechLimits
 from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
@@ -225,7 +225,7 @@ class FakeClock:
 
 def adaptive(limit: int, ceiling: int = 8, budget_s: float = 10.0) -> tuple[Admission, FakeClock]:
     clock = FakeClock()
-    lim = LatencyLimit(LimiterConfig(ceiling=ceiling, initial=limit, budget_s=budget_s), clock=clock)
+    lim = AdaptiveLimit(AdaptiveConfig(ceiling=ceiling, initial=limit, budget_s=budget_s), clock=clock)
     return Admission(workers=ceiling, max_queue=0, observer=NullObserver(), limiter=lim, clock=clock), clock
 
 

@@ -1,4 +1,4 @@
-"""The adaptive admission limit (app/serving/limiter.py), driven by a fake clock and a synthetic server.
+"""The adaptive admission limit (app/serving/limit/), driven by a fake clock and a synthetic server.
 
 The synthetic server: ``clients`` closed-loop clients, of which ``min(clients, limit)`` are
 admitted; with ``n`` in flight a request takes ``latency(n)`` seconds and requests finish at
@@ -17,14 +17,15 @@ import statistics
 
 import pytest
 
-from app.serving.limiter import LatencyLimit, LimiterConfig
+from app.serving.limit import AdaptiveConfig, AdaptiveLimit
+from app.serving.limit.waiting import WaitingRoom
 from tests.unit.serving.limiter_helpers import Clock, changes
 
 
 class Server:
     """A closed loop against the limiter; ``run`` advances the fake clock and feeds latency samples."""
 
-    def __init__(self, limiter: LatencyLimit, clock: Clock, *, unloaded_s: float = 1.0, capacity: float = 1.25,
+    def __init__(self, limiter: AdaptiveLimit, clock: Clock, *, unloaded_s: float = 1.0, capacity: float = 1.25,
                  slope: float | None = None, table: dict[int, float] | None = None, dt: float = 0.05,
                  noise: float = 0.0, seed: int = 0, drift: float = 0.0, drift_s: float = 20.0,
                  trend: float = 0.0) -> None:
@@ -71,10 +72,10 @@ class Server:
         return changes(self.history, t)
 
 
-def make(initial: float, ceiling: int = 16, server: dict | None = None, **kw) -> tuple[LatencyLimit, Server]:
+def make(initial: float, ceiling: int = 16, server: dict | None = None, **kw) -> tuple[AdaptiveLimit, Server]:
     kw.setdefault("level_samples", 1)  # noise-free: one window tells a level (the noisy tests pool them)
     clock = Clock()
-    lim = LatencyLimit(LimiterConfig(ceiling=ceiling, initial=initial, **kw), clock=clock)
+    lim = AdaptiveLimit(AdaptiveConfig(ceiling=ceiling, initial=initial, **kw), clock=clock)
     return lim, Server(lim, clock, **(server or {}))
 
 
@@ -136,7 +137,7 @@ def test_it_settles_after_a_load_step_at_the_knee_within_the_budget():
 
 def test_samples_of_requests_admitted_before_a_change_do_not_move_it_again():
     clock = Clock()
-    lim = LatencyLimit(LimiterConfig(ceiling=16, initial=16, budget_s=1.0, window_s=0.5), clock=clock)
+    lim = AdaptiveLimit(AdaptiveConfig(ceiling=16, initial=16, budget_s=1.0), clock=clock)
     for _ in range(3):
         lim.observe(8.0, admitted_at=0.0)
     clock.t = 1.0
@@ -153,7 +154,7 @@ def test_samples_of_requests_admitted_before_a_change_do_not_move_it_again():
 
 
 def test_the_unloaded_latency_is_the_median_of_lone_requests_else_the_lowest_seen():
-    lim = LatencyLimit(LimiterConfig(ceiling=8, initial=8), clock=Clock())
+    lim = AdaptiveLimit(AdaptiveConfig(ceiling=8, initial=8), clock=Clock())
     assert lim.unloaded_s is None and lim.target_s is None
     lim.observe(3.0, admitted_at=0.0)
     lim.observe(2.0, admitted_at=0.0)
@@ -165,7 +166,7 @@ def test_the_unloaded_latency_is_the_median_of_lone_requests_else_the_lowest_see
 
 def test_the_waiting_room_admits_while_the_predicted_latency_is_within_the_budget():
     clock = Clock()
-    lim = LatencyLimit(LimiterConfig(ceiling=16, initial=8, budget_s=2.1, level_samples=3), clock=clock)
+    lim = AdaptiveLimit(AdaptiveConfig(ceiling=16, initial=8, budget_s=2.1, level_samples=3), clock=clock)
     assert lim.allows(7.0) and lim.predicted_wait_s(7.0) == 0.0  # runs at once
     assert not lim.allows(8.0)  # nothing measured yet: no waiting room
     assert lim.allows(0.0, weight=20.0)  # an empty server takes even a very long request
@@ -185,24 +186,19 @@ def test_with_the_automatic_budget_a_request_may_always_wait_one_round_of_the_ru
     # two running take 2 s each (1/s); the unloaded latency is 1 s, so the automatic target is 2.5 s, which a
     # wait of 1 s plus 2 s of service misses: one round of waiting (a queue as deep as the running set) is
     # what keeps the places busy between Poisson arrivals (docs/concurrency.md), so it is allowed anyway
-    def limiter(**kw) -> LatencyLimit:
-        lim = LatencyLimit(LimiterConfig(ceiling=16, initial=2, **kw), clock=Clock())
-        lim.observe(1.0, admitted_at=0.0, alone=True)
-        lim.rate = lambda: 1.0
-        return lim
+    def admits(load: float, **kw) -> bool:
+        return WaitingRoom(**kw).admits(load, 1.0, limit=2, rate=1.0, target=2.5)
 
-    auto = limiter()
-    assert auto.value == 2 and auto.target_s == pytest.approx(2.5)
-    assert auto.allows(2.0) and auto.allows(3.0)  # waits of 1 s and 2 s: within one round (2 s)
-    assert not auto.allows(4.0)  # a 3 s wait: past the round and the budget
-    assert not limiter(budget_s=2.5).allows(2.0)  # an operator's budget is a promise: 1 s + 2 s > 2.5 s
-    assert not limiter(max_wait_s=1.5).allows(3.0)  # nor past the queue timeout
+    assert admits(2.0) and admits(3.0)  # waits of 1 s and 2 s: within one round (2 s)
+    assert not admits(4.0)  # a 3 s wait: past the round and the budget
+    assert not admits(2.0, promise=True)  # an operator's budget is a promise: 1 s + 2 s > 2.5 s
+    assert not admits(3.0, max_wait_s=1.5)  # nor past the queue timeout
 
 
 def test_no_request_waits_past_max_wait_even_within_the_budget():
-    def measured(max_wait_s: float) -> LatencyLimit:
+    def measured(max_wait_s: float) -> AdaptiveLimit:
         clock = Clock()
-        lim = LatencyLimit(LimiterConfig(ceiling=16, initial=8, budget_s=2.1, max_wait_s=max_wait_s,
+        lim = AdaptiveLimit(AdaptiveConfig(ceiling=16, initial=8, budget_s=2.1, max_wait_s=max_wait_s,
                                          level_samples=3), clock=clock)
         lim.note_load(8.0)
         clock.t = 2.0
@@ -218,15 +214,15 @@ def test_no_request_waits_past_max_wait_even_within_the_budget():
 @pytest.mark.parametrize("kw", [{"ceiling": 0, "initial": 1}, {"ceiling": 4, "initial": 1, "budget_s": 0},
                                 {"ceiling": 4, "initial": 1, "tolerance": 1.0},
                                 {"ceiling": 4, "initial": 1, "max_wait_s": 0},
-                                {"ceiling": 4, "initial": 1, "max_up": 0.9}])
+                                {"ceiling": 4, "initial": 1, "level_samples": 0}])
 def test_config_is_validated(kw):
     with pytest.raises(ValueError):
-        LimiterConfig(**kw)
+        AdaptiveConfig(**kw)
 
 
 def test_the_initial_limit_is_clamped_into_range():
-    assert LatencyLimit(LimiterConfig(ceiling=4, initial=10)).value == 4
-    assert LatencyLimit(LimiterConfig(ceiling=4, initial=0)).value == 1
+    assert AdaptiveLimit(AdaptiveConfig(ceiling=4, initial=10)).value == 4
+    assert AdaptiveLimit(AdaptiveConfig(ceiling=4, initial=0)).value == 1
 
 
 def test_an_optimum_between_two_integers_does_not_make_it_flap():
@@ -324,7 +320,7 @@ def test_the_stand_in_unloaded_latency_does_not_rise_with_the_load_it_admits():
 
 def test_after_a_step_down_the_new_level_is_measured_once_the_excess_has_finished():
     clock = Clock()
-    lim = LatencyLimit(LimiterConfig(ceiling=16, initial=8, budget_s=1.0, window_s=0.5), clock=clock)
+    lim = AdaptiveLimit(AdaptiveConfig(ceiling=16, initial=8, budget_s=1.0), clock=clock)
     lim.note_load(8.0, running=8)
     for _ in range(3):
         lim.observe(2.0, admitted_at=0.0)
@@ -345,20 +341,20 @@ def test_after_a_step_down_the_new_level_is_measured_once_the_excess_has_finishe
 
 def test_a_lightly_loaded_window_is_not_read_as_capacity():
     clock = Clock()
-    lim = LatencyLimit(LimiterConfig(ceiling=16, initial=4, budget_s=10.0, level_samples=3), clock=clock)
+    lim = AdaptiveLimit(AdaptiveConfig(ceiling=16, initial=4, budget_s=10.0, level_samples=3), clock=clock)
     for i in range(40):  # one request at a time, reaching 4 in flight for an instant each second
         clock.t = i * 0.25
         lim.note_load(4.0 if i % 4 == 0 else 1.0, running=1)
         lim.observe(0.2, admitted_at=clock.t - 0.2)
     # 4 / 0.2 s would read as 20 requests a second; about one ran at a time: 5 a second at most
-    assert all(x is None or x <= 6.0 for x in (lim._throughput(k) for k in range(1, 17)))
+    assert all(x is None or x <= 6.0 for x in (lim.knee.levels.throughput(k) for k in range(1, 17)))
     assert lim.value == 4 and lim.steps == 0  # far within the budget, but the places were not kept busy: no growth
 
 
 def test_lone_latencies_older_than_the_horizon_no_longer_set_the_budget():
     # a shared host slows down: the lone requests of long ago no longer say what "unloaded" is
     clock = Clock()
-    lim = LatencyLimit(LimiterConfig(ceiling=8, initial=2, unloaded_horizon_s=240.0), clock=clock)
+    lim = AdaptiveLimit(AdaptiveConfig(ceiling=8, initial=2), clock=clock)
     for _ in range(5):
         lim.observe(0.2, admitted_at=clock.t, alone=True)
     assert lim.unloaded_s == pytest.approx(0.2)
