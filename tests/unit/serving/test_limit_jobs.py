@@ -116,3 +116,19 @@ def test_the_knee_search_grows_by_the_headroom_only_when_crowded_and_far_under_b
     assert knee.decide(4.0, 4, ratio=3.0, crowded=True, target=3.0) == 6.0  # x1.5 at most
     assert knee.decide(4.0, 4, ratio=3.0, crowded=False, target=3.0) == 4.0  # nobody asked for more
     assert knee.decide(4.0, 4, ratio=1.5, crowded=True, target=3.0) == 4.0  # near the budget, 4 unknown: dwell
+
+
+# -- the settings ------------------------------------------------------------------------------------
+def test_every_admission_setting_a_user_may_have_still_loads_and_reaches_the_limit(tmp_path, monkeypatch) -> None:
+    # the limit's other knobs were never user settings (Settings forbids unknown keys): these are all of them
+    from app.config import load_settings
+    from app.lifespan import pool_config
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("pool:\n  admission: adaptive\n  admission_budget_s: 4\n  queue_timeout_s: 12\n"
+                   "  workers: 2\n  max_queue: 1\n")
+    monkeypatch.setenv("COSYSERVE_POOL__ADMISSION_TOLERANCE", "3.5")
+    adm = Admission.for_pool(pool_config(load_settings(cfg)), NullObserver())
+    lim = adm.limiter
+    assert isinstance(lim, AdaptiveLimit) and adm.capacity == 3
+    assert (lim.config.budget_s, lim.config.tolerance, lim.config.max_wait_s) == (4.0, 3.5, 12.0)
