@@ -218,3 +218,33 @@ def test_a_waiter_cancelled_as_it_was_handed_a_capped_slot_passes_it_on() -> Non
             shutdown(made)
 
     run(main())
+
+
+def test_bulk_leases_wait_behind_interactive_waiters_and_do_not_count_against_the_cap() -> None:
+    async def main():
+        slots = Slots(cap=lambda: 1)
+        made = [Slot(i, ThreadPoolExecutor(1)) for i in range(2)]
+        for slot in made:
+            slots.add_idle(slot)
+        try:
+            bulk = slots.try_acquire(bulk=True)
+            assert bulk is not None and bulk.bulk and slots.bulk_busy == 1
+            live = slots.try_acquire()  # the cap (1) counts interactive leases only
+            assert live is not None and slots.busy == 2
+            bulk_waiter = asyncio.create_task(slots.acquire(5, bulk=True))
+            await await_until(lambda: slots.waiting == 1)
+            live_waiter = asyncio.create_task(slots.acquire(5))  # came later, served first
+            await await_until(lambda: slots.waiting == 2)
+            live.release()
+            live2 = await live_waiter
+            assert not bulk_waiter.done()
+            bulk.release()  # the interactive cap is reached: a freed slot still goes to the bulk waiter
+            bulk2 = await bulk_waiter
+            assert slots.busy == 2 and slots.bulk_busy == 1
+            bulk2.release()
+            live2.release()
+            assert slots.busy == 0 and slots.bulk_busy == 0 and slots.waiting == 0
+        finally:
+            shutdown(made)
+
+    run(main())
