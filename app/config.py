@@ -207,6 +207,8 @@ class PoolSettings(_Section):
             return self.max_queue
         return self.workers if self.admission == "fixed" else 0
     queue_timeout_s: float = Field(30.0, gt=0)
+    bulk_max_queue: int = Field(1000, ge=0)  # bulk requests waiting for the room interactive work leaves
+    bulk_queue_timeout_s: float = Field(3600.0, gt=0)  # ... each for at most this long (then 503)
     request_timeout_s: float = Field(300.0, ge=0)
     share_engine: bool = False
     compute_nice: int = Field(10, ge=0, le=19)  # compute threads run this much nicer than the event loop (Linux)

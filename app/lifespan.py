@@ -80,7 +80,8 @@ def pool_config(settings: Settings, batching: bool = False) -> PoolConfig:
                       stream_buffer_bytes=int(p.stream_buffer_mb * MB),
                       stream_buffer_total_bytes=int(p.stream_buffer_total_mb * MB), health_timeout_s=p.health_timeout_s,
                       stuck_grace_s=p.stuck_grace_s, admission=p.admission,
-                      admission_budget_s=p.admission_budget_s, admission_tolerance=p.admission_tolerance)
+                      admission_budget_s=p.admission_budget_s, admission_tolerance=p.admission_tolerance,
+                      bulk_max_queue=p.bulk_max_queue, bulk_queue_timeout_s=p.bulk_queue_timeout_s)
 
 
 def admission_start(settings: Settings, device: str, ceiling: int) -> tuple[int, str]:

@@ -21,6 +21,8 @@ class PoolConfig:
     admission: str = "fixed"  # fixed: workers + max_queue at once | adaptive: a limit that follows latency
     admission_budget_s: float | None = None  # adaptive: target latency of an average request (None: automatic)
     admission_tolerance: float = 2.5  # adaptive, automatic target: this many unloaded latencies
+    bulk_max_queue: int = 1000  # bulk requests waiting for spare room (app/serving/bulk.py); beyond -> 503
+    bulk_queue_timeout_s: float = 3600.0  # a bulk request waiting longer for room gets 503
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -43,6 +45,8 @@ class PoolConfig:
             raise ValueError("admission_budget_s must be positive (or None: automatic)")
         if self.admission_tolerance <= 1:
             raise ValueError("admission_tolerance must be above 1")
+        if self.bulk_max_queue < 0 or self.bulk_queue_timeout_s <= 0:
+            raise ValueError("bulk_max_queue must be 0 or more and bulk_queue_timeout_s positive")
 
     @property
     def ceiling(self) -> int:

@@ -30,6 +30,16 @@ def test_env_overrides_file_per_key(tmp_path, monkeypatch):
     assert s.engine.kind == "fake"
 
 
+def test_bulk_queue_settings_from_env_reach_the_pool(monkeypatch):
+    from app.lifespan import pool_config
+
+    assert load_settings(None).pool.bulk_max_queue == 1000  # a 200-request backlog fits (issue 39)
+    monkeypatch.setenv("COSYSERVE_POOL__BULK_MAX_QUEUE", "7")
+    monkeypatch.setenv("COSYSERVE_POOL__BULK_QUEUE_TIMEOUT_S", "12.5")
+    cfg = pool_config(load_settings(None))
+    assert cfg.bulk_max_queue == 7 and cfg.bulk_queue_timeout_s == 12.5
+
+
 def test_cli_overrides_beat_env(tmp_path, monkeypatch):
     monkeypatch.setenv("COSYSERVE_SERVER__PORT", "7000")
     s = load_settings(None, server={"port": 7100})
