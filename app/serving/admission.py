@@ -152,6 +152,7 @@ class Admission:
         self.rejected: dict[str, int] = {}
         self.misuses = 0  # tickets released twice or moved after release (a bug if ever above 0)
         self._mean_units: float | None = None  # the average charged size
+        self.on_change: Callable[[], None] = lambda: None  # the load or the limit may have moved (bulk.py)
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -167,6 +168,7 @@ class Admission:
     def start_at(self, limit: int) -> None:
         """The limit to start from (the lifespan picks it from the machine), within 1..ceiling; fixed: stays."""
         self.limiter.start_at(max(1, min(self.capacity, limit)))
+        self.on_change()
 
     @property
     def mode(self) -> str:
@@ -235,6 +237,7 @@ class Admission:
             return
         alone = permit.first_alone and self.starts == permit.serial  # ran with nothing else running
         self.limiter.observe(latency_s / max(permit.weight, 1e-3), admitted_at=permit.admitted_at, alone=alone)
+        self.on_change()
 
     @property
     def average_service_s(self) -> float | None:
@@ -274,6 +277,7 @@ class Admission:
         self.load += weight - permit.weight
         permit.weight = weight
         self._note_load()
+        self.on_change()
 
     @property
     def running(self) -> int:
@@ -306,6 +310,7 @@ class Admission:
             self._note_load()
         if self.in_flight == 0:
             self._idle.set()
+        self.on_change()
 
     def _misuse(self, what: str, state: str) -> None:
         self.misuses += 1

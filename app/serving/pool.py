@@ -16,6 +16,14 @@ slot thread -> event loop stream). This module loads and warms the engines in
 their slot threads (and reads what the engine can do there, once: ``info``,
 ``presets``), runs requests on them, drains and closes.
 
+Two traffic classes (``priority.py``): interactive requests are admitted as above; bulk ones wait
+in their own queue (``bulk.py``: bounded, fair between clients) for a permit granted only into the
+room interactive work leaves (``bulk_room``), and the engine, when it can, lets them compute only
+in that room (``engine.set_bulk_room``). With a shared engine (a batched one: a slot is only a
+thread onto it) bulk requests run in slot threads of their own, so a running bulk request never
+holds a thread an interactive one needs; with an engine per slot they share the slots, served after
+interactive waiters (``slots.py``).
+
 Capacity is ``workers + max_queue`` permits. A slot is reused only after its
 thread has returned from the engine generator, and the permit is released then
 too: a client still reading its stream holds buffered bytes (``stream_budget``),
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 import uuid
@@ -39,10 +48,11 @@ from app.engines.base import Engine, EngineInfo, SynthesisRequest
 from app.engines.threads import lower_this_thread
 from app.serving.admission import Admission, PermitError, Ticket
 from app.serving.buffers import StreamBudget
+from app.serving.bulk import BulkAccount, BulkQueue
 from app.serving.config import PoolConfig
 from app.serving.errors import Draining, HealthCheckTimeout, NotReady, QueueTimeout
 from app.serving.job import Job
-from app.serving.priority import Priority
+from app.serving.priority import Priority, parse_priority
 from app.serving.slots import Slot, Slots
 from app.serving.stats import NullObserver, PoolObserver, SafeObserver
 
@@ -51,6 +61,7 @@ __all__ = ["EnginePool", "Job", "NullObserver", "PoolConfig", "PoolObserver", "T
 log = logging.getLogger(__name__)
 
 THREAD_PREFIX = "cosyserve-slot-"
+BULK_THREAD_PREFIX = "cosyserve-bulk-"  # a shared engine's slot threads for bulk requests
 
 # Wraps an engine generator inside the slot thread: (chunks, cancel flag) -> items.
 Transform = Callable[[Iterator[Any], threading.Event], Iterator[Any]]
@@ -86,7 +97,15 @@ class EnginePool:
         self.stream_budget = StreamBudget(config.stream_buffer_total_bytes)  # all streams' unread audio
         limiter = self._admission.limiter  # lease no more slots than the limit (fixed: capacity); the rest wait FIFO
         self._slots = Slots(cap=lambda: limiter.value)
+        self._bulk_account = BulkAccount(self._admission.clock, on_release=self._pump_bulk)
+        self._bulk = BulkQueue(self._bulk_account, max_queue=config.bulk_max_queue,
+                               timeout_s=config.bulk_queue_timeout_s, can_grant=self._bulk_fits,
+                               reject=self._admission.reject, retry_after_s=self._bulk_retry_after_s)
+        self._admission.on_change = self._pump_bulk  # a permit back, a size known, the limit moved
+        self._completed = dict.fromkeys(Priority, 0)  # jobs that ended ok, per class (throughput)
         self._slot_list: list[Slot] = []
+        self._bulk_slots = Slots()  # shared engine: bulk requests' own slot threads (bulk_room bounds them)
+        self._bulk_slot_list: list[Slot] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loaded: Loaded | None = None  # slot 0's engine, info and presets, once every slot is loaded
         self._jobs: set[Job] = set()  # started jobs whose slot thread has not returned
@@ -134,6 +153,13 @@ class EnginePool:
         for slot in self._slot_list:
             slot.engine = first.engine if self.config.share_engine else slot.engine
             self._slots.add_idle(slot)
+        if self.config.share_engine:  # bulk gets threads of its own (started at its first job) on the engine
+            for i in range(self.config.workers):
+                name = f"{BULK_THREAD_PREFIX}{i}"
+                executor = ThreadPoolExecutor(1, thread_name_prefix=name, initializer=_name_thread, initargs=(name,))
+                slot = Slot(self.config.workers + i, executor, engine=first.engine)
+                self._bulk_slot_list.append(slot)
+                self._bulk_slots.add_idle(slot)
         self._loaded = futs[0].result()
 
     def _load_engine(self, index: int) -> Loaded:
@@ -145,15 +171,35 @@ class EnginePool:
         engine = self._factory(index)
         engine.load()
         engine.warmup()
+        set_bulk_room = getattr(engine, "set_bulk_room", None)
+        if callable(set_bulk_room):  # the engine can make bulk work yield to interactive work
+            set_bulk_room(self.bulk_room)
         return Loaded(engine, engine.info(), tuple(engine.voices()))
 
     async def begin_drain(self) -> None:
-        """Stop admitting (ready -> False at once); queued and running work continues."""
+        """Stop admitting (ready -> False at once); queued and running work continues, except the
+        bulk requests still waiting for room: they get 503 draining at once."""
         self._draining = True
+        self._drain_bulk(Draining("the server is draining and takes no new requests", self.retry_after_s()))
+
+    def _drain_bulk(self, exc: Draining) -> None:
+        for _ in range(self._bulk.drain(exc)):
+            self._admission.reject("draining")
 
     async def wait_idle(self, timeout: float | None) -> bool:
         """True once no admitted request is queued, running or still being consumed."""
-        return await self._admission.wait_idle(timeout)
+        start = time.monotonic()
+        if not await self._admission.wait_idle(timeout):
+            return False
+        if self._bulk_account.in_flight == 0:
+            return True
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+        try:
+            async with asyncio.timeout(left):
+                await self._bulk_account.wait_idle()
+        except TimeoutError:
+            pass
+        return self._bulk_account.in_flight == 0 and self._admission.in_flight == 0
 
     async def close(self) -> None:
         """Cancel what still runs, wait for slot threads, close engines, join executors."""
@@ -166,7 +212,9 @@ class EnginePool:
         self._close_done = self._loop.create_future()
         try:
             shutdown = Draining("the server is shutting down")
+            self._drain_bulk(shutdown)
             self._slots.close(shutdown)
+            self._bulk_slots.close(shutdown)
             for job in list(self._jobs):
                 job.abort(shutdown)
             pending = [job.thread_returned for job in self._jobs]
@@ -187,6 +235,7 @@ class EnginePool:
             return
         self._slots_shut = True
         self._slots.close(Draining("the engine pool is closed"))
+        self._bulk_slots.close(Draining("the engine pool is closed"))
         closing: list[asyncio.Future[None]] = []
         hung = {job.slot_index for job in self._jobs if not job.done}
         for slot in self._slot_list:
@@ -197,7 +246,7 @@ class EnginePool:
             for result in await asyncio.gather(*closing, return_exceptions=True):
                 if isinstance(result, BaseException):
                     log.error("engine close failed: %r", result)
-        for slot in self._slot_list:
+        for slot in (*self._slot_list, *self._bulk_slot_list):  # a bulk slot shares slot 0's engine
             if slot.index in hung:
                 slot.executor.shutdown(wait=False, cancel_futures=True)
             else:
@@ -311,22 +360,61 @@ class EnginePool:
         self._refuse_if_closed()
         return self._admission.admit()
 
-    def check_admit_class(self, priority: Priority | None) -> None:
+    def check_admit_class(self, priority: Priority | str | None) -> None:
         """``check_admit`` for a class; ``None`` (not known before the body): refuse only if no class would admit.
 
-        Contract for issue 39 (``app/serving/priority.py``); bulk is admitted as interactive until the
-        bulk queue lands.
+        Bulk: refused only when its queue is full (``bulk_queue_full``). ``None``: passes while the bulk
+        queue has a place (the body may name bulk), else it is the interactive check.
         """
-        self.check_admit()
+        self._refuse_if_closed()
+        if priority is None:
+            if not self._bulk.full:
+                return
+        elif parse_priority(priority) is Priority.BULK:
+            self._bulk.check()
+            return
+        self._admission.check()
 
-    async def admit_for(self, priority: Priority, client: str = "") -> Ticket:
+    async def admit_for(self, priority: Priority | str, client: str = "") -> Ticket:
         """A permit for a request of class ``priority`` from ``client`` (an API key's id, else its address).
 
         Interactive: ``admit()`` (at once or Overloaded). Bulk: waits its turn in the bulk queue (fair
-        between clients) for capacity interactive work leaves, or raises Overloaded when that queue is
-        full or its wait times out. Contract for issue 39; bulk is admitted as interactive until then.
+        between clients) for the room interactive work leaves, or raises Overloaded when that queue is
+        full (``bulk_queue_full``) or its wait times out (``bulk_timeout``); Draining when the pool
+        begins to drain meanwhile. A client that leaves (the task cancelled) leaves the queue at once.
         """
-        return self.admit()
+        if parse_priority(priority) is not Priority.BULK:
+            return self.admit()
+        self._refuse_if_closed()
+        return await self._bulk.wait(client)
+
+    def bulk_room(self) -> int:
+        """How many bulk requests may run (and compute) now: the places interactive work leaves.
+
+        The admission limit (fixed: the capacity), no more than the workers (a waiting place is no
+        room to compute in), minus the interactive load: its weighted load, and at least one place per
+        interactive request in flight (each needs a slot, however short its text). The engine reads it
+        too, from its own threads (``set_bulk_room``): plain reads of numbers, a moment stale at worst.
+        """
+        a = self._admission
+        places = min(a.limit, self.config.workers)
+        return max(0, math.floor(places - max(a.load, a.in_flight) + 1e-9))
+
+    def _bulk_fits(self) -> bool:
+        """One more bulk permit fits: within the room, the hard ceiling, and not draining."""
+        if self._draining or self._closed:
+            return False
+        out = self._bulk_account.in_flight
+        return out < self.bulk_room() and out + self._admission.in_flight < self._admission.capacity
+
+    def _pump_bulk(self) -> None:
+        self._bulk.pump()
+
+    def _bulk_retry_after_s(self, depth: int) -> float:
+        """The bulk queue ahead, drained by the places: about depth / places service times."""
+        service = self._admission.average_service_s or 1.0
+        places = max(1, min(self._admission.limit, self.config.workers))
+        return float(min(600, max(1, math.ceil(service * (1 + depth / places)))))
 
     def _refuse_if_closed(self) -> None:
         if self._draining or self._closed:
@@ -368,15 +456,19 @@ class EnginePool:
             return result
 
     async def _submit(self, ticket: Ticket, open_gen: Callable[[Engine, Any], Iterator[Any]], request_id: str) -> Job:
-        if not ticket.issued_by(self._admission):
-            raise PermitError("run() needs a ticket from this pool's admit()")
+        bulk = ticket.issued_by(self._bulk_account)
+        if not bulk and not ticket.issued_by(self._admission):
+            raise PermitError("run() needs a ticket from this pool's admit() or admit_for()")
         ticket = ticket.take()  # ours now: the caller's handle is empty, whatever happens here
         try:
             if self._closed:
                 raise Draining("the engine pool is closed", self.retry_after_s())
             asked_at = time.monotonic()
             try:
-                lease = await self._slots.acquire(self.config.queue_timeout_s)
+                if bulk and self._bulk_slot_list:
+                    lease = await self._bulk_slots.acquire(self.config.queue_timeout_s)
+                else:
+                    lease = await self._slots.acquire(self.config.queue_timeout_s, bulk=bulk)
             except TimeoutError:
                 self._admission.reject("queue_timeout")
                 raise QueueTimeout(f"no worker became free within {self.config.queue_timeout_s:g} s",
@@ -384,6 +476,11 @@ class EnginePool:
             wait = time.monotonic() - asked_at
             ticket.started()
             self._observer.on_queue_wait(wait)
+            if bulk:  # its wait: from joining the bulk queue to a slot
+                since = getattr(ticket._permit, "enqueued_at", asked_at)
+                self._observer.on_class_wait(Priority.BULK.value, self._admission.clock() - since)
+            else:
+                self._observer.on_class_wait(Priority.INTERACTIVE.value, wait)
             engine = lease.slot.engine
             assert engine is not None
             try:
@@ -405,11 +502,14 @@ class EnginePool:
     def _job_ended(self, job: Job) -> None:
         """The job's slot thread returned: count it (its lease goes back next)."""
         self._jobs.discard(job)
-        self._slot_list[job.slot_index].jobs_done += 1
+        slots = self._slot_list if job.slot_index < len(self._slot_list) else self._bulk_slot_list
+        slots[job.slot_index % len(self._slot_list)].jobs_done += 1
         seconds = job.service_s or 0.0
-        if job.outcome in ("ok", "error"):
+        bulk = job.ticket.issued_by(self._bulk_account)
+        if job.outcome in ("ok", "error") and not bulk:  # bulk work yields: its times say nothing of a wait
             self._admission.observe_service(seconds)
         if job.outcome == "ok":
+            self._completed[Priority.BULK if bulk else Priority.INTERACTIVE] += 1
             self._admission.observe_latency(job.ticket, job.busy_s)  # the queue wait is the waiting room's
             self._slots.refill()  # the limit may have risen: waiters get idle slots
         self._observer.on_job_end(job.outcome, seconds)
@@ -431,12 +531,25 @@ class EnginePool:
             "capacity": a.capacity,
             "admitted": a.admitted,
             "rejected": dict(a.rejected),
-            "ticket_misuses": a.misuses,
+            "ticket_misuses": a.misuses + self._bulk_account.misuses,
             "avg_service_s": a.average_service_s,
             "admission": a.snapshot(),
+            "classes": self.class_stats(),
             "stream_buffers": self.stream_budget.snapshot(),
             "stuck": len(self.stuck_slots()),
             "stuck_total": self._stuck_total,
             "ready": self.ready,
             "draining": self.draining,
+        }
+
+    def class_stats(self) -> dict:
+        """Per traffic class: waiting, running, completed ok (and for bulk its queue's other counts)."""
+        a, b, q = self._admission, self._bulk_account, self._bulk
+        return {
+            Priority.INTERACTIVE.value: {"queued": a.queued, "running": a.running,
+                                         "completed": self._completed[Priority.INTERACTIVE]},
+            Priority.BULK.value: {"queued": q.depth, "running": b.running, "in_flight": b.in_flight,
+                                  "completed": self._completed[Priority.BULK], "granted": q.granted,
+                                  "left": q.left, "clients": q.clients, "room": self.bulk_room(),
+                                  "max_queue": q.max_queue, "timeout_s": q.timeout_s},
         }

@@ -14,7 +14,8 @@ from typing import Protocol, runtime_checkable
 
 log = logging.getLogger(__name__)
 
-REJECT_REASONS: tuple[str, ...] = ("queue_full", "over_budget", "queue_timeout", "draining", "not_ready")
+REJECT_REASONS: tuple[str, ...] = ("queue_full", "over_budget", "queue_timeout", "draining", "not_ready",
+                                   "bulk_queue_full", "bulk_timeout")
 JOB_OUTCOMES: tuple[str, ...] = ("ok", "cancelled", "error", "timeout")
 
 
@@ -31,6 +32,8 @@ class PoolObserver(Protocol):
     def on_job_end(self, outcome: str, seconds: float) -> None: ...  # one of JOB_OUTCOMES
 
     def on_queue_depth(self, depth: int) -> None: ...
+
+    def on_class_wait(self, priority: str, seconds: float) -> None: ...  # admission (bulk: its queue) to a slot
 
 
 class NullObserver:
@@ -51,6 +54,9 @@ class NullObserver:
     def on_queue_depth(self, depth: int) -> None:
         pass
 
+    def on_class_wait(self, priority: str, seconds: float) -> None:
+        pass
+
 
 class SafeObserver:
     """Forwards to an observer; a failing hook is logged, never allowed to break serving."""
@@ -60,7 +66,10 @@ class SafeObserver:
 
     def _call(self, name: str, *args: object) -> None:
         try:
-            getattr(self._inner, name)(*args)
+            hook = getattr(self._inner, name, None)
+            if hook is None:
+                return  # an observer written before this hook existed
+            hook(*args)
         except Exception:  # a metrics bug must not fail a request or leak a slot
             log.exception("pool observer hook %s failed", name)
 
@@ -78,6 +87,9 @@ class SafeObserver:
 
     def on_queue_depth(self, depth: int) -> None:
         self._call("on_queue_depth", depth)
+
+    def on_class_wait(self, priority: str, seconds: float) -> None:
+        self._call("on_class_wait", priority, seconds)
 
 
 class ServiceTimeEstimator:
