@@ -8,9 +8,9 @@ Three sources feed it, none of them a global:
   passed in as ``routes``, so cardinality stays bounded) count in
   ``tts_requests_total``; probes and ``/metrics`` are skipped.
 * ``pool_observer()``: the ``PoolObserver`` hooks of the engine pool
-  (rejections, queue wait, queue depth, engine jobs).
+  (rejections, queue wait, queue depth, engine jobs, the wait per traffic class).
 * scrape time: a custom collector reads ``pool.stats()`` (slot states, admitted
-  requests in flight) and the process' peak RSS; prometheus_client's
+  requests in flight, per traffic class: waiting, running, completed) and the process' peak RSS; prometheus_client's
   ``ProcessCollector`` adds ``process_resident_memory_bytes`` and friends;
   ``watch_gpu_memory(reader)`` adds the GPU memory gauges (``tts_gpu_memory_*_bytes``
   per device; absent while the reader reports no device, e.g. on a CPU server).
@@ -40,6 +40,7 @@ from app.api.auth import UNAUTHORIZED_REASONS
 from app.api.context import RequestContext
 from app.api.errors import CLIENT_GONE_STATUS
 from app.engines.timings import STAGES
+from app.serving.priority import NAMES as PRIORITIES
 from app.serving.stats import JOB_OUTCOMES, REJECT_REASONS
 
 log = logging.getLogger("cosyserve.metrics")
@@ -52,6 +53,7 @@ SLOT_STATES: tuple[str, ...] = ("loading", "idle", "busy", "failed", "closed")
 # Buckets sized for TTS: milliseconds (a cached short answer) to minutes (a long text on CPU).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BULK_WAIT_BUCKETS = (300.0, 900.0, 1800.0, 3600.0)  # a bulk request may wait up to pool.bulk_queue_timeout_s
 RTF_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -116,7 +118,9 @@ class _ScrapeCollector:
                     counts[state] += 1
         for state, n in counts.items():
             slots.add_metric([state], n)
-        inflight.add_metric([], float(stats.get("in_flight", 0)) if stats else 0.0)
+        classes = (stats or {}).get("classes") or {}
+        bulk_out = (classes.get("bulk") or {}).get("in_flight", 0)
+        inflight.add_metric([], float(stats.get("in_flight", 0) + bulk_out) if stats else 0.0)
         yield slots
         yield inflight
         yield GaugeMetricFamily("tts_slots_stuck", "Slots stuck in the engine past request_timeout_s + "
@@ -127,6 +131,31 @@ class _ScrapeCollector:
         yield GaugeMetricFamily("tts_process_peak_rss_bytes", "Peak resident set size of this process",
                                 value=_peak_rss_bytes())
         yield from _admission_metrics((stats or {}).get("admission") or {})
+        yield from _class_metrics(classes)
+
+
+def _class_metrics(classes: dict) -> Iterator[Metric]:
+    """Per traffic class (issue 39): waiting, running, completed; the bulk room and its leavers."""
+    queued = GaugeMetricFamily("tts_class_queue_depth", "Requests waiting, per traffic class (interactive: "
+                               "admitted, waiting for a slot; bulk: in the bulk queue, waiting for room)",
+                               labels=["priority"])
+    running = GaugeMetricFamily("tts_class_running", "Requests holding an engine slot (or still being "
+                                "consumed), per traffic class", labels=["priority"])
+    completed = CounterMetricFamily("tts_class_completed", "Engine jobs that ended ok, per traffic class "
+                                    "(its rate: the class' throughput)", labels=["priority"])
+    for name in PRIORITIES:
+        c = classes.get(name) or {}
+        queued.add_metric([name], float(c.get("queued", 0)))
+        running.add_metric([name], float(c.get("running", 0)))
+        completed.add_metric([name], float(c.get("completed", 0)))
+    yield queued
+    yield running
+    yield completed
+    bulk = classes.get("bulk") or {}
+    yield GaugeMetricFamily("tts_bulk_room", "Bulk requests that may run now: the admission limit (at most the "
+                            "workers) minus the interactive load", value=float(bulk.get("room", 0)))
+    yield CounterMetricFamily("tts_bulk_left", "Bulk requests whose client left while they waited in the bulk "
+                              "queue", value=float(bulk.get("left", 0)))
 
 
 def _admission_metrics(adm: dict) -> Iterator[Metric]:
@@ -193,6 +222,7 @@ class _Observer:
         self._queue_wait = metrics.queue_wait
         self._queue_depth = metrics.queue_depth
         self._rejected_other = metrics.rejected
+        self._class_wait = {p: metrics.class_wait.labels(priority=p) for p in PRIORITIES}
 
     def on_reject(self, reason: str) -> None:
         child = self._rejected.get(reason)
@@ -211,6 +241,11 @@ class _Observer:
 
     def on_queue_depth(self, depth: int) -> None:
         self._queue_depth.set(depth)
+
+    def on_class_wait(self, priority: str, seconds: float) -> None:
+        child = self._class_wait.get(priority)
+        if child is not None:
+            child.observe(seconds)
 
 
 class _LLMObserver:
@@ -266,6 +301,9 @@ class Metrics:
                                   "(session_limit: websocket.max_sessions reached; draining)", ["reason"], registry=r)
         self.queue_wait = Histogram("tts_queue_wait_seconds", "Time from admission to an engine slot",
                                     buckets=WAIT_BUCKETS, registry=r)
+        self.class_wait = Histogram("tts_class_wait_seconds", "Wait per traffic class: interactive, from admission "
+                                    "to an engine slot; bulk, from joining the bulk queue to a slot",
+                                    ["priority"], buckets=WAIT_BUCKETS + BULK_WAIT_BUCKETS, registry=r)
         self.ttfa = Histogram("tts_time_to_first_audio_seconds",
                               "Time from the engine job's start to its first audio chunk",
                               buckets=LATENCY_BUCKETS, registry=r)

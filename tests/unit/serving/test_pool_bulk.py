@@ -10,6 +10,7 @@ import pytest
 
 from app.engines.base import SynthesisRequest
 from app.engines.fake import FakeBehaviour, FakeEngine
+from app.metrics import Metrics
 from app.serving import Draining, EnginePool, Overloaded, PoolConfig
 from app.serving.priority import Priority
 from tests.waiting import await_until, run
@@ -213,3 +214,28 @@ def test_check_admit_class_before_the_body() -> None:
 
     run(main())
 
+
+def test_per_class_metrics() -> None:
+    async def main():
+        pools: list[EnginePool] = []
+        metrics = Metrics(stats=lambda: pools[0].stats(), process=False)
+        b = FakeBehaviour()
+        pool = EnginePool(lambda i: FakeEngine(b), PoolConfig(workers=2, max_queue=0, admission="fixed"),
+                          metrics.pool_observer())
+        pools.append(pool)
+        await pool.start()
+        try:
+            await consume(pool, await pool.admit_for("bulk", "c"), "b")
+            await consume(pool, pool.admit(), "i")
+            text = metrics.render().decode()
+        finally:
+            await pool.close()
+        for line in ('tts_class_completed_total{priority="bulk"} 1.0',
+                     'tts_class_completed_total{priority="interactive"} 1.0',
+                     'tts_class_queue_depth{priority="bulk"} 0.0', 'tts_class_running{priority="bulk"} 0.0',
+                     'tts_class_wait_seconds_count{priority="bulk"} 1.0',
+                     'tts_class_wait_seconds_count{priority="interactive"} 1.0',
+                     'tts_rejected_total{reason="bulk_queue_full"} 0.0', "tts_bulk_room 2.0"):
+            assert line in text, line
+
+    run(main())
