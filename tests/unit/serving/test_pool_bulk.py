@@ -186,6 +186,7 @@ def test_drain_refuses_queued_bulk_at_once_and_lets_running_bulk_finish() -> Non
         finally:
             gate.set()
             await pool.close()
+        assert not [t for t in threading.enumerate() if t.name.startswith("cosyserve-bulk-")]  # joined
 
     run(main())
 
