@@ -68,7 +68,7 @@ def test_fifo_within_one_client() -> None:
         tasks = {}
         for i in range(5):
             tasks[f"r{i}"] = asyncio.create_task(h.queue.wait("one"))
-            await await_until(lambda: h.queue.depth == i + 1)
+            await await_until(lambda n=i + 1: h.queue.depth == n)
         assert await granted_in_order(h, tasks, 5) == [f"r{i}" for i in range(5)]
         assert h.account.in_flight == 0 and h.queue.granted == 5
 
