@@ -31,6 +31,7 @@ from pydantic_settings import (
 )
 
 from app.engines.cosyvoice.layout import find_version
+from app.serving.priority import parse_priority
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cosyserve"
 
@@ -55,9 +56,9 @@ class ServerSettings(_Section):
     refusals_per_s: float = Field(20.0, ge=0)  # error answers sent at once per second; beyond, held (0: no pacing)
     # NoDecode: an env var is a comma-separated list (or a JSON list), split by _split
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)  # empty (and no file): no keys, every route open
-    api_keys_file: str | None = None  # one key per line; blank lines and '#' comments ignored
+    api_keys_file: str | None = None  # one key per line (KEY, or KEY priority=bulk); blank lines, '#' comments ignored
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)  # origins browsers may call from; ["*"]: any
-    _file_keys: frozenset[str] = PrivateAttr(default_factory=frozenset)
+    _file_keys: dict[str, str | None] = PrivateAttr(default_factory=dict)  # key -> its default class (or None)
 
     @field_validator("api_keys", "cors_origins", mode="before")
     @classmethod
@@ -88,7 +89,12 @@ class ServerSettings(_Section):
     @property
     def keys(self) -> frozenset[str]:
         """Every accepted API key: ``api_keys`` and the keys file's lines."""
-        return frozenset(self.api_keys) | self._file_keys
+        return frozenset(self.api_keys) | frozenset(self._file_keys)
+
+    @property
+    def key_priorities(self) -> dict[str, str]:
+        """The keys file's keys that name a default traffic class (``KEY priority=bulk``)."""
+        return {key: p for key, p in self._file_keys.items() if p is not None}
 
 
 def _check_key(key: str) -> None:
@@ -97,18 +103,37 @@ def _check_key(key: str) -> None:
         raise ValueError("an API key must be 1-512 printable ASCII characters without spaces")
 
 
-def read_keys_file(path: str) -> frozenset[str]:
-    """The keys in ``path``: one a line, blank lines and '#' comments skipped; at least one."""
+def read_keys_file(path: str) -> dict[str, str | None]:
+    """The keys in ``path`` and each one's default traffic class: ``KEY`` or ``KEY priority=bulk`` a line,
+    blank lines and '#' comments skipped; at least one."""
     try:
         lines = Path(path).expanduser().read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read api_keys_file {path!r}: {getattr(exc, 'strerror', None) or exc}") from None
-    keys = [line.strip() for line in lines if line.strip() and not line.strip().startswith("#")]
+    keys: dict[str, str | None] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or line.strip().startswith("#"):
+            continue
+        key, *options = line.split()
+        _check_key(key)
+        keys[key] = _key_priority(options, f"api_keys_file {path!r} line {number}")
     if not keys:
         raise ValueError(f"api_keys_file {path!r} holds no key (one a line)")
-    for key in keys:
-        _check_key(key)
-    return frozenset(keys)
+    return keys
+
+
+def _key_priority(options: list[str], where: str) -> str | None:
+    """A key line's options (only ``priority=CLASS``); the message names the line, never the key."""
+    priority = None
+    for option in options:
+        name, _, value = option.partition("=")
+        if name != "priority":
+            raise ValueError(f"{where}: unknown option {name[:40]!r}; a line is KEY or KEY priority=bulk")
+        try:
+            priority = parse_priority(value).value
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+    return priority
 
 
 class EngineSettings(_Section):

@@ -57,7 +57,8 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
     # -> API keys (before admission: a request without a key takes no permit) -> admission.
     app.add_middleware(AdmissionMiddleware, pool=pool, bodies=bodies, pacer=pacer)
     app.add_middleware(APIKeyMiddleware, keys=settings.server.keys, metrics_open=not settings.metrics.require_key,
-                       on_refused=metrics.on_unauthorized if metrics is not None else None)
+                       on_refused=metrics.on_unauthorized if metrics is not None else None,
+                       priorities=settings.server.key_priorities)
     app.add_middleware(RequestContextMiddleware, access_log=settings.server.access_log,
                        on_done=metrics.on_done if metrics is not None else None)
     if settings.server.cors_origins:

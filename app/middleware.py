@@ -1,7 +1,8 @@
 """Plain ASGI middleware: request id in and out, one access-log line per request.
 
 Handlers record what they know (time to first audio, audio seconds, stage
-timings: ``stages=frontend=3ms,llm=120ms,flow=300ms,hift=40ms,encode=2ms``) in the
+timings: ``stages=frontend=3ms,llm=120ms,flow=300ms,hift=40ms,encode=2ms``; a synthesis
+request's traffic class: ``class=bulk``) in the
 request's typed ``RequestContext`` (``app/api/context.py``); this middleware
 creates it, and logs it once the response is done, streams included, with
 counters in ``try/finally``.
@@ -68,9 +69,10 @@ class RequestContextMiddleware:
             if self.access_log and not scope.get("path", "").startswith("/health"):
                 ttfa = ctx.ttfa_s
                 log.info(
-                    "%s %s %s %d %.1fms ttfa=%s audio=%.2fs%s%s%s",
+                    "%s %s %s %d %.1fms ttfa=%s audio=%.2fs%s%s%s%s",
                     rid, scope.get("method", ""), scope.get("path", ""), ctx.status, elapsed * 1000,
                     f"{ttfa * 1000:.1f}ms" if ttfa is not None else "-", ctx.audio_s,
+                    f" class={ctx.priority}" if ctx.endpoint is not None else "",
                     f" stages={ctx.timings.text()}" if ctx.timings is not None else "",
                     f" held={ctx.held_s * 1000:.0f}ms" if ctx.held_s > 0 else "",
                     "" if status["completed"] else " aborted",

@@ -5,14 +5,19 @@ and a permit must be held only by work that computes. This plain ASGI middleware
 runs before FastAPI's routing, dependencies or body parsing:
 
 1. A synthesis request (the route table's) that the pool would refuse now gets its
-   503 envelope at once (``EnginePool.check_admit``), before a byte of its body is read.
+   503 envelope at once (``EnginePool.check_admit_class``, with the traffic class the
+   ``X-Priority`` header or the API key names, else None: refused only if no class would
+   admit it), before a byte of its body is read.
 2. A request with a body (any route: synthesis, voice registration) has it read
    whole by the :class:`~app.api.bodies.BodyGate`: a declared length over the limit
    is a 413 before reading, a chunked body is cut at the limit, the body must
    arrive within ``server.body_timeout_s`` (408), and only so many bodies are read
    at once. No permit is held meanwhile: a dribbling client holds a body-read place.
-3. A synthesis request then takes its permit (``pool.admit()``: it may still be
-   refused if the load changed while its body arrived) and carries it in its
+3. A synthesis request then finds its class (the body's ``priority`` field, sniffed from
+   the bytes read, wins over the header and the key's default; ``app/api/priority.py``)
+   and takes its permit (``pool.admit_for(class, client)``: interactive may still be
+   refused if the load changed while its body arrived; bulk waits its turn in the bulk
+   queue, fair between clients, the API key's id or else the address) and carries it in its
    ``RequestContext`` until the speech service takes it; the handler reads the
    body from a replay. A request refused while parsing or planning gives the
    permit back here when its response ends.
@@ -32,11 +37,12 @@ from typing import Any
 from app.api.bodies import BodyGate, ClientLeft, declared_length, has_body, replay
 from app.api.context import CLIENT_LEFT, context_of
 from app.api.errors import classify, render_scope
+from app.api.priority import body_priority, client_of, header_priority
 from app.api.refusals import RefusalPacer
 from app.api.routes import match
 from app.serving.errors import PayloadTooLarge, RequestError, ServingError
 from app.serving.pool import EnginePool
-
+from app.serving.priority import Priority, parse_priority
 
 # A refused body up to this size (declared) is left to the HTTP parser, which reads past it and keeps the
 # connection: closing a socket with unread bytes makes the kernel send a reset, which can destroy the 413 before
@@ -76,11 +82,17 @@ class AdmissionMiddleware:
         if route is not None:
             ctx.endpoint = route.path
         try:
+            known = (header_priority(scope) or ctx.key_priority) if pool is not None else None
             if pool is not None:
-                pool.check_admit()  # refused now: no body read at all
+                pool.check_admit_class(parse_priority(known) if known else None)  # refused now: no body read
+            raw = await self.bodies.read(scope, receive) if body else b""
             if body:
-                receive = replay(await self.bodies.read(scope, receive), receive)
-            ticket = pool.admit() if pool is not None else None
+                receive = replay(raw, receive)
+            ticket = None
+            if pool is not None:
+                priority = body_priority(scope, raw) or parse_priority(known or Priority.INTERACTIVE)
+                ctx.priority = priority.value
+                ticket = await pool.admit_for(priority, client_of(scope, ctx.key_id))
         except ClientLeft:
             ctx.error_code = CLIENT_LEFT  # nobody to answer: logged and counted as the client's leaving (499)
             return

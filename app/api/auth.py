@@ -20,12 +20,14 @@ assets (it asks for a key and sends it with every call), the API docs
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+from app.api.context import context_of
 from app.api.errors import classify, render_scope
 from app.serving.errors import Unauthorized
 
@@ -43,6 +45,11 @@ def is_open(path: str, metrics_open: bool) -> bool:
     return metrics_open and path == "/metrics"
 
 
+def key_id(key: str) -> str:
+    """A key's name in logs and fairness (``key-`` and 8 hex digits of its SHA-256): stable, never the key."""
+    return "key-" + hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+
+
 class KeyChecker:
     """Constant-time membership test over the configured keys."""
 
@@ -53,11 +60,16 @@ class KeyChecker:
         return bool(self._keys)
 
     def valid(self, key: str) -> bool:
+        return self.find(key) is not None
+
+    def find(self, key: str) -> str | None:
+        """The configured key equal to ``key``, or None."""
         candidate = key.encode("utf-8", "surrogateescape")
-        ok = False
+        found = None
         for k in self._keys:  # no early exit: the time taken does not say which key came close
-            ok |= hmac.compare_digest(candidate, k)
-        return ok
+            if hmac.compare_digest(candidate, k):
+                found = k
+        return None if found is None else found.decode("utf-8")
 
 
 def presented_keys(scope: dict) -> list[str]:
@@ -91,9 +103,11 @@ def scrub_query_key(scope: dict) -> None:
 
 class APIKeyMiddleware:
     def __init__(self, app: Callable, keys: Iterable[str], metrics_open: bool = True,
-                 on_refused: Callable[[str], None] | None = None) -> None:
+                 on_refused: Callable[[str], None] | None = None,
+                 priorities: Mapping[str, str] | None = None) -> None:
         self.app = app
         self.checker = KeyChecker(keys)
+        self.priorities = dict(priorities or {})  # key -> its default traffic class (the keys file)
         self.metrics_open = metrics_open
         self.on_refused = on_refused  # (reason) -> None: counts the 401s, WebSocket ones included
 
@@ -107,7 +121,10 @@ class APIKeyMiddleware:
             return
         if kind == "http":
             keys = presented_keys(scope)
-        if any(self.checker.valid(k) for k in keys):
+        found = next((k for k in map(self.checker.find, keys) if k is not None), None)
+        if found is not None:
+            ctx = context_of(scope)  # whose request (bulk fairness) and its default class, never the key itself
+            ctx.key_id, ctx.key_priority = key_id(found), self.priorities.get(found)
             await self.app(scope, receive, send)
             return
         if keys:

@@ -29,6 +29,7 @@ from app.api.deps import SpeechDep
 from app.api.respond import synthesize
 from app.api.route_docs import UPSTREAM_MEDIA_TYPE, upstream_doc
 from app.api.routes import register
+from app.api.schemas import PRIORITY_DOC, PriorityName
 from app.api.uploads import close_uploads, is_form, read_audio, read_body
 from app.serving.errors import MissingField
 from app.serving.limits import (
@@ -48,6 +49,7 @@ F = TypeVar("F", bound=BaseModel)
 class _Form(BaseModel):
     model_config = ConfigDict(extra="ignore")
     tts_text: str
+    priority: PriorityName | None = Field(None, description=PRIORITY_DOC)
 
 
 # tts_text: at most server.max_text_chars (the planner checks it, 400 text_too_long)
@@ -113,7 +115,9 @@ def handler(name: str, spec: Upstream) -> Callable[..., Any]:
                               instructions=getattr(form, "instruct_text", None),
                               prompt_text=getattr(form, "prompt_text", None), prompt_audio=audio,
                               text_param="tts_text", voice_param="spk_id", instructions_param="instruct_text")
-        plan = speech.plan(fields, context_of(request.scope).request_id)
+        ctx = context_of(request.scope)
+        fields.priority = ctx.priority  # the edge decided it (body field, header, key default)
+        plan = speech.plan(fields, ctx.request_id)
         return await synthesize(request, speech, plan, speech.output("pcm", stream=True), media_type=MEDIA_TYPE)
 
     handle.__name__ = name

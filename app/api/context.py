@@ -46,6 +46,9 @@ class RequestContext:
     completed: bool = False  # the last body byte was sent
     timings: StageTimings | None = None  # seconds per stage (frontend, llm, flow, hift, encode)
     held_s: float = 0.0  # an error answer held by the refusal pacer (server.refusals_per_s) before it was sent
+    priority: str = "interactive"  # the traffic class (app/api/priority.py), set by admission
+    key_id: str | None = None  # the API key's id (a short hash, never the key), set by the key check
+    key_priority: str | None = None  # that key's default class (the keys file's ``priority=``), if any
 
     def take_ticket(self) -> Ticket | None:
         """Move the edge's permit to the caller (the speech service); None if there is none."""

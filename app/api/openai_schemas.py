@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from app.api.schemas import PRIORITY_DOC, PriorityName
 from app.audio.formats import FORMAT_NAMES
 from app.serving.errors import BadRequest
 from app.serving.limits import (
@@ -51,6 +52,7 @@ class SpeechRequest(BaseModel):
     response_format: str = "mp3"
     speed: float = 1.0
     stream_format: str = "audio"
+    priority: PriorityName | None = Field(None, description=PRIORITY_DOC)
 
     @field_validator("voice", mode="before")
     @classmethod

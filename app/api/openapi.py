@@ -153,6 +153,14 @@ def sse_response(description: str) -> dict[str, Any]:
                                       "event": {"type": "string"}}}}
 
 
+PRIORITY_HEADER: dict[str, Any] = {
+    "name": "X-Priority", "in": "header", "required": False,
+    "schema": {"type": "string", "enum": ["interactive", "bulk"]},
+    "description": "Traffic class when the body names none (docs/priority.md); else the API key's default, "
+                   "else interactive. Unknown: 400 invalid_priority.",
+}
+
+
 def body(content: dict[str, Any], required: bool = True) -> dict[str, Any]:
     """``openapi_extra=`` for a route that reads its own body."""
     return {"requestBody": {"required": required, "content": content}}

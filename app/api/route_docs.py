@@ -21,26 +21,28 @@ AUDIO_TYPES = sorted({f.content_type for f in FORMATS.values()})
 UPSTREAM_MEDIA_TYPE = "application/octet-stream"
 
 TTS_DOC: dict[str, Any] = {
-    "openapi_extra": doc.body({
+    "openapi_extra": {"parameters": [doc.PRIORITY_HEADER], **doc.body({
         **doc.json_body(TTSRequest, examples={
             "hello": {"text": "Hello there!"},
             "stream_pcm": {"text": "Streaming as it is synthesised.", "stream": True, "format": "pcm"},
             "mp3_faster": {"text": "Hello!", "speaker": "a preset speaker", "format": "mp3", "speed": 1.1},
+            "bulk": {"text": "Chapter one. It was a bright cold day.", "format": "mp3", "priority": "bulk"},
         }),
         **doc.form_body(TTSRequest, files={"prompt_audio": "1-30 s of speech to clone (any common format)",
                                            "source_audio": "Speech to convert (mode vc)"},
                         example={"text": "Hello!", "prompt_text": "the words spoken in prompt_audio"}),
-    }),
+    })},
     "response_class": Response,
     "responses": {**doc.audio_response(*AUDIO_TYPES), **doc.errors(*doc.SPEECH_ERRORS)},
 }
 
 SPEECH_DOC: dict[str, Any] = {
-    "openapi_extra": doc.body(doc.json_body(SpeechRequest, examples={
+    "openapi_extra": {"parameters": [doc.PRIORITY_HEADER], **doc.body(doc.json_body(SpeechRequest, examples={
         "mp3": {"model": "tts-1", "input": "Hello!", "voice": "alloy"},
         "sse_pcm": {"model": "tts-1", "input": "Hello!", "voice": "alloy", "response_format": "pcm",
                     "stream_format": "sse"},
-    })),
+        "bulk": {"model": "tts-1", "input": "Chapter one.", "voice": "alloy", "priority": "bulk"},
+    }))},
     "response_class": Response,
     "responses": {**doc.audio_response(*AUDIO_TYPES, sse="stream_format sse: speech.audio.delta events "
                                        "({type, audio: base64}), then one speech.audio.done ({type, usage})"),
@@ -56,10 +58,11 @@ def upstream_doc(form: type[BaseModel], prompt: bool) -> dict[str, Any]:
     common = {"response_class": Response,
               "responses": {**doc.audio_response(UPSTREAM_MEDIA_TYPE, description="Raw int16 mono PCM"),
                             **doc.errors(*doc.SPEECH_ERRORS)}}
-    post = {**common, "openapi_extra": doc.body(form_content)}
+    post = {**common, "openapi_extra": {"parameters": [doc.PRIORITY_HEADER], **doc.body(form_content)}}
     if prompt:
         return {"GET": post, "POST": post}
-    return {"GET": {**common, "openapi_extra": {"parameters": doc.query_parameters(form)}}, "POST": post}
+    query = {"parameters": [*doc.query_parameters(form), doc.PRIORITY_HEADER]}
+    return {"GET": {**common, "openapi_extra": query}, "POST": post}
 
 
 VOICE_DOC: dict[str, Any] = {

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.audio.formats import FORMAT_NAMES
 from app.serving.limits import (
@@ -18,8 +18,14 @@ from app.serving.limits import (
     SPEED_MAX,
     SPEED_MIN,
 )
+from app.serving.priority import Priority, parse_priority
 
 FormatName = Literal[FORMAT_NAMES]  # type: ignore[valid-type]
+# The traffic class (app/serving/priority.py), case-insensitive; every surface's body takes it as ``priority``.
+PriorityName = Annotated[Priority, BeforeValidator(parse_priority)]
+PRIORITY_DOC = ("Traffic class: 'interactive' (the default) or 'bulk' (waits in its own queue and runs in the "
+                "capacity interactive work leaves; docs/priority.md). Wins over the X-Priority header and the "
+                "API key's default.")
 ModeName = Literal[ALL_MODES]  # type: ignore[valid-type]
 
 
@@ -55,6 +61,7 @@ class TTSRequest(BaseModel):
     format: FormatName = "wav"
     sample_rate: int | None = Field(None, ge=OUTPUT_RATE_MIN, le=OUTPUT_RATE_MAX,
                                     description="Resample the output (pcm/wav/flac/mp3/aac).")
+    priority: PriorityName | None = Field(None, description=PRIORITY_DOC)
 
 
 class SpeakersResponse(BaseModel):

@@ -20,6 +20,7 @@ router = APIRouter(tags=["native"], dependencies=[Depends(close_uploads)])
 
 @register(router, "tts", **TTS_DOC)
 async def tts(request: Request, speech: SpeechDep) -> Response:
+    ctx = context_of(request.scope)
     body, files = await read_body(request, TTSRequest, speech.limits)
     limit = speech.limits.max_upload_bytes
     prompt = await read_audio(request, files.get("prompt_audio") or files.get("prompt_wav"), "prompt_audio", limit)
@@ -27,8 +28,9 @@ async def tts(request: Request, speech: SpeechDep) -> Response:
     fields = SpeechFields(text=body.text, mode=body.mode, voice=body.voice or body.speaker,
                           instructions=body.instruct_text, prompt_text=body.prompt_text, prompt_audio=prompt,
                           source_audio=source, speed=body.speed, stream=body.stream, seed=body.seed,
-                          normalize=body.normalize, first_chunk_tokens=body.first_chunk_tokens)
-    plan = speech.plan(fields, context_of(request.scope).request_id)
+                          normalize=body.normalize, first_chunk_tokens=body.first_chunk_tokens,
+                          priority=ctx.priority)
+    plan = speech.plan(fields, ctx.request_id)
     return await synthesize(request, speech, plan, speech.output(body.format, body.stream, body.sample_rate))
 
 

@@ -3,7 +3,8 @@
 Client -> server (JSON text frames)::
 
     {"type": "session.config", "voice": ..., "model": ..., "response_format": "pcm"|"wav",
-     "speed": 1.0, "instructions": ..., "sample_rate": ..., "seed": ...}   (all optional)
+     "speed": 1.0, "instructions": ..., "sample_rate": ..., "seed": ...,
+     "priority": "interactive"|"bulk"}   (all optional; priority: else X-Priority, else the key's default)
     {"type": "input.text", "text": "any piece of text"}
     {"type": "input.done"}            the utterance's text is complete; the session stays open
     {"type": "session.close"}         speak what was sent, then end
@@ -24,7 +25,7 @@ the client sent no text and no audio was produced (other messages, pings,
 ``session.config``, do not keep it alive).
 
 Close codes: 1000 after ``session.close``, the idle timeout or the session's
-lifetime; 1013 (try again later) when ``websocket.max_sessions`` sessions are open,
+lifetime; 1008 after an ``error`` when the ``X-Priority`` header names no class; 1013 (try again later) when ``websocket.max_sessions`` sessions are open,
 at once, after an ``error``; 1001 when the server drains (idle sessions at once,
 busy ones after their utterances, the rest after ``server.drain_timeout_s``).
 """
@@ -41,9 +42,11 @@ from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from app.api.context import request_id
+from app.api.context import context_of, request_id
 from app.api.errors import classify
 from app.api.openai import check_model
+from app.api.priority import client_of, header_priority
+from app.api.schemas import PriorityName
 from app.runtime import Runtime
 from app.serving.errors import (
     BadRequest,
@@ -63,6 +66,7 @@ from app.serving.limits import (
     quoted,
 )
 from app.serving.plan import SpeechFields
+from app.serving.priority import Priority, parse_priority
 from app.serving.session import (
     SessionRefused,
     SpeechSession,
@@ -74,7 +78,7 @@ log = logging.getLogger("cosyserve.ws")
 router = APIRouter(tags=["streaming"])
 
 PATH = "/v1/audio/speech/stream"
-CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_TRY_AGAIN = 1000, 1001, 1013
+CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TRY_AGAIN = 1000, 1001, 1008, 1013
 _GONE = (WebSocketDisconnect, RuntimeError, OSError)  # sending to a client that has left
 
 
@@ -91,6 +95,7 @@ class SessionConfig(_Message):
     instructions: str | None = Field(None, max_length=INSTRUCTIONS_MAX_CHARS)
     sample_rate: int | None = Field(None, ge=OUTPUT_RATE_MIN, le=OUTPUT_RATE_MAX)
     seed: int | None = Field(None, ge=0, le=2**32 - 1)
+    priority: PriorityName | None = None  # None: the connection's (X-Priority header, API key default)
 
 
 class InputText(_Message):
@@ -152,6 +157,7 @@ class Connection:
         self.runtime = runtime
         self.request_id = request_id(ws.headers.get("x-request-id"))
         self.session: SpeechSession | None = None
+        self.priority = Priority.INTERACTIVE  # the connection's class (X-Priority, the API key's default)
         self.draining = False
         self.close_code: int | None = None
         self._send_lock = asyncio.Lock()
@@ -166,6 +172,14 @@ class Connection:
         speech, limits, metrics = self.runtime.speech, self.runtime.session_limits, self.runtime.metrics
         started = time.monotonic()
         sessions = self.runtime.sessions
+        ctx = context_of(self.ws.scope)  # the key check wrote the key's id and default class here
+        try:
+            priority = header_priority(self.ws.scope) or parse_priority(ctx.key_priority or Priority.INTERACTIVE)
+        except RequestError as exc:  # an unknown X-Priority: say so; the client may connect again
+            await self._error(exc)
+            await self._close(CLOSE_POLICY, exc.message)
+            return
+        self.priority = priority
         try:  # no synthesis permit here: the session counts against its own limit
             if self.runtime.draining or speech.pool.draining:
                 raise Draining("the server is draining and takes no new sessions", speech.pool.retry_after_s())
@@ -178,7 +192,8 @@ class Connection:
             return
         if metrics is not None:
             metrics.on_ws_session(True)
-        self.session = SpeechSession(speech, limits, self, self.request_id)
+        self.session = SpeechSession(speech, limits, self, self.request_id, priority=self.priority,
+                                     client=client_of(self.ws.scope, ctx.key_id))
         self._ends_at = started + limits.max_session_s
         self._audio_task = asyncio.ensure_future(self._audio_loop())
         try:
@@ -191,8 +206,8 @@ class Connection:
             await asyncio.wait({self._audio_task})
             self.session.close()
             await self._close(CLOSE_NORMAL, "")
-            log.info("%s WS %s utterances=%d chars=%d audio=%.2fs %.1fs close=%s", self.request_id, PATH,
-                     self.session.utterances, self.session.chars, self.session.audio_s, time.monotonic() - started,
+            log.info("%s WS %s class=%s utterances=%d chars=%d audio=%.2fs %.1fs close=%s", self.request_id, PATH,
+                     self.session.priority, self.session.utterances, self.session.chars, self.session.audio_s, time.monotonic() - started,
                      self.close_code if self.close_code is not None else "client")
 
     async def _receive_loop(self) -> None:
@@ -267,7 +282,8 @@ class Connection:
         assert self.session is not None
         if msg.model is not None:
             check_model(self.session.service, msg.model)
-        fields = SpeechFields(voice=msg.voice, instructions=msg.instructions, speed=msg.speed, seed=msg.seed)
+        fields = SpeechFields(voice=msg.voice, instructions=msg.instructions, speed=msg.speed, seed=msg.seed,
+                              priority=(msg.priority or self.priority).value)
         self.session.configure(fields, msg.response_format, msg.sample_rate)
 
     async def _audio_loop(self) -> None:

@@ -65,6 +65,7 @@ class SpeechFields:
     normalize: bool | None = None  # text normalization; None: the engine's default
     first_chunk_tokens: int | None = None  # streaming: the first chunk's speech tokens (the model's range)
     aliases: bool = False  # OpenAI built-in voice names map onto the presets
+    priority: str = "interactive"  # the traffic class the edge decided (app/serving/priority.py)
     text_param: str = "text"  # the surface's names for its fields, for error messages
     voice_param: str = "voice"
     instructions_param: str = "instructions"
@@ -180,6 +181,6 @@ def plan(fields: SpeechFields, info: EngineInfo, presets: Sequence[str], limits:
         text=fields.text, mode=mode, speaker=speaker, voice=voice.library, prompt_text=fields.prompt_text,
         prompt_audio=fields.prompt_audio, instruct_text=used, source_audio=fields.source_audio,
         speed=fields.speed, stream=fields.stream, seed=fields.seed, normalize=fields.normalize,
-        first_chunk_tokens=fields.first_chunk_tokens,
+        first_chunk_tokens=fields.first_chunk_tokens, priority=fields.priority,
     )
     return Plan(request, instructions_ignored=fields.instructions is not None and used is None)

@@ -42,6 +42,7 @@ from app.serving.errors import (
 )
 from app.serving.limits import check_unicode
 from app.serving.plan import Plan, SpeechFields
+from app.serving.priority import Priority
 from app.serving.speech import SpeechService
 from app.text.stream import TextStream
 
@@ -96,13 +97,17 @@ _ENDS_SESSION = (Draining, NotReady)
 
 
 class SpeechSession:
-    def __init__(self, service: SpeechService, limits: SessionLimits, sink: SessionSink, request_id: str = "") -> None:
+    def __init__(self, service: SpeechService, limits: SessionLimits, sink: SessionSink, request_id: str = "",
+                 priority: Priority = Priority.INTERACTIVE, client: str = "") -> None:
         self.service = service
         self.limits = limits
         self.sink = sink
         self.request_id = request_id
+        self.priority = priority  # the connection's class (X-Priority, the API key's default); session.config may change it
+        self.client = client  # whose session (the API key's id, else the address): fairness between bulk clients
         try:  # the default voice; a model without presets needs session.config first
-            self._plan: Plan | None = service.plan(SpeechFields(stream=True, aliases=True), request_id)
+            self._plan: Plan | None = service.plan(SpeechFields(stream=True, aliases=True, priority=priority.value),
+                                                   request_id)
         except BadRequest:
             self._plan = None
         self._out: OutputSpec = service.output("pcm", stream=True)
@@ -142,6 +147,7 @@ class SpeechSession:
         plan = self.service.plan(fields, self.request_id)
         out = self.service.output(fmt, stream=True, sample_rate=sample_rate)
         self._plan, self._out = plan, out
+        self.priority = Priority(plan.request.priority)
 
     def add_text(self, text: str) -> Utterance:
         if self._plan is None:
@@ -201,8 +207,8 @@ class SpeechSession:
         assert self._plan is not None
         req = replace(self._plan.request, text_stream=utt.text, stream=True,
                       request_id=f"{self.request_id}-{utt.index}")
-        try:  # the utterance has text: it takes a synthesis permit now, its job gives it back when done
-            ticket = self.service.pool.admit()
+        try:  # the utterance has text: it takes a synthesis permit now (bulk: waits its turn), its job gives it back
+            ticket = await self.service.pool.admit_for(Priority(req.priority), self.client)
         except _ENDS_SESSION as exc:
             raise SessionRefused(exc) from None
         except Overloaded as exc:  # this utterance only: the client may send it again

@@ -28,7 +28,7 @@ class Ticket:
 
 
 class Pool:
-    """What the edge needs of EnginePool: check_admit() and admit()."""
+    """What the edge needs of EnginePool: check_admit_class() and admit_for() (one class here)."""
 
     def __init__(self, places: int = 1) -> None:
         self.places = places
@@ -44,6 +44,12 @@ class Pool:
         self.check_admit()
         self.out += 1
         return Ticket(self)
+
+    def check_admit_class(self, priority: object) -> None:
+        self.check_admit()
+
+    async def admit_for(self, priority: object, client: str = "") -> Ticket:
+        return self.admit()
 
 
 def scope(path: str = "/v1/tts", headers: dict[str, str] | None = None, method: str = "POST") -> dict:
