@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.cosyserve-setup
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup test-deps run test test-unit test-integration test-cluster test-upstream loadtest bench bench-batching bench-cost bench-abuse gpu-check gpu-wheels lint deploy-config clean
+.PHONY: setup test-deps run test test-unit test-integration test-cluster test-upstream loadtest bench bench-batching bench-cost bench-abuse bench-priority gpu-check gpu-wheels lint deploy-config clean
 
 setup: $(STAMP) hooks
 
@@ -82,6 +82,12 @@ bench-batching: setup
 # idle cores; writes .cache/bench/abuse/ (ABUSE_ARGS: e.g. --phase-s 5 --only dribblers,storm-64)
 bench-abuse: setup
 	$(PY) -m bench.abuse $(ABUSE_ARGS)
+
+# live and bulk on one server (issue 39): the interactive closed loop at the knee alone, beside a backlog of 200
+# bulk requests, then the backlog alone; writes .cache/bench/priority/ (PRIORITY_ARGS: e.g. --quick, or
+# --model-dir .cache/full2 for the full-size v2)
+bench-priority: setup
+	$(PY) -m bench.priority $(PRIORITY_ARGS)
 
 # The images (docs/deploy.md, "Images"), with docker or podman, whichever is here: cosyserve:VERSION and
 # cosyserve-cuda:VERSION. Where python:3.11-slim-bookworm cannot be pulled, a stand-in is built from Debian's

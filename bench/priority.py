@@ -1,0 +1,188 @@
+"""Live and bulk on one server: a bulk backlog beside a steady interactive load (issue 39).
+
+    python -m bench.priority [--quick] [--model-dir DIR] [--out DIR]      (make bench-priority)
+
+One ``cosyserve serve`` subprocess on the defaults (the tiny CosyVoice2 model of bench/model.py,
+or ``--model-dir``, e.g. a full-size dir from ``python -m app.devmodels``), started as
+bench.admission starts its servers. Every request is ``POST /v1/tts`` streaming 16-bit PCM of one
+sentence, bulk ones with ``"priority": "bulk"``.
+
+1. **The knee**: a short closed-loop sweep (``--concurrency``, bench.admission's closed loop,
+   503s honour ``Retry-After``); the point of the best throughput is the interactive load, its
+   goodput the reference of the goodput goal.
+2. **A**: that interactive closed loop alone for ``--phase-s``.
+3. **B**: the same loop beside a backlog of ``--backlog`` bulk requests submitted at once (each
+   awaited to its end, however long the backlog takes after the loop ended).
+4. **C**: the backlog alone.
+
+Per phase, side by side: goodput per class (audio s per wall s; in B over the loop's window),
+interactive TTFA and latency p50/p99, bulk completion time (first submit to last done), 503s and
+failures per class, the longest bulk wait (its time to first audio) against the class timeout;
+then the goals (bench/priority_report.py). Output: ``priority.json`` and ``priority.md`` in
+``--out`` (default .cache/bench/priority).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import load
+from bench.admission import Poller, pool_server, shown
+from bench.admission_report import best_closed
+from bench.load import LoadClient, RequestSpec, Result
+from bench.priority_report import backlog_summary, evaluate_goals, markdown, table
+from bench.procs import ROOT, new_run_dir
+
+TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
+DEFAULT_BULK_TIMEOUT_S = 600.0  # pool.bulk_queue_timeout_s when the settings do not name one
+
+
+def log(msg: str) -> None:
+    print(f"[priority {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke run: short phases, a small backlog (numbers meaningless)")
+    ap.add_argument("--out", help="output dir (default .cache/bench/priority)")
+    ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/model.py")
+    ap.add_argument("--concurrency", help="closed-loop sweep for the knee (default 1,2,4,8; --quick 1,2)")
+    ap.add_argument("--phase-s", type=float, help="measured seconds of the interactive loop (default 60; --quick 6)")
+    ap.add_argument("--point-s", type=float, help="measured seconds per sweep point (default 20; --quick 3)")
+    ap.add_argument("--warmup-s", type=float, help="unmeasured seconds before each loop (default 5; --quick 1)")
+    ap.add_argument("--backlog", type=int, help="bulk requests submitted at once (default 200; --quick 12)")
+    ap.add_argument("--server-nice", type=int, default=5, help="run the server at this niceness (0: as the client)")
+    ap.add_argument("--timeout-s", type=float, default=120.0, help="interactive client timeout per request")
+    args = ap.parse_args(argv)
+    quick = {"concurrency": "1,2", "phase_s": 6.0, "point_s": 3.0, "warmup_s": 1.0, "backlog": 12}
+    full = {"concurrency": "1,2,4,8", "phase_s": 60.0, "point_s": 20.0, "warmup_s": 5.0, "backlog": 200}
+    for key, default in (quick if args.quick else full).items():
+        if getattr(args, key) is None:
+            setattr(args, key, default)
+    args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+    if not args.concurrency or args.backlog < 1:
+        ap.error("--concurrency needs a value and --backlog at least 1")
+    args.out = Path(args.out or ROOT / ".cache" / "bench" / "priority")
+    return args
+
+
+def bulk_timeout_s() -> float:
+    """The class timeout the server runs with on the defaults (``pool.bulk_queue_timeout_s``)."""
+    from app.config import PoolSettings
+
+    field = PoolSettings.model_fields.get("bulk_queue_timeout_s")
+    default = getattr(field, "default", None)
+    return float(default) if isinstance(default, (int, float)) else DEFAULT_BULK_TIMEOUT_S
+
+
+def spec(priority: str | None = None) -> RequestSpec:
+    body: dict[str, Any] = {"text": TEXT, "format": "pcm", "stream": True}
+    if priority is not None:
+        body["priority"] = priority
+    return RequestSpec("POST", "/v1/tts", json=body)
+
+
+def interactive(s: load.Summary) -> dict[str, Any]:
+    return {**s.to_dict(), "failed": s.errors + s.timeouts}
+
+
+async def backlog(url: str, n: int, timeout_s: float) -> list[Result]:
+    """``n`` bulk requests sent at once, each awaited to its end."""
+    lc = LoadClient(url, timeout_s, max_connections=n + 8)
+    try:
+        return list(await asyncio.gather(*(lc.send(spec("bulk")) for _ in range(n))))
+    finally:
+        await lc.aclose()
+
+
+async def knee(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The closed-loop sweep: each point's summary and the admission limit it settled on."""
+    await load.fixed_count(url, spec(), 4, 2, args.timeout_s)  # allocator, caches: not measured
+    points = []
+    for c in args.concurrency:
+        with Poller(url, time.monotonic()) as poll:
+            s = await load.closed_loop(url, spec(), c, args.point_s, warmup_s=args.warmup_s,
+                                       timeout_s=args.timeout_s, reject_backoff_s=None)
+        points.append({"concurrency": c, **s.to_dict(), "limit_last": poll.limits[-1] if poll.limits else None})
+        log(f"  c={c}: {s.throughput_rps:.2f} rps {s.audio_per_s:.1f} audio-s/s p99={s.latency_p99_s} "
+            f"503={s.rejected} limit={points[-1]['limit_last']}")
+    best = best_closed(points)
+    return {"concurrency": best["concurrency"], "best_audio_per_s": best["audio_per_s"],
+            "limit": best["limit_last"], "swept": args.concurrency, "points": points}
+
+
+async def loop(url: str, c: int, args: argparse.Namespace) -> tuple[load.Summary, tuple[float, float]]:
+    """The interactive closed loop of ``c`` clients; its summary and its measured window (monotonic)."""
+    t0 = time.monotonic()
+    s = await load.closed_loop(url, spec(), c, args.phase_s, warmup_s=args.warmup_s, timeout_s=args.timeout_s,
+                               reject_backoff_s=None)
+    return s, (t0 + args.warmup_s, t0 + args.warmup_s + args.phase_s)
+
+
+async def phase_b(url: str, c: int, args: argparse.Namespace, bulk_timeout: float) -> dict[str, Any]:
+    """The interactive loop with the backlog submitted as its measured window opens."""
+    t0 = time.monotonic()
+    looping = asyncio.create_task(load.closed_loop(url, spec(), c, args.phase_s, warmup_s=args.warmup_s,
+                                                   timeout_s=args.timeout_s, reject_backoff_s=None))
+    await asyncio.sleep(args.warmup_s)
+    bulk = asyncio.create_task(backlog(url, args.backlog, bulk_timeout + args.timeout_s))
+    s = await looping
+    window = (t0 + args.warmup_s, t0 + args.warmup_s + args.phase_s)
+    return {"interactive": interactive(s), "bulk": backlog_summary(await bulk, window)}
+
+
+async def measure(url: str, args: argparse.Namespace, results: dict[str, Any]) -> None:
+    log(f"knee: closed loop at {args.concurrency}")
+    results["knee"] = k = await knee(url, args)
+    c = k["concurrency"]
+    log(f"A: {c} interactive clients alone, {args.phase_s:g} s")
+    s, _ = await loop(url, c, args)
+    results["phases"]["A"] = {"interactive": interactive(s)}
+    log(f"B: {c} interactive clients beside {args.backlog} bulk requests")
+    results["phases"]["B"] = await phase_b(url, c, args, results["bulk_timeout_s"])
+    log(f"C: {args.backlog} bulk requests alone")
+    bulk = await backlog(url, args.backlog, results["bulk_timeout_s"] + args.timeout_s)
+    results["phases"]["C"] = {"bulk": backlog_summary(bulk)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from bench.model import ensure_model
+
+    model_dir = args.model_dir or ensure_model(2)
+    run_dir = new_run_dir("priority")
+    log(f"model {model_dir}; out {args.out}; logs {run_dir}; {os.cpu_count()} cores; "
+        f"load average {os.getloadavg()[0]:.2f}")
+    results: dict[str, Any] = {
+        "config": {k: shown(v) if k in ("out", "model_dir") else v for k, v in vars(args).items()},
+        "model": Path(model_dir).name, "text": TEXT, "cores": os.cpu_count(), "phase_s": args.phase_s,
+        "backlog": args.backlog, "bulk_timeout_s": bulk_timeout_s(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "loadavg_start": os.getloadavg(), "phases": {},
+    }
+    with pool_server("defaults", {}, args.server_nice, model_dir, run_dir) as srv:
+        try:
+            asyncio.run(measure(srv.base_url, args, results))
+        except Exception as exc:  # noqa: BLE001 - what was measured is still reported
+            log(f"FAILED: {type(exc).__name__}: {str(exc)[:2000]}")
+            results["failed"] = f"{type(exc).__name__}: {exc}"[:4000]
+    results["loadavg_end"] = os.getloadavg()
+    results["goals"] = evaluate_goals(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "priority.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "priority.md").write_text(markdown(results))
+    print("\n" + table(results) + "\n\nGoals")
+    for g in results["goals"]:
+        mark = {True: "PASS", False: "FAIL", None: "n/a"}[g["pass"]]
+        print(f"  [{mark}] {g['goal']}: {g['value']} (target {g['target']})")
+    log(f"wrote {shown(args.out)}/priority.json, priority.md")
+    return 0 if "failed" not in results else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,144 @@
+"""bench/priority.py's pure parts: the bulk backlog's summary, the side-by-side table, the goals, the report.
+
+Phases: ``A`` the interactive closed loop alone, ``B`` the same loop beside the bulk backlog,
+``C`` the backlog alone. Goals (issue 39): interactive p99 latency and p99 time to first audio
+beside the backlog at most 1.1x alone; total goodput beside it at least 0.95x the best
+closed-loop point; the backlog with zero 503s, zero failures, and no wait past its class timeout.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.load import Result, percentile, work_in_window
+
+LATENCY_RATIO_MAX = 1.1
+GOODPUT_RATIO_MIN = 0.95
+PHASES = {"A": "interactive alone", "B": "interactive + bulk backlog", "C": "bulk backlog alone"}
+
+
+def backlog_summary(results: list[Result], window: tuple[float, float] | None = None) -> dict[str, Any]:
+    """The bulk backlog: counts, completion time (first submit to last done), goodput, the longest wait.
+
+    Goodput is audio seconds per wall second over ``window`` (the interactive loop's, in phase B: the
+    classes share it) or else over the completion time. A request's wait is bounded by its time to first
+    audio (queue wait plus its first chunk's compute): the longest one is what the class timeout bounds.
+    """
+    ok = [r for r in results if r.kind == "ok"]
+    starts = [r.start for r in results]
+    ends = [r.start + r.latency_s for r in results]
+    completion = max(ends) - min(starts) if results else 0.0
+    if window is not None:
+        goodput = work_in_window(ok, *window, weight=lambda r: r.audio_s)
+    else:
+        goodput = sum(r.audio_s for r in ok) / completion if completion > 0 else 0.0
+    ttfa = [r.ttfa_s for r in ok if r.ttfa_s is not None]
+    lat = [r.latency_s for r in ok]
+    return {
+        "requests": len(results), "ok": len(ok), "rejected": sum(r.kind == "rejected" for r in results),
+        "failed": sum(r.kind in ("error", "timeout") for r in results),
+        "completion_s": completion, "audio_s": sum(r.audio_s for r in ok), "audio_per_s": goodput,
+        "ttfa_p50_s": percentile(ttfa, 50), "latency_p50_s": percentile(lat, 50),
+        "latency_p99_s": percentile(lat, 99), "max_wait_s": max(ttfa) if ttfa else None,
+    }
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return None if num is None or not den else num / den
+
+
+def _goal(goal: str, value: float | str | None, target: str, ok: bool | None) -> dict[str, Any]:
+    shown = f"{value:.3f}" if isinstance(value, float) else ("-" if value is None else value)
+    return {"goal": goal, "value": shown, "target": target, "pass": ok}
+
+
+def evaluate_goals(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's goals, graded on the phases measured (a goal without its numbers is ``None``: not met)."""
+    phases = results.get("phases", {})
+    alone, beside = phases.get("A", {}).get("interactive", {}), phases.get("B", {}).get("interactive", {})
+    bulk_b, bulk_c = phases.get("B", {}).get("bulk", {}), phases.get("C", {}).get("bulk", {})
+    goals = []
+    for key, name in (("latency_p99_s", "interactive p99 latency"), ("ttfa_p99_s", "interactive p99 TTFA")):
+        r = _ratio(beside.get(key), alone.get(key))
+        goals.append(_goal(f"{name} beside the backlog / alone", r, f"<= {LATENCY_RATIO_MAX}",
+                           None if r is None else r <= LATENCY_RATIO_MAX))
+    best = results.get("knee", {}).get("best_audio_per_s")
+    total = None if not beside or not bulk_b else beside.get("audio_per_s", 0.0) + bulk_b.get("audio_per_s", 0.0)
+    r = _ratio(total, best)
+    goals.append(_goal("total goodput beside the backlog / best closed-loop point", r, f">= {GOODPUT_RATIO_MIN}",
+                       None if r is None else r >= GOODPUT_RATIO_MIN))
+    timeout = results.get("bulk_timeout_s")
+    for phase, bulk in (("B", bulk_b), ("C", bulk_c)):
+        if not bulk:
+            goals.append(_goal(f"backlog ({phase}) 503s and failures", None, "0 and 0", None))
+            continue
+        goals.append(_goal(f"backlog ({phase}) 503s and failures", f"{bulk['rejected']} and {bulk['failed']}",
+                           "0 and 0", bulk["requests"] > 0 and bulk["ok"] == bulk["requests"]))
+        wait = bulk.get("max_wait_s")
+        goals.append(_goal(f"backlog ({phase}) longest wait, s", wait, f"<= {timeout} (class timeout)",
+                           None if wait is None or timeout is None else wait <= timeout))
+    return goals
+
+
+def _fmt(v: Any, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if unit == "ms":
+        return f"{v * 1000:.0f}"
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+ROWS: tuple[tuple[str, str, str, str], ...] = (
+    # (label, class, key, unit)
+    ("interactive goodput, audio s/s", "interactive", "audio_per_s", ""),
+    ("bulk goodput, audio s/s", "bulk", "audio_per_s", ""),
+    ("interactive TTFA p50, ms", "interactive", "ttfa_p50_s", "ms"),
+    ("interactive TTFA p99, ms", "interactive", "ttfa_p99_s", "ms"),
+    ("interactive latency p50, ms", "interactive", "latency_p50_s", "ms"),
+    ("interactive latency p99, ms", "interactive", "latency_p99_s", "ms"),
+    ("interactive ok", "interactive", "ok", ""),
+    ("interactive 503s", "interactive", "rejected", ""),
+    ("interactive failures", "interactive", "failed", ""),
+    ("bulk ok / submitted", "bulk", "ok_of", ""),
+    ("bulk completion, s", "bulk", "completion_s", ""),
+    ("bulk 503s", "bulk", "rejected", ""),
+    ("bulk failures", "bulk", "failed", ""),
+    ("bulk longest wait, s", "bulk", "max_wait_s", ""),
+)
+
+
+def _cell(phase: dict[str, Any], cls: str, key: str, unit: str) -> str:
+    part = phase.get(cls)
+    if not part:
+        return ""
+    if key == "ok_of":
+        return f"{part['ok']} / {part['requests']}"
+    if key == "failed" and cls == "interactive":
+        return _fmt(part.get("errors", 0) + part.get("timeouts", 0))
+    return _fmt(part.get(key), unit)
+
+
+def table(results: dict[str, Any]) -> str:
+    """Side by side per phase, as a markdown table."""
+    phases = results.get("phases", {})
+    lines = ["| | " + " | ".join(f"{k}: {v}" for k, v in PHASES.items()) + " |", "|---" * (len(PHASES) + 1) + "|"]
+    for label, cls, key, unit in ROWS:
+        lines.append(f"| {label} | " + " | ".join(_cell(phases.get(k, {}), cls, key, unit) for k in PHASES) + " |")
+    return "\n".join(lines)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    knee = results.get("knee", {})
+    out = [
+        "# Live and bulk on one server (bench.priority)", "",
+        (f"Model {results.get('model')}, {results.get('cores')} cores; closed loop of {knee.get('concurrency')} "
+        f"interactive clients (the knee: best of {knee.get('swept')}, {_fmt(knee.get('best_audio_per_s'))} audio s/s), "
+        f"{results.get('phase_s')} s per phase; backlog of {results.get('backlog')} bulk requests submitted at once; "
+        f"bulk class timeout {results.get('bulk_timeout_s')} s."), "",
+        table(results), "", "## Goals", "",
+        "| goal | value | target | |", "|---|---|---|---|",
+    ]
+    for g in results.get("goals", []):
+        mark = {True: "PASS", False: "FAIL", None: "n/a"}[g["pass"]]
+        out.append(f"| {g['goal']} | {g['value']} | {g['target']} | {mark} |")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,89 @@
+"""bench/priority.py's pure parts: options, the backlog's summary, the goals, the side-by-side table."""
+
+from __future__ import annotations
+
+from bench.load import Result
+from bench.priority import parse_args, spec
+from bench.priority_report import backlog_summary, evaluate_goals, markdown, table
+
+
+def loop(p99: float, ttfa99: float, goodput: float, rejected: int = 0) -> dict:
+    return {"ok": 50, "rejected": rejected, "errors": 0, "timeouts": 0, "failed": 0, "audio_per_s": goodput,
+            "latency_p50_s": p99 / 2, "latency_p99_s": p99, "ttfa_p50_s": ttfa99 / 2, "ttfa_p99_s": ttfa99}
+
+
+def bulk(ok: int = 200, rejected: int = 0, failed: int = 0, goodput: float = 1.0, wait: float = 30.0) -> dict:
+    return {"requests": ok + rejected + failed, "ok": ok, "rejected": rejected, "failed": failed,
+            "completion_s": 90.0, "audio_s": 800.0, "audio_per_s": goodput, "ttfa_p50_s": 10.0,
+            "latency_p50_s": 11.0, "latency_p99_s": 80.0, "max_wait_s": wait}
+
+
+def results(beside_p99: float = 1.05, bulk_b: dict | None = None, bulk_c: dict | None = None,
+            bulk_goodput: float = 1.0) -> dict:
+    return {"knee": {"concurrency": 2, "best_audio_per_s": 5.0, "swept": [1, 2, 4]}, "bulk_timeout_s": 600.0,
+            "backlog": 200, "phase_s": 60.0, "model": "tiny", "cores": 2,
+            "phases": {"A": {"interactive": loop(1.0, 0.5, 4.2)},
+                       "B": {"interactive": loop(beside_p99, 0.5 * beside_p99, 4.0),
+                             "bulk": bulk_b or bulk(goodput=bulk_goodput)},
+                       "C": {"bulk": bulk_c or bulk()}}}
+
+
+def passed(goals: list[dict]) -> dict[str, bool | None]:
+    return {g["goal"]: g["pass"] for g in goals}
+
+
+def test_the_goals_pass_when_interactive_keeps_its_latency_and_bulk_fills_the_rest():
+    goals = passed(evaluate_goals(results()))
+    assert all(goals.values()), goals
+    assert len(goals) == 7
+
+
+def test_each_goal_fails_on_its_own_numbers():
+    goals = passed(evaluate_goals(results(beside_p99=1.2)))
+    assert not goals["interactive p99 latency beside the backlog / alone"]
+    assert not goals["interactive p99 TTFA beside the backlog / alone"]
+    assert not passed(evaluate_goals(results(bulk_goodput=0.5)))[
+        "total goodput beside the backlog / best closed-loop point"]  # (4.0 + 0.5) / 5.0 = 0.9
+    goals = passed(evaluate_goals(results(bulk_b=bulk(ok=199, rejected=1), bulk_c=bulk(wait=601.0))))
+    assert not goals["backlog (B) 503s and failures"] and goals["backlog (C) 503s and failures"]
+    assert goals["backlog (B) longest wait, s"] and not goals["backlog (C) longest wait, s"]
+
+
+def test_a_missing_phase_grades_none_not_pass():
+    r = results()
+    del r["phases"]["B"]
+    goals = passed(evaluate_goals(r))
+    assert goals["interactive p99 latency beside the backlog / alone"] is None
+    assert goals["backlog (B) 503s and failures"] is None
+    assert evaluate_goals({}) and all(g["pass"] is None for g in evaluate_goals({}))
+
+
+def test_backlog_summary_counts_completion_goodput_and_the_longest_wait():
+    rs = [Result(10.0, 200, 4.0, 1.0, 100, "ok", audio_s=2.0), Result(10.0, 200, 10.0, 6.0, 100, "ok", audio_s=2.0),
+          Result(10.0, 503, 0.1, None, 0, "rejected"), Result(10.0, 0, 120.0, None, 0, "timeout")]
+    s = backlog_summary(rs)
+    assert (s["requests"], s["ok"], s["rejected"], s["failed"]) == (4, 2, 1, 1)
+    assert s["completion_s"] == 120.0 and s["audio_s"] == 4.0 and s["max_wait_s"] == 6.0
+    assert abs(s["audio_per_s"] - 4.0 / 120.0) < 1e-9
+    windowed = backlog_summary(rs[:2], window=(10.0, 14.0))  # the first whole, 4 of the second's 10 s
+    assert abs(windowed["audio_per_s"] - (2.0 + 0.8) / 4.0) < 1e-9
+
+
+def test_the_table_puts_the_phases_side_by_side():
+    text = table(results())
+    lines = text.splitlines()
+    assert "A: interactive alone" in lines[0] and "C: bulk backlog alone" in lines[0]
+    row = next(line for line in lines if line.startswith("| interactive latency p99, ms"))
+    assert row.split("|")[2:5] == [" 1000 ", " 1050 ", "  "]
+    row = next(line for line in lines if line.startswith("| bulk ok / submitted"))
+    assert row.split("|")[2:5] == ["  ", " 200 / 200 ", " 200 / 200 "]
+    report = markdown({**results(), "goals": evaluate_goals(results())})
+    assert report.startswith("# Live and bulk") and "| PASS |" in report
+
+
+def test_options_and_the_requests():
+    quick = parse_args(["--quick"])
+    assert quick.backlog < 200 and quick.phase_s < 60 and quick.concurrency == [1, 2]
+    full = parse_args(["--concurrency", "2, 4", "--out", "x"])
+    assert full.backlog == 200 and full.concurrency == [2, 4] and str(full.out) == "x"
+    assert spec("bulk").json["priority"] == "bulk" and "priority" not in spec().json
