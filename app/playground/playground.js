@@ -87,7 +87,7 @@ async function loadServer(select = null) {
 }
 
 function requestBody() {
-  const body = { text: $("text").value, format: $("format").value, stream: true };
+  const body = { text: $("text").value, format: $("format").value, stream: true, priority: $("priority").value };
   const [kind, name] = $("voice").value.split(/:(.*)/s);
   if (kind === "speaker") body.speaker = name;
   if (kind === "voice") body.voice = name;
@@ -106,6 +106,7 @@ function showStats(s) {
   $("stat-samples").textContent = s.samples == null ? "–" : String(s.samples);
   $("stat-bytes").textContent = String(s.bytes || 0);
   $("stat-total").textContent = fmt(s.totalMs, 0, " ms");
+  $("stat-class").textContent = s.priority || "–";
   // for scripts and tests: how many network reads brought audio, and when the first one was
   // queued for playback (pcm), measured from the click like the time to first audio
   $("stats").dataset.pieces = String(s.pieces || 0);
@@ -143,7 +144,7 @@ async function speak() {
   $("player").hidden = true;
   $("download").hidden = true;
   const stats = { ttfaMs: null, rtf: null, audioS: null, samples: null, bytes: 0, totalMs: null, pieces: 0,
-    firstPlayMs: null };
+    firstPlayMs: null, priority: null };
   showStats(stats);
   setState("speaking", "synthesising…");
   const t0 = performance.now();
@@ -154,6 +155,7 @@ async function speak() {
       body: JSON.stringify(requestBody()), signal: controller.signal,
     });
     if (!response.ok) throw new Error(await errorMessage(response));
+    stats.priority = response.headers.get("X-Priority") || $("priority").value; // the class the server ran it in
     const rate = Number(response.headers.get("X-Sample-Rate"));
     const reader = response.body.getReader();
     const chunks = [];
@@ -198,7 +200,7 @@ async function speak() {
     stats.firstPlayMs = run.firstPlayMs;
     showStats(stats);
     if (!stats.samples) throw new Error("the server sent no audio");
-    setState("done", `done: ${stats.audioS.toFixed(2)} s of audio`, "ok");
+    setState("done", `done: ${stats.audioS.toFixed(2)} s of audio (${stats.priority})`, "ok");
   } catch (err) {
     if (controller.signal.aborted) setState("idle", "stopped");
     else if (!(err instanceof NeedsKey)) setState("error", `failed: ${err.message}`, "error");

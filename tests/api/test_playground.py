@@ -8,8 +8,9 @@ import re
 def test_index_is_served_at_the_root(client):
     r = client.get("/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
-    for element in ('id="text"', 'id="voice"', 'id="mode"', 'id="format"', 'id="speak"', 'id="stat-ttfa"',
-                    'id="stat-rtf"', 'id="voice-file"', 'id="record"', 'id="api-key"'):
+    for element in ('id="text"', 'id="voice"', 'id="mode"', 'id="format"', 'id="priority"', 'id="speak"',
+                    'id="stat-ttfa"', 'id="stat-rtf"', 'id="stat-class"', 'id="voice-file"', 'id="record"',
+                    'id="api-key"'):
         assert element in r.text
 
 

@@ -92,7 +92,7 @@ def wait_state(page, *states: str) -> str:
 
 def stats(page) -> dict:
     data = page.eval_on_selector("#stats", "el => ({...el.dataset})")
-    text = {k: page.text_content(f"#stat-{k}") for k in ("ttfa", "rtf", "audio", "samples", "bytes", "total")}
+    text = {k: page.text_content(f"#stat-{k}") for k in ("ttfa", "rtf", "audio", "samples", "bytes", "total", "class")}
     return {**data, **text}
 
 
@@ -150,6 +150,16 @@ def test_a_whole_file_format_is_decoded_by_the_browser(page):
     assert int(s["samples"]) > 0 and float(s["audio"].split()[0]) > 0.2
     assert page.is_visible("#player") and page.get_attribute("#download", "download") == "speech.wav"
     page.select_option("#format", "pcm")
+
+
+def test_the_class_selector_is_sent_and_the_class_shown_with_the_result(page):
+    assert page.eval_on_selector_all("#priority option", "os => os.map(o => o.value)") == ["interactive", "bulk"]
+    page.fill("#text", "A short one.")
+    assert speak(page, "pcm")["class"] == "interactive"
+    page.select_option("#priority", "bulk")
+    assert speak(page, "pcm")["class"] == "bulk"  # the class the server answered with (X-Priority)
+    assert "(bulk)" in page.text_content("#status")
+    page.select_option("#priority", "interactive")
 
 
 def test_register_a_voice_by_upload_and_speak_with_it(page, server):
