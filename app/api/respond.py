@@ -105,7 +105,8 @@ def speech_response(request: Request, result: SpeechResult, *, media_type: str |
                     send_timeout_s: float = 0.0, on_stalled: Callable[[], None] | None = None) -> Response:
     ctx = context_of(request.scope)
     ctx.ttfa_s, ctx.queue_wait_s, ctx.timings = result.ttfa_s, result.queue_wait_s, result.timings
-    all_headers = {"X-Sample-Rate": str(result.sample_rate), "Cache-Control": "no-store", **(headers or {})}
+    all_headers = {"X-Sample-Rate": str(result.sample_rate), "X-Priority": ctx.priority, "Cache-Control": "no-store",
+                   **(headers or {})}
     media_type = media_type or result.media_type
     if result.data is not None:
         ctx.audio_s = result.audio_s

@@ -39,10 +39,11 @@ def client(make_client, monkeypatch):
 
 def test_json_body_field_reaches_the_pool_and_the_engine(client, seen):
     r = client.post("/v1/tts", json={"text": "Hello.", "priority": "bulk"})
-    assert r.status_code == 200
+    assert r.status_code == 200 and r.headers["X-Priority"] == "bulk"  # the class it ran in
     assert client.calls == [(Priority.BULK, "testclient")] and seen[-1].priority == "bulk"
     r = client.post("/v1/tts", json={"text": "Hello."})
     assert r.status_code == 200 and client.calls[-1][0] is Priority.INTERACTIVE
+    assert r.headers["X-Priority"] == "interactive"
     assert seen[-1].priority == "interactive"
 
 
