@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import load
-from bench.admission import Poller, pool_server, shown
+from bench.admission import Poller, ms, pool_server, shown
 from bench.admission_report import best_closed
 from bench.load import LoadClient, RequestSpec, Result
 from bench.priority_report import backlog_summary, evaluate_goals, markdown, table
@@ -110,7 +110,7 @@ async def knee(url: str, args: argparse.Namespace) -> dict[str, Any]:
             s = await load.closed_loop(url, spec(), c, args.point_s, warmup_s=args.warmup_s,
                                        timeout_s=args.timeout_s, reject_backoff_s=None)
         points.append({"concurrency": c, **s.to_dict(), "limit_last": poll.limits[-1] if poll.limits else None})
-        log(f"  c={c}: {s.throughput_rps:.2f} rps {s.audio_per_s:.1f} audio-s/s p99={s.latency_p99_s} "
+        log(f"  c={c}: {s.throughput_rps:.2f} rps {s.audio_per_s:.1f} audio-s/s p99={ms(s.latency_p99_s)} "
             f"503={s.rejected} limit={points[-1]['limit_last']}")
     best = best_closed(points)
     return {"concurrency": best["concurrency"], "best_audio_per_s": best["audio_per_s"],

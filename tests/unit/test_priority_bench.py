@@ -49,6 +49,13 @@ def test_each_goal_fails_on_its_own_numbers():
     assert goals["backlog (B) longest wait, s"] and not goals["backlog (C) longest wait, s"]
 
 
+def test_goodput_is_graded_against_the_better_of_the_sweep_and_phase_a():
+    r = results(bulk_goodput=1.5)  # beside: 4.0 + 1.5 = 5.5; the sweep's best 5.0
+    assert passed(evaluate_goals(r))["total goodput beside the backlog / best closed-loop point"]
+    r["phases"]["A"]["interactive"]["audio_per_s"] = 6.0  # 5.5 / 6.0 < 0.95
+    assert not passed(evaluate_goals(r))["total goodput beside the backlog / best closed-loop point"]
+
+
 def test_a_missing_phase_grades_none_not_pass():
     r = results()
     del r["phases"]["B"]
