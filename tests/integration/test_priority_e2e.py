@@ -50,8 +50,12 @@ def test_bulk_requests_complete_by_key_body_and_header(server):
         assert r.status_code == 200, r.text
         assert len(r.content) > 0.05 * 2 * int(r.headers["X-Sample-Rate"])
     assert [r.headers["X-Priority"] for r in answers] == ["bulk", "bulk", "bulk", "interactive"]
-    lines = [line for line in server.log().splitlines() if "POST /v1/tts 200" in line]
-    assert sum(" class=bulk" in line for line in lines) >= 3 and any(" class=interactive" in line for line in lines)
+
+    def logged() -> bool:  # each line is written once its response is done, which may be after we read it
+        lines = [line for line in server.log().splitlines() if "POST /v1/tts 200" in line]
+        return sum(" class=bulk" in line for line in lines) >= 3 and any(" class=interactive" in line for line in lines)
+
+    wait_until(logged, timeout=10, poll_s=0.1)
     assert BULK_KEY not in server.log()
 
 
