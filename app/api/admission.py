@@ -17,7 +17,8 @@ runs before FastAPI's routing, dependencies or body parsing:
    the bytes read, wins over the header and the key's default; ``app/api/priority.py``)
    and takes its permit (``pool.admit_for(class, client)``: interactive may still be
    refused if the load changed while its body arrived; bulk waits its turn in the bulk
-   queue, fair between clients, the API key's id or else the address) and carries it in its
+   queue, fair between clients, the API key's id or else the address, and a client that
+   disconnects meanwhile leaves the queue at once: 499) and carries it in its
    ``RequestContext`` until the speech service takes it; the handler reads the
    body from a replay. A request refused while parsing or planning gives the
    permit back here when its response ends.
@@ -31,7 +32,8 @@ of refusals a second. A request's permit is given back before its error is held.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from app.api.bodies import BodyGate, ClientLeft, declared_length, has_body, replay
@@ -40,6 +42,7 @@ from app.api.errors import classify, render_scope
 from app.api.priority import body_priority, client_of, header_priority
 from app.api.refusals import RefusalPacer
 from app.api.routes import match
+from app.serving.admission import Ticket
 from app.serving.errors import PayloadTooLarge, RequestError, ServingError
 from app.serving.pool import EnginePool
 from app.serving.priority import Priority, parse_priority
@@ -48,6 +51,30 @@ from app.serving.priority import Priority, parse_priority
 # connection: closing a socket with unread bytes makes the kernel send a reset, which can destroy the 413 before
 # the client reads it. A larger or chunked one is not worth reading: the connection is closed.
 DRAIN_MAX_BYTES = 16 << 20
+
+
+async def _left(receive: Callable) -> None:
+    """Returns when the client disconnects (its body, if any, was read already: nothing else comes first)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_left(admitting: Awaitable[Ticket], receive: Callable) -> Ticket:
+    """The permit, or ClientLeft if the client disconnects first (the wait is cancelled: its queue place freed)."""
+    admit, left = asyncio.ensure_future(admitting), asyncio.ensure_future(_left(receive))
+    try:
+        await asyncio.wait({admit, left}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this request was cancelled: a permit granted just now goes back
+        left.cancel()
+        admit.cancel()
+        if admit.done() and not admit.cancelled() and admit.exception() is None:
+            admit.result().release()
+        raise
+    left.cancel()
+    if admit.done():
+        return admit.result()  # the permit, or the pool's refusal
+    admit.cancel()
+    raise ClientLeft
 
 
 class AdmissionMiddleware:
@@ -86,13 +113,18 @@ class AdmissionMiddleware:
             if pool is not None:
                 pool.check_admit_class(parse_priority(known) if known else None)  # refused now: no body read
             raw = await self.bodies.read(scope, receive) if body else b""
+            connection = receive
             if body:
                 receive = replay(raw, receive)
             ticket = None
             if pool is not None:
                 priority = body_priority(scope, raw) or parse_priority(known or Priority.INTERACTIVE)
                 ctx.priority = priority.value
-                ticket = await pool.admit_for(priority, client_of(scope, ctx.key_id))
+                if priority is Priority.BULK:  # it may wait long: a client that leaves meanwhile gives its place up
+                    receive = replay(raw, connection)
+                    ticket = await _unless_left(pool.admit_for(priority, client_of(scope, ctx.key_id)), connection)
+                else:
+                    ticket = await pool.admit_for(priority, client_of(scope, ctx.key_id))
         except ClientLeft:
             ctx.error_code = CLIENT_LEFT  # nobody to answer: logged and counted as the client's leaving (499)
             return
