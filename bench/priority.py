@@ -32,12 +32,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import load
-from bench.admission import Poller, ms, pool_server, shown
-from bench.admission_report import best_closed
-from bench.load import LoadClient, RequestSpec, Result
-from bench.priority_report import backlog_summary, evaluate_goals, markdown, table
-from bench.procs import ROOT, new_run_dir
+from bench.lib import load
+from bench.lib.abuse_report import ms
+from bench.lib.admission_report import best_closed
+from bench.lib.admission_server import Poller, pool_server, shown
+from bench.lib.load import LoadClient, RequestSpec, Result
+from bench.lib.priority_report import backlog_summary, evaluate_goals, markdown, table
+from bench.lib.procs import new_run_dir, results_dir
 
 TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 DEFAULT_BULK_TIMEOUT_S = 600.0  # pool.bulk_queue_timeout_s when the settings do not name one
@@ -68,7 +69,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     if not args.concurrency or args.backlog < 1:
         ap.error("--concurrency needs a value and --backlog at least 1")
-    args.out = Path(args.out or ROOT / ".cache" / "bench" / "priority")
+    args.out = Path(args.out) if args.out else results_dir("priority", args.quick)
     return args
 
 
@@ -153,7 +154,7 @@ async def measure(url: str, args: argparse.Namespace, results: dict[str, Any]) -
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from bench.model import ensure_model
+    from bench.lib.model import ensure_model
 
     model_dir = args.model_dir or ensure_model(2)
     run_dir = new_run_dir("priority")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from bench.load import Result
+from bench.lib.load import Result
+from bench.lib.priority_report import backlog_summary, evaluate_goals, markdown, table
 from bench.priority import parse_args, spec
-from bench.priority_report import backlog_summary, evaluate_goals, markdown, table
 
 
 def loop(p99: float, ttfa99: float, goodput: float, rejected: int = 0) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.load import Result, percentile, work_in_window
+from bench.lib.load import Result, percentile, work_in_window
 
 LATENCY_RATIO_MAX = 1.1
 GOODPUT_RATIO_MIN = 0.95
