@@ -37,6 +37,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from app.serving.config import PoolConfig
 from app.serving.errors import Overloaded
@@ -46,6 +47,18 @@ from app.serving.stats import PoolObserver, ServiceTimeEstimator
 log = logging.getLogger(__name__)
 
 
+class _Others(Protocol):
+    """Permits counted apart from this gate (the bulk class): how many run, how many ever started."""
+
+    running: int
+    starts: int
+
+
+class _NoOthers:
+    running = 0
+    starts = 0
+
+
 class PermitError(RuntimeError):
     """A ticket released twice, or moved after it was moved or released: a bug in its holders."""
 
@@ -53,7 +66,7 @@ class PermitError(RuntimeError):
 class _Permit:
     """One admitted request. ``queued`` until its holder gets a slot; ``weight`` in average requests."""
 
-    __slots__ = ("admission", "admitted_at", "queued", "weight", "serial", "first_alone", "sampled")
+    __slots__ = ("admission", "admitted_at", "first_alone", "others_at", "queued", "sampled", "serial", "weight")
 
     def __init__(self, admission: Admission) -> None:
         self.admission = admission
@@ -63,6 +76,7 @@ class _Permit:
         self.serial = 0  # the start count when it started (0: not started)
         self.first_alone = False  # nothing else was running when it started
         self.sampled = True  # its latency is a capacity sample (exclude() turns it off)
+        self.others_at = 0  # the other class's start count when it started (alone: unchanged at its end)
 
 
 class Ticket:
@@ -153,6 +167,7 @@ class Admission:
         self.misuses = 0  # tickets released twice or moved after release (a bug if ever above 0)
         self._mean_units: float | None = None  # the average charged size
         self.on_change: Callable[[], None] = lambda: None  # the load or the limit may have moved (bulk.py)
+        self.others: _Others = _NoOthers()  # work counted apart (bulk.py): a request beside it did not run alone
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -235,7 +250,8 @@ class Admission:
         permit = ticket._permit
         if not permit.sampled:
             return
-        alone = permit.first_alone and self.starts == permit.serial  # ran with nothing else running
+        alone = (permit.first_alone and self.starts == permit.serial  # ran with nothing else running,
+                 and self.others.starts == permit.others_at)  # bulk included
         self.limiter.observe(latency_s / max(permit.weight, 1e-3), admitted_at=permit.admitted_at, alone=alone)
         self.on_change()
 
@@ -292,7 +308,8 @@ class Admission:
     def _started(self, permit: _Permit) -> None:
         self.starts += 1
         permit.serial = self.starts
-        permit.first_alone = self.running == 0  # before it counts as running
+        permit.first_alone = self.running == 0 and self.others.running == 0  # before it counts as running
+        permit.others_at = self.others.starts
         self._left_queue()
 
     def _left_queue(self) -> None:

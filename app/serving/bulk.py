@@ -43,6 +43,7 @@ class BulkAccount:
         self.clock = clock
         self.in_flight = 0  # bulk permits out: granted, running or still being consumed
         self.running = 0  # ... of them holding a slot (or still being consumed)
+        self.starts = 0  # bulk permits that ever got a slot (admission: an interactive request ran alone?)
         self.misuses = 0
         self._on_release = on_release
         self._idle = asyncio.Event()
@@ -66,6 +67,7 @@ class BulkAccount:
 
     def _started(self, permit: _Permit) -> None:
         self.running += 1
+        self.starts += 1
 
     def _give_back(self, permit: _Permit) -> None:
         self.in_flight -= 1

@@ -102,6 +102,7 @@ class EnginePool:
                                timeout_s=config.bulk_queue_timeout_s, can_grant=self._bulk_fits,
                                reject=self._admission.reject, retry_after_s=self._bulk_retry_after_s)
         self._admission.on_change = self._pump_bulk  # a permit back, a size known, the limit moved
+        self._admission.others = self._bulk_account  # a request beside bulk work did not run alone
         self._completed = dict.fromkeys(Priority, 0)  # jobs that ended ok, per class (throughput)
         self._slot_list: list[Slot] = []
         self._bulk_slots = Slots()  # shared engine: bulk requests' own slot threads (bulk_room bounds them)

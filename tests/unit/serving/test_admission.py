@@ -383,3 +383,29 @@ def test_adaptive_refuses_at_once_a_wait_past_the_budget_or_the_queue_timeout(li
             await pool.close()
 
     run(main())
+
+
+def test_a_request_beside_bulk_work_never_teaches_the_unloaded_latency() -> None:
+    class Bulk:  # the bulk class's account (app/serving/bulk.py): counted apart, but it computes
+        running = 0
+        starts = 0
+
+    adm, _ = adaptive(limit=4)
+    adm.others = bulk = Bulk()
+    lone = adm.admit()
+    lone.started()
+    adm.observe_latency(lone, 3.0)
+    lone.release()
+    assert adm.limiter.unloaded_s == 3.0
+    bulk.running, bulk.starts = 1, 1  # a bulk request runs when this one starts
+    beside = adm.admit()
+    beside.started()
+    adm.observe_latency(beside, 9.0)
+    beside.release()
+    bulk.running = 0
+    late = adm.admit()
+    late.started()
+    bulk.running, bulk.starts = 1, 2  # a bulk request starts while it runs
+    adm.observe_latency(late, 8.0)
+    late.release()
+    assert adm.limiter.unloaded_s == 3.0  # neither ran alone
