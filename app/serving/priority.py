@@ -3,7 +3,7 @@
 A request's class comes from its body's ``priority`` field, an ``X-Priority`` header, or its API key's
 default, in that order; without any it is ``interactive``. Interactive requests are admitted as before;
 bulk ones wait in their own bounded queue and run only in the capacity interactive work leaves
-(``docs/concurrency.md``).
+(``docs/priority.md``).
 """
 
 from __future__ import annotations
