@@ -7,14 +7,17 @@ the slot thread waits for its mel. The scheduler thread, like the LLM scheduler 
 LLM, repeatedly takes the jobs that are waiting and runs them as one round of
 :class:`~app.engines.cosyvoice.flow.batch.BatchedFlow`:
 
-* **order**: first hops first (time to first audio), then by the request's start (older
-  streams finish first); a job left out of a round moves to the front after
-  ``MAX_SKIPS`` rounds, so nothing starves;
+* **order**: interactive jobs before bulk ones (bulk fills the places interactive work
+  leaves in a round); within a class first hops first (time to first audio), then by the
+  request's start (older streams finish first); a job left out of a round moves to the
+  front of its class after ``MAX_SKIPS`` rounds, so nothing starves while its class has room;
 * **size**: at most ``max_batch`` jobs. A call longer than those of its kind already in
   the round (streaming or not: they run as separate passes) would pad them all: it joins
   only within ``MAX_LENGTH_RATIO`` of the shortest, so a 100-frame first hop does not wait
   for a 2,000-frame final call (which runs next round). A shorter call joins: it pads
-  only itself, and would otherwise wait for this round anyway. Overdue jobs always join;
+  only itself, and would otherwise wait for this round anyway. Overdue jobs always join,
+  except a bulk one that would pad interactive calls of its kind (it waits for a round
+  without them);
 * **cancellation**: a cancelled request's job leaves the queue at once, or its rows leave
   the running round at the next ODE step; its waiter returns at once;
 * **failure**: when a round raises, each of its jobs runs again alone, so only the
@@ -69,6 +72,7 @@ class FlowJob:
     started: float  # when the request's token2wav started (older first)
     cancel: threading.Event
     request_id: str = ""
+    bulk: bool = False  # traffic class bulk: only the places interactive jobs leave in a round
     submitted: float = field(default_factory=time.monotonic)
     skipped: int = 0
     done: threading.Event = field(default_factory=threading.Event)
@@ -86,17 +90,21 @@ class FlowJob:
 
 def pick_round(pending: list[FlowJob], max_batch: int) -> list[FlowJob]:
     """The jobs of the next round, in priority order (see the module docstring)."""
-    order = sorted(pending, key=lambda j: (not (j.first or j.overdue), j.started, j.submitted))
+    order = sorted(pending, key=lambda j: (j.bulk, not (j.first or j.overdue), j.started, j.submitted))
     chosen: list[FlowJob] = []
     groups: dict[bool, tuple[int, int]] = {}  # streaming -> (shortest, longest) frames so far
+    interactive: set[bool] = set()  # the kinds (streaming or not) with interactive jobs in the round
     for job in order:
         if len(chosen) >= max_batch:
             break
         shortest, longest = groups.get(job.item.streaming, (job.frames, job.frames))
         # a call no longer than the group's longest only pads itself (and would wait for this round anyway);
         # a longer one pads everyone: it joins only within MAX_LENGTH_RATIO of the shortest
-        if job.frames > longest and not job.overdue and job.frames > MAX_LENGTH_RATIO * max(1, shortest):
+        forced = job.overdue and not (job.bulk and job.item.streaming in interactive)
+        if job.frames > longest and not forced and job.frames > MAX_LENGTH_RATIO * max(1, shortest):
             continue
+        if not job.bulk:
+            interactive.add(job.item.streaming)
         groups[job.item.streaming] = (min(shortest, job.frames), max(longest, job.frames))
         chosen.append(job)
     return chosen
@@ -139,9 +147,9 @@ class FlowScheduler:
 
     # -- the slot threads' side ---------------------------------------------------------------
     def submit(self, item: FlowItem, *, first: bool, started: float, cancel: threading.Event,
-               request_id: str = "") -> FlowJob:
+               request_id: str = "", bulk: bool = False) -> FlowJob:
         job = FlowJob(item=item, frames=self.flow.frames(item), first=first, started=started, cancel=cancel,
-                      request_id=request_id)
+                      request_id=request_id, bulk=bulk)
         with self._cv:
             if self._stopping:  # (jobs may queue before start(): the first round takes them all)
                 raise FlowStopped("the flow scheduler is not running")
@@ -150,9 +158,9 @@ class FlowScheduler:
         return job
 
     def run(self, item: FlowItem, *, first: bool, started: float, cancel: threading.Event,
-            request_id: str = "") -> Any:
+            request_id: str = "", bulk: bool = False) -> Any:
         """``item``'s mel, once a round has made it (raises FlowCancelled if ``cancel`` is set first)."""
-        job = self.submit(item, first=first, started=started, cancel=cancel, request_id=request_id)
+        job = self.submit(item, first=first, started=started, cancel=cancel, request_id=request_id, bulk=bulk)
         while not job.done.wait(POLL_S):
             if cancel.is_set():
                 self._withdraw(job)
@@ -281,6 +289,7 @@ class FlowCall:
     cancel: threading.Event
     request_id: str = ""
     prompt: Any = None  # flow_prefix.PromptRef: the voice's cached prompt state for streamed calls
+    bulk: bool = False  # traffic class bulk: after interactive calls in a round
 
 
 _local = threading.local()
@@ -317,7 +326,7 @@ def install(flow: Any, scheduler: FlowScheduler) -> None:
         if call is None or args:
             return original(*args, **kw)
         mel = route[0].run(FlowItem.from_kwargs(**kw, prompt=call.prompt), first=call.first, started=call.started,
-                           cancel=call.cancel, request_id=call.request_id)
+                           cancel=call.cancel, request_id=call.request_id, bulk=call.bulk)
         return mel, None
 
     inference.__wrapped__ = original  # type: ignore[attr-defined]

@@ -14,6 +14,12 @@ before it, never those of older streams: however many requests arrive, a started
 stream waits behind at most the first chunks of requests admitted within
 ``first_chunk_lead_s`` after it. (A "first chunks always first" order starved
 older streams behind a steady flow of newcomers.)
+
+Traffic classes: every waiting interactive call goes before every waiting bulk call
+(then the order above within the class), so a bulk hop delays an interactive one only
+when it already holds a place (a running call is never interrupted). Bulk calls run in
+the places interactive work leaves; how many bulk requests run at all is the pool's
+admission (``docs/concurrency.md``).
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ class PriorityGate:
         self.first_chunk_lead_s = first_chunk_lead_s
         self._cond = threading.Condition()
         self._running = 0
-        self._waiting: list[tuple[float, int]] = []  # (rank: request start, less the lead for a first chunk; ticket)
+        # (bulk, rank: request start less the lead for a first chunk, ticket): interactive first, then by rank
+        self._waiting: list[tuple[bool, float, int]] = []
         self._tickets = itertools.count()
         self.max_running = 0  # observable: never above limit
 
@@ -43,13 +50,14 @@ class PriorityGate:
         """Lower goes first: the request's start, ``first_chunk_lead_s`` earlier for its first chunk."""
         return started - self.first_chunk_lead_s if chunk_index == 0 else started
 
-    def acquire(self, chunk_index: int, started: float, cancel: threading.Event | None = None) -> bool:
+    def acquire(self, chunk_index: int, started: float, cancel: threading.Event | None = None,
+                bulk: bool = False) -> bool:
         """Wait for one of ``limit`` places; False (and no place taken) if ``cancel`` is set first.
 
         ``started`` is when the request began (``time.monotonic()``), the same for all its chunks;
-        ``chunk_index`` 0 is its first chunk (see the module doc for the order).
+        ``chunk_index`` 0 is its first chunk; ``bulk``: its class (see the module doc for the order).
         """
-        entry = (self.rank(chunk_index, started), next(self._tickets))
+        entry = (bool(bulk), self.rank(chunk_index, started), next(self._tickets))
         with self._cond:
             heapq.heappush(self._waiting, entry)
             while self._running >= self.limit or self._waiting[0] is not entry:

@@ -150,7 +150,7 @@ def _wait(source: Any, filt: SilenceFilter, need: int, cancel: threading.Event) 
 def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, speed: float,
                       cancel: threading.Event, schedule: HopSchedule, gate: PriorityGate | None = None,
                       flow_stream: Any = None, batched_flow: bool = False, request_id: str = "",
-                      flow_prompt: Any = None, started: float | None = None) -> Iterator[Any]:
+                      flow_prompt: Any = None, started: float | None = None, bulk: bool = False) -> Iterator[Any]:
     """Yield speech tensors ``[1, n]`` as ``model.token2wav`` makes them from ``source``'s tokens.
 
     ``gate`` (optional) bounds concurrent token2wav calls across requests, oldest request first;
@@ -161,6 +161,7 @@ def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, sp
     ``batched_flow``: the model's flow is routed to a ``FlowScheduler`` (``flow_scheduler.install``);
     each call is bound with this request's priority and cancel flag, and no gate is used.
     ``flow_prompt`` (batched flow only): a ``flow_prefix.PromptRef``, the voice's cached prompt state.
+    ``bulk``: the request's traffic class; its calls go after waiting interactive ones (gate and rounds).
     """
     import torch
 
@@ -177,14 +178,14 @@ def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, sp
             if batched_flow:
                 try:
                     call = FlowCall(first=index == 0, started=started, cancel=cancel, request_id=request_id,
-                                    prompt=flow_prompt)
+                                    prompt=flow_prompt, bulk=bulk)
                     with bound_call(call):
                         return model.token2wav(**kw)
                 except FlowCancelled:
                     return None
             if gate is None:
                 return model.token2wav(**kw)
-            if not gate.acquire(index, started, cancel):
+            if not gate.acquire(index, started, cancel, bulk=bulk):
                 return None
             try:
                 return model.token2wav(**kw)

@@ -16,14 +16,14 @@ def test_limit_must_be_positive():
         PriorityGate(0)
 
 
-def _served_order(gate: PriorityGate, waiters: list[tuple[str, int, float]]) -> list[str]:
-    """Queue ``waiters`` (name, chunk index, request start) behind a holder, in list order; the order served."""
+def _served_order(gate: PriorityGate, waiters: list[tuple]) -> list[str]:
+    """Queue ``waiters`` (name, chunk index, request start[, bulk]) behind a holder, in list order; the order served."""
     assert gate.acquire(5, -100.0)  # a holder: everyone else waits
     order: list[str] = []
     threads = []
-    for name, chunk, started in waiters:
-        def run(name=name, chunk=chunk, started=started):
-            assert gate.acquire(chunk, started)
+    for name, chunk, started, *bulk in waiters:
+        def run(name=name, chunk=chunk, started=started, bulk=bool(bulk and bulk[0])):
+            assert gate.acquire(chunk, started, bulk=bulk)
             order.append(name)
             gate.release()
 
@@ -111,3 +111,29 @@ def test_a_cancelled_waiter_leaves_without_taking_a_place():
     assert result == [False] and gate.waiting == 0
     gate.release()
     assert gate.acquire(0, 2.0, threading.Event())  # the place is free again
+
+
+def test_interactive_hops_go_before_bulk_ones_then_the_oldest_first():
+    gate = PriorityGate(1, first_chunk_lead_s=1.0)
+    order = _served_order(gate, [
+        ("bulk second of t=0", 1, 0.0, True),
+        ("bulk first of t=0.5", 0, 0.5, True),  # its lead applies among bulk calls only
+        ("interactive later chunk of t=5", 3, 5.0),
+        ("interactive first of t=9", 0, 9.0),
+        ("bulk first of t=0.2", 0, 0.2, True),
+    ])
+    assert order == ["interactive later chunk of t=5", "interactive first of t=9",
+                     "bulk first of t=0.2", "bulk first of t=0.5", "bulk second of t=0"]
+
+
+def test_a_running_bulk_call_is_not_interrupted():
+    gate = PriorityGate(1)
+    assert gate.acquire(0, 0.0, bulk=True)  # a bulk hop holds the place
+    got: list[bool] = []
+    t = threading.Thread(target=lambda: got.append(gate.acquire(0, 1.0)))
+    t.start()
+    wait_until(lambda: gate.waiting == 1)
+    assert got == [] and gate.max_running == 1  # the interactive hop waits for it
+    gate.release()
+    t.join(5)
+    assert got == [True]

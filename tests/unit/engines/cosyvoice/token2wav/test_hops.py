@@ -70,9 +70,10 @@ def test_first_hop_bounds_come_from_the_model():
 
 # -- the flow scheduler's rounds -------------------------------------------------------------------
 
-def job(frames: int, *, first: bool = False, started: float = 0.0, streaming: bool = True, skipped: int = 0):
+def job(frames: int, *, first: bool = False, started: float = 0.0, streaming: bool = True, skipped: int = 0,
+        bulk: bool = False):
     j = FlowJob(item=SimpleNamespace(streaming=streaming), frames=frames, first=first, started=started,
-                cancel=threading.Event())
+                cancel=threading.Event(), bulk=bulk)
     j.skipped = skipped
     return j
 
@@ -104,3 +105,25 @@ def test_a_job_left_out_goes_first_after_max_skips_rounds():
     short = job(100, first=True, started=2.0)
     assert pick_round([short, long_], max_batch=8) == [long_, short]  # overdue: first, padding or not
     assert pick_round([short, long_], max_batch=1) == [long_]
+
+
+def test_interactive_jobs_come_first_in_a_round_and_bulk_fills_the_rest():
+    bulk_old = job(100, started=0.0, bulk=True)
+    bulk_first = job(100, first=True, started=0.5, bulk=True)
+    interactive = job(100, started=5.0)
+    interactive_first = job(100, first=True, started=9.0)
+    pending = [bulk_old, bulk_first, interactive, interactive_first]
+    assert pick_round(pending, max_batch=2) == [interactive_first, interactive]
+    assert pick_round(pending, max_batch=3) == [interactive_first, interactive, bulk_first]
+    assert pick_round(pending, max_batch=8) == [interactive_first, interactive, bulk_first, bulk_old]
+
+
+def test_an_overdue_bulk_job_does_not_pad_interactive_calls_of_its_kind():
+    hop = job(100, first=True, started=5.0)
+    long_bulk = job(2000, started=0.0, skipped=MAX_SKIPS, bulk=True)
+    assert pick_round([long_bulk, hop], max_batch=8) == [hop]  # it waits for a round without them
+    assert pick_round([long_bulk], max_batch=8) == [long_bulk]
+    whole = job(2000, started=0.0, skipped=MAX_SKIPS, streaming=False, bulk=True)
+    assert pick_round([whole, hop], max_batch=8) == [hop, whole]  # another kind: a pass of its own
+    overdue_interactive = job(2000, started=1.0, skipped=MAX_SKIPS)
+    assert pick_round([overdue_interactive, hop], max_batch=8) == [overdue_interactive, hop]
