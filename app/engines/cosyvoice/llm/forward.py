@@ -301,20 +301,22 @@ class BatchedLM:
                 out.append(emb)
         return torch.cat(out, dim=1).to(self.dtype)
 
-    def decode(self, kv: BatchedKV, tokens: list[int]) -> Any:
+    def decode(self, kv: BatchedKV, tokens: list[int], rows: int | None = None) -> Any:
         """One step for every running row (``tokens[r]`` is row r's last token): log-probs [n, V] on the device.
 
-        Nothing is read back from the device here: the positions come from the host
-        lengths, and ids and positions go up in one asynchronous copy.
+        ``rows``: step only rows ``0..rows-1`` (the scheduler keeps the rows that sit a step out,
+        bulk ones, after them); the others' cache and lengths are untouched. Nothing is read
+        back from the device here: the positions come from the host lengths, and ids and
+        positions go up in one asynchronous copy.
         """
         import torch
 
-        n = kv.rows
-        if len(tokens) != n:
+        n = kv.rows if rows is None else rows
+        if len(tokens) != n or not 0 < n <= kv.rows:
             raise ValueError(f"decode got {len(tokens)} tokens for {n} running sequences")
-        lengths = list(kv.lengths)
+        lengths = kv.lengths[:n]
         longest = max(lengths) + 1
-        kv.reserve(n, longest)
+        kv.reserve(kv.rows, longest)
         ids, positions = self.io.upload([list(tokens), lengths])  # one copy: [2, n]
         x = self.token_embeddings(ids).to(self.dtype)
         cos, sin = self.backbone.rotary_emb(x, positions.unsqueeze(1))
@@ -326,7 +328,7 @@ class BatchedLM:
         for i, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, layer.input_layernorm(x), cos, sin)
             kv.write_step(i, positions, k[:, :, 0], v[:, :, 0], rows=rows)
-            keys, values = kv.view(i, longest)
+            keys, values = kv.view(i, longest, n)
             x = self._block(layer, x, self._attend(q, keys, values, bias))
         for r in range(n):
             kv.lengths[r] += 1

@@ -109,6 +109,18 @@ class BatchedKV:
             self.clear()
         return moved
 
+    def swap_rows(self, a: int, b: int) -> None:
+        """Exchange rows ``a`` and ``b`` (their filled positions and lengths): the running rows stay compact."""
+        if a == b:
+            return
+        la, lb = self.lengths[a], self.lengths[b]
+        for cache in (self.k, self.v):
+            for t in cache:
+                held = t[a, :, :la].clone()
+                t[a, :, :lb] = t[b, :, :lb]
+                t[b, :, :la] = held
+        self.lengths[a], self.lengths[b] = lb, la
+
     def clear(self) -> None:
         self.k, self.v, self.lengths = [], [], []
 
@@ -153,6 +165,7 @@ class BatchedKV:
         for i in range(self.layers):
             self.write_span(i, row, 0, saved.k[i], saved.v[i])
 
-    def view(self, layer: int, length: int) -> tuple[Any, Any]:
-        n = self.rows
+    def view(self, layer: int, length: int, rows: int | None = None) -> tuple[Any, Any]:
+        """Rows ``0..rows-1`` (default: every running row), positions ``0..length-1`` (views, no copy)."""
+        n = self.rows if rows is None else rows
         return self.k[layer][:n, :, :length], self.v[layer][:n, :, :length]

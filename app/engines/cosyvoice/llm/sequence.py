@@ -36,6 +36,8 @@ class Sequence:
     submitted_at: float = field(default_factory=time.perf_counter)
     finished_at: float | None = None  # when it ended (done, cancelled or failed)
     feed: BistreamFeed | None = None  # bistream: text arrives while it decodes (see bistream.py)
+    bulk: bool = False  # traffic class bulk: steps only in the room interactive work leaves (bulk.py)
+    since: float = field(default_factory=time.monotonic)  # its request's start: older bulk rows step first
     _cond: threading.Condition = field(default_factory=threading.Condition)
     row: int | None = None  # its cache row while in the batch
     started: float = 0.0  # when it (last) joined the batch
