@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Iterator, Literal, Protocol, Sequence, runtime_checkable
+from typing import Callable, Iterator, Literal, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -123,6 +123,18 @@ class Engine(Protocol):
     def health_check(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class BulkRoomAware(Protocol):
+    """Engines that schedule traffic classes themselves (optional; others ignore ``priority``).
+
+    The pool calls ``set_bulk_room(fn)`` once; ``fn()`` (cheap, thread-safe, called from engine
+    threads) says how many bulk requests may compute now, recomputed as interactive load changes.
+    The batched CosyVoice2/3 path steps bulk LLM rows only within it (docs/batching.md).
+    """
+
+    def set_bulk_room(self, fn: Callable[[], int | None] | None) -> None: ...
 
 
 @runtime_checkable

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from app.engines.base import SynthesisRequest
@@ -190,3 +191,24 @@ def test_an_interactive_arrival_takes_the_place_of_the_newest_bulk_row(v2):
     finally:
         sched.stop()
 
+
+def test_a_bulk_request_through_the_engine_waits_for_room_and_gets_its_audio(v2):
+    spk = v2.voices()[0]
+    req = SynthesisRequest(text=TEXTS[0], mode="sft", speaker=spk, stream=True)
+    solo = sum(len(c.pcm) for c in v2.synthesize(req, threading.Event()))
+    room = Room(0)
+    v2.set_bulk_room(room)
+    try:
+        out: list[int] = []
+        bulk = SynthesisRequest(text=TEXTS[0], mode="sft", speaker=spk, stream=True, priority="bulk")
+        t = threading.Thread(target=lambda: out.append(sum(len(c.pcm) for c in v2.synthesize(bulk, threading.Event()))))
+        t.start()
+        wait_until(lambda: v2.llm_stats()["bulk_pending"] == 1, timeout=30)
+        live = SynthesisRequest(text=TEXTS[2], mode="sft", speaker=spk)
+        audio = np.concatenate([c.pcm for c in v2.synthesize(live, threading.Event())])
+        assert len(audio) > 0 and not out  # interactive done while bulk still waits
+        room.value = 1
+        t.join(120)
+        assert out == [solo]
+    finally:
+        v2.set_bulk_room(None)

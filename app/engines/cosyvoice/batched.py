@@ -7,6 +7,8 @@ token2wav with CosyVoice's streaming schedule (here, per request).
 Voice conversion has no LLM: its source tokens go straight to token2wav.
 With ``token2wav_batch`` the flow of every request's token2wav calls runs in a second
 shared thread, in batched rounds (``batching/flow_scheduler.py``); HiFT stays per request.
+A bulk request (``bulk=True``) yields to interactive ones at each LLM step and token2wav
+hop (``set_bulk_room``, ``batching/bulk.py``).
 """
 
 from __future__ import annotations
@@ -149,6 +151,11 @@ class BatchedRunner:
                 stream.prompt_cache, stream.prompt_key = self.prompt_cache, key
         return stream
 
+    def set_bulk_room(self, fn: Callable[[], int | None] | None) -> None:
+        """``fn()``: how many bulk requests may compute now (the pool's room); bulk LLM rows step only
+        within it, interactive ones always (``batching/bulk.py``). None: no limit."""
+        self.scheduler.set_bulk_room(fn)
+
     @property
     def alive(self) -> bool:
         return self.scheduler.alive and (self.flow_rounds is None or self.flow_rounds.alive)
@@ -163,12 +170,13 @@ class BatchedRunner:
         if first_hop is not None and not low <= first_hop <= high:
             raise InvalidInput(f"first_chunk_tokens must be between {low} and {high} on this model; got {first_hop}")
 
-    def _stream_kw(self, cancel: threading.Event, request_id: str, first_hop: int | None = None) -> dict:
+    def _stream_kw(self, cancel: threading.Event, request_id: str, first_hop: int | None = None,
+                   bulk: bool = False) -> dict:
         return dict(cancel=cancel, schedule=self.schedule.with_first(first_hop), gate=self.gate,
-                    batched_flow=self.flow_rounds is not None, request_id=request_id)
+                    batched_flow=self.flow_rounds is not None, request_id=request_id, bulk=bulk)
 
     def submit(self, model_input: dict, cancel: threading.Event, seed: int | None = None,
-               request_id: str = "") -> Any:
+               request_id: str = "", bulk: bool = False, since: float | None = None) -> Any:
         """Queue one request's LLM work; returns its scheduler sequence (a token source)."""
         import torch
 
@@ -182,27 +190,28 @@ class BatchedRunner:
                 raise InvalidInput(str(exc)) from exc
             ready = ready_event(lm_input.device)  # the scheduler's stream waits for it (CUDA)
         return self.scheduler.submit(lm_input, min_len, max_len, seed=seed, cancel=cancel, request_id=request_id,
-                                     ready=ready)
+                                     ready=ready, bulk=bulk, since=since)
 
     def run(self, model_input: dict, *, stream: bool, speed: float, cancel: threading.Event,
             seed: int | None = None, request_id: str = "", cache_prompt: bool = False,
-            first_hop: int | None = None, started: float | None = None) -> Iterator[Any]:
+            first_hop: int | None = None, started: float | None = None, bulk: bool = False) -> Iterator[Any]:
         """Speech tensors ``[1, n]`` for one segment, as token2wav produces them.
 
         ``first_hop``: the request's own first streamed hop in tokens (``first_hop_bounds``);
-        ``started``: when the request began (its place in the token2wav gate; default: now).
+        ``started``: when the request began (its place in the token2wav gate and among bulk rows; default: now);
+        ``bulk``: the request's class (it yields to interactive work).
         """
         self.check_first_hop(first_hop)
         if model_input.get("source_speech_token") is not None and model_input["source_speech_token"].shape[1] > 0:
             source: Any = FixedTokens(model_input["source_speech_token"].flatten().tolist())
         else:
-            source = self.submit(model_input, cancel, seed=seed, request_id=request_id)
+            source = self.submit(model_input, cancel, seed=seed, request_id=request_id, bulk=bulk, since=started)
         flow_stream = self._flow_stream(model_input, cache_prompt) if stream else None
         try:
             yield from synthesize_tokens(self.model, source, model_input, stream=stream, speed=speed,
                                          flow_stream=flow_stream,
                                          flow_prompt=self._prompt_ref(model_input, cache_prompt),
-                                         **self._stream_kw(cancel, request_id, first_hop), started=started)
+                                         **self._stream_kw(cancel, request_id, first_hop, bulk), started=started)
         finally:
             if flow_stream is not None:
                 flow_stream.close()  # its cache's bytes go back to the budget
@@ -213,7 +222,7 @@ class BatchedRunner:
     def run_bistream(self, model_input: dict, text: TextStream, tokenize: Tokenize, *, cancel: threading.Event,
                      seed: int | None = None, request_id: str = "", system_prompt: str = "",
                      normalize: Callable[[str], str] | None = None,
-                     cache_prompt: bool = False, started: float | None = None) -> Iterator[Any]:
+                     cache_prompt: bool = False, started: float | None = None, bulk: bool = False) -> Iterator[Any]:
         """Speech tensors for text that arrives while it is spoken (CosyVoice2/3 bistream, streamed).
 
         ``model_input`` holds the prompt (no text); a feeder thread tokenises ``text``'s pieces in
@@ -231,7 +240,8 @@ class BatchedRunner:
                             mix_ratio=spec.mix_ratio, prompt_text=prompt_text,
                             prompt_speech=_ids(model_input.get("llm_prompt_speech_token")),
                             min_ratio=spec.min_token_text_ratio, max_ratio=spec.max_token_text_ratio, head_text=head)
-        seq = self.scheduler.submit_bistream(feed, seed=seed, cancel=cancel, request_id=request_id)
+        seq = self.scheduler.submit_bistream(feed, seed=seed, cancel=cancel, request_id=request_id, bulk=bulk,
+                                             since=started)
         stop = threading.Event()
         fed = _Feeder(text, tokenize, feed, seq, stop, normalize)
         thread = threading.Thread(target=fed.run, name="cosyserve-bistream-feed", daemon=True)
@@ -241,7 +251,7 @@ class BatchedRunner:
             yield from synthesize_tokens(self.model, seq, model_input, stream=True, speed=1.0,
                                          flow_stream=flow_stream,
                                          flow_prompt=self._prompt_ref(model_input, cache_prompt),
-                                         **self._stream_kw(cancel, request_id), started=started)
+                                         **self._stream_kw(cancel, request_id, bulk=bulk), started=started)
         except RuntimeError:
             if fed.empty:
                 raise InvalidInput("the utterance has no text to speak") from None

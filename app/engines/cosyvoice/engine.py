@@ -53,6 +53,11 @@ log = logging.getLogger("cosyserve.engine")
 _BISTREAM_MODES = ("sft", "zero_shot", "cross_lingual", "instruct2")
 
 
+def _bulk(req: SynthesisRequest) -> bool:
+    """The request is of the bulk class (``SynthesisRequest.priority``): it yields to interactive work."""
+    return str(req.priority).lower() == "bulk"
+
+
 def _precision_text(precision: Any) -> str:
     return ", ".join(f"{stage} {dtype}" for stage, dtype in precision.stage_dtypes().items())
 
@@ -72,6 +77,7 @@ class CosyVoiceEngine:
         self.cancels: Any = None
         self._initial_hop: int | None = None
         self._info: EngineInfo | None = None
+        self._bulk_room: Any = None  # the pool's room for bulk requests (set_bulk_room), applied at load
         self._speakers: tuple[str, ...] = ()
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -122,6 +128,7 @@ class CosyVoiceEngine:
                                         prefill_batch=self._prefill_batch(),
                                         flow_observer=self.llm_observer if hasattr(self.llm_observer, "on_flow_round")
                                         else None)
+            self.runner.set_bulk_room(self._bulk_room)
         elif self.config.flow_cache:
             log.warning("engine.flow_cache needs the batched CosyVoice2/3 path (engine.batching): not used")
         instrument(lm.model)  # flow / HiFT seconds per request (app/engines/timings.py), outermost
@@ -224,6 +231,15 @@ class CosyVoiceEngine:
         """The flow scheduler's rounds (jobs, largest round, cancelled, failed); {} without token2wav batching."""
         rounds = self.runner.flow_rounds if self.runner is not None else None
         return rounds.stats() if rounds is not None else {}
+
+    def set_bulk_room(self, fn: Any) -> None:
+        """``fn()``: how many bulk requests may compute now (the pool's room, ``app/engines/base.py``).
+
+        The batched path steps bulk LLM rows only within it and runs interactive token2wav
+        hops first; CosyVoice's own ``tts()`` path (v1, batching off) ignores classes."""
+        self._bulk_room = fn
+        if self.runner is not None:
+            self.runner.set_bulk_room(fn)
 
     def close(self) -> None:
         if self.runner is not None:
@@ -337,7 +353,7 @@ class CosyVoiceEngine:
                                               cancel=cancel, seed=req.seed, request_id=req.request_id,
                                               system_prompt=prompts.V3_SYSTEM_PROMPT,
                                               normalize=lambda text: self.inputs.normalized(req, text),
-                                              cache_prompt=registered_voice(req), started=started)
+                                              cache_prompt=registered_voice(req), started=started, bulk=_bulk(req))
         for speech in speech_out:
             if cancel.is_set():
                 return
@@ -347,7 +363,7 @@ class CosyVoiceEngine:
                      cancel: threading.Event, started: float, first_hop: int | None = None) -> Iterator[AudioChunk]:
         for speech in self.runner.run(model_input, stream=stream, speed=req.speed, cancel=cancel, seed=req.seed,
                                       request_id=req.request_id, cache_prompt=registered_voice(req),
-                                      first_hop=first_hop, started=started):
+                                      first_hop=first_hop, started=started, bulk=_bulk(req)):
             if cancel.is_set():
                 return
             yield from self._chunk(speech)
