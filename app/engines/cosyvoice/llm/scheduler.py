@@ -262,7 +262,7 @@ class LLMScheduler:
                     return STOP
                 if self._has_work(room):
                     return room
-                if self._rows or self._bulk_pending:
+                if self._rows or self._bulk_pending or any(s.bulk and s.feed.dirty for s in self._parked):
                     self._cond.wait(POLL_BULK_S)
                 else:
                     self._cond.wait(POLL_PARKED_S if self._parked else None)
