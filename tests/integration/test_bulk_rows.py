@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "Bulk work can wait a little.",
          "A live voice needs its first audio now."]
 LENGTH = 40  # tokens per sequence (min = max length): the same work whatever the timing
+STEP_S = 0.004  # at least this long per decode step
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,13 @@ def scheduler(engine, room: Room, max_batch_size: int = 8, greedy: bool = True):
     from app.engines.cosyvoice.batching.scheduler import LLMScheduler
 
     lm = BatchedLM(engine.loaded.model.llm)
+    decode = lm.decode
+
+    def paced(*args, **kw):  # the tiny model decodes a token in ~1 ms: slow it so a test sees the states
+        time.sleep(STEP_S)
+        return decode(*args, **kw)
+
+    lm.decode = paced
     steps = Steps()
     sched = LLMScheduler(lm, max_batch_size=max_batch_size, observer=steps,
                          rules=SamplingRules.from_llm(lm.llm, greedy=greedy))
@@ -72,13 +80,13 @@ def scheduler(engine, room: Room, max_batch_size: int = 8, greedy: bool = True):
     return lm, sched, steps
 
 
-def submit(engine, lm, sched, text: str, **kw):
+def submit(engine, lm, sched, text: str, length: int = LENGTH, **kw):
     req = SynthesisRequest(text=text, mode="sft", speaker=engine.voices()[0])
     (mi,) = list(engine.inputs.for_request(req, engine.sample_rate))
     empty = torch.zeros(1, 0, dtype=torch.int32)
     with torch.inference_mode():
         x, _, _ = lm.prefix(mi["text"], empty, empty)
-    return sched.submit(x, LENGTH, LENGTH, **kw)
+    return sched.submit(x, length, length, **kw)
 
 
 def alone(engine, text: str, greedy: bool = True, **kw) -> list[int]:
@@ -137,22 +145,24 @@ def test_bulk_rows_step_oldest_first_up_to_the_room_and_interactive_ones_always(
     room = Room(0)
     lm, sched, steps = scheduler(v2, room)
     try:
-        old = submit(v2, lm, sched, TEXTS[0], bulk=True, since=1.0)
         young = submit(v2, lm, sched, TEXTS[1], bulk=True, since=2.0)
+        old = submit(v2, lm, sched, TEXTS[0], bulk=True, since=1.0, length=10 * LENGTH)
         time.sleep(0.2)
         assert sched.stats()["bulk_pending"] == 2 and sched.stats()["prefill_forwards"] == 0  # not prefilled
         room.value = 2
         wait_until(lambda: len(old.tokens) >= 3 and len(young.tokens) >= 3, timeout=60)
         room.value = 1
-        live = submit(v2, lm, sched, TEXTS[2])
-        wait_until(lambda: len(live.tokens) >= 3, timeout=60)
         young_at = settled(young)
+        old_at, before = len(old.tokens), len(steps.sizes)
+        live = submit(v2, lm, sched, TEXTS[2])
         live.wait_for(1 << 30, timeout=120)
-        assert len(young.tokens) == young_at or old.done  # only the oldest bulk row stepped beside it
-        for seq in (old, young):
+        assert len(live.tokens) == LENGTH
+        assert len(young.tokens) == young_at and len(old.tokens) > old_at  # only the oldest bulk row stepped
+        assert not old.done and max(steps.sizes[before:]) == 2  # beside the interactive one, never three
+        room.value = 2
+        for seq, n in ((old, 10 * LENGTH), (young, LENGTH)):
             seq.wait_for(1 << 30, timeout=120)
-            assert len(seq.tokens) == LENGTH
-        assert max(steps.sizes) <= 2
+            assert len(seq.tokens) == n
     finally:
         sched.stop()
 
@@ -212,3 +222,31 @@ def test_a_bulk_request_through_the_engine_waits_for_room_and_gets_its_audio(v2)
         assert out == [solo]
     finally:
         v2.set_bulk_room(None)
+
+
+def test_a_bulk_bistream_sequence_rejoins_only_with_room_and_gets_its_own_tokens(v2):
+    from app.engines.cosyvoice.batching.bistream import BistreamFeed
+
+    spec = v2.runner.lm.spec
+    ids = [int(t) for t in v2.loaded.frontend._extract_text_token(TEXTS[0])[0].flatten().tolist()]
+
+    def run(room: Room, hold: bool) -> list[int]:
+        lm, sched, _ = scheduler(v2, room)
+        try:
+            feed = BistreamFeed(speech_token_size=spec.speech_token_size, fill_token=spec.fill_token,
+                                mix_ratio=spec.mix_ratio, prompt_text=[], prompt_speech=[],
+                                min_ratio=spec.min_token_text_ratio, max_ratio=spec.max_token_text_ratio)
+            seq = sched.submit_bistream(feed, bulk=True)
+            feed.push(ids)
+            if hold:
+                time.sleep(0.3)
+                assert seq.tokens == [] and sched.stats()["prefill_forwards"] == 0  # its text waits for room
+                room.value = 1
+            feed.end()
+            seq.wait_for(1 << 30, timeout=60)
+            assert seq.error is None and len(seq.tokens) > 0
+            return list(seq.tokens)
+        finally:
+            sched.stop()
+
+    assert run(Room(0), hold=True) == run(Room(None), hold=False)
