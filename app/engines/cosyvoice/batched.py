@@ -6,7 +6,7 @@ prompt -> LLM input (here) -> scheduler (shared, batched) -> tokens ->
 token2wav with CosyVoice's streaming schedule (here, per request).
 Voice conversion has no LLM: its source tokens go straight to token2wav.
 With ``token2wav_batch`` the flow of every request's token2wav calls runs in a second
-shared thread, in batched rounds (``batching/flow_scheduler.py``); HiFT stays per request.
+shared thread, in batched rounds (``flow/scheduler.py``); HiFT stays per request.
 A bulk request (``bulk=True``) yields to interactive ones at each LLM step and token2wav
 hop (``set_bulk_room``, ``batching/bulk.py``).
 """

@@ -157,7 +157,7 @@ def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, sp
     ``started`` is when the request began (``time.monotonic()``; default: now), the same for
     every segment of one request, so a later segment keeps its request's place.
     ``flow_stream`` (optional, streaming only): a ``flow_cache.FlowStream`` bound around each
-    call, so the flow computes each hop's new frames only (``app/engines/cosyvoice/batching/flow_cache.py``).
+    call, so the flow computes each hop's new frames only (``app/engines/cosyvoice/flow/cache.py``).
     ``batched_flow``: the model's flow is routed to a ``FlowScheduler`` (``flow_scheduler.install``);
     each call is bound with this request's priority and cancel flag, and no gate is used.
     ``flow_prompt`` (batched flow only): a ``flow_prefix.PromptRef``, the voice's cached prompt state.

@@ -60,9 +60,9 @@ class Steps:
 
 
 def scheduler(engine, room: Room, max_batch_size: int = 8, greedy: bool = True):
-    from app.engines.cosyvoice.batching.lm import BatchedLM
-    from app.engines.cosyvoice.batching.sampling import SamplingRules
-    from app.engines.cosyvoice.batching.scheduler import LLMScheduler
+    from app.engines.cosyvoice.llm.forward import BatchedLM
+    from app.engines.cosyvoice.llm.sampling import SamplingRules
+    from app.engines.cosyvoice.llm.scheduler import LLMScheduler
 
     lm = BatchedLM(engine.loaded.model.llm)
     decode = lm.decode
@@ -225,7 +225,7 @@ def test_a_bulk_request_through_the_engine_waits_for_room_and_gets_its_audio(v2)
 
 
 def test_a_bulk_bistream_sequence_rejoins_only_with_room_and_gets_its_own_tokens(v2):
-    from app.engines.cosyvoice.batching.bistream import BistreamFeed
+    from app.engines.cosyvoice.llm.bistream import BistreamFeed
 
     spec = v2.runner.lm.spec
     ids = [int(t) for t in v2.loaded.frontend._extract_text_token(TEXTS[0])[0].flatten().tolist()]

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from app.engines.cosyvoice.batching.bulk import BulkRoom, bulk_left, plan_step
+from app.engines.cosyvoice.llm.bulk import BulkRoom, bulk_left, plan_step
 
 
 def rows(spec: str) -> list[SimpleNamespace]:
