@@ -13,7 +13,9 @@ sentence, bulk ones with ``"priority": "bulk"``.
 2. **A**: that interactive closed loop alone for ``--phase-s``.
 3. **B**: the same loop beside a backlog of ``--backlog`` bulk requests submitted at once (each
    awaited to its end, however long the backlog takes after the loop ended).
-4. **C**: the backlog alone.
+4. **A2**: the loop alone again: how far the host drifted across B (A and A2 together are
+   "alone"; a goal whose margin is smaller than that drift is reported as not resolvable).
+5. **C**: the backlog alone.
 
 Per phase, side by side: goodput per class (audio s per wall s; in B over the loop's window),
 interactive TTFA and latency p50/p99, bulk completion time (first submit to last done), 503s and
@@ -147,6 +149,9 @@ async def measure(url: str, args: argparse.Namespace, results: dict[str, Any]) -
     results["phases"]["A"] = {"interactive": interactive(s)}
     log(f"B: {c} interactive clients beside {args.backlog} bulk requests")
     results["phases"]["B"] = await phase_b(url, c, args, results["bulk_timeout_s"])
+    log(f"A2: {c} interactive clients alone again (the host's drift across B)")
+    s, _ = await loop(url, c, args)
+    results["phases"]["A2"] = {"interactive": interactive(s)}
     log(f"C: {args.backlog} bulk requests alone")
     bulk = await backlog(url, args.backlog, results["bulk_timeout_s"] + args.timeout_s)
     results["phases"]["C"] = {"bulk": backlog_summary(bulk)}
@@ -180,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + table(results) + "\n\nGoals")
     for g in results["goals"]:
         mark = {True: "PASS", False: "FAIL", None: "n/a"}[g["pass"]]
-        print(f"  [{mark}] {g['goal']}: {g['value']} (target {g['target']})")
+        print(f"  [{mark}] {g['goal']}: {g['value']} (target {g['target']}) {g.get('noise', '')}")
     log(f"wrote {shown(args.out)}/priority.json, priority.md")
     return 0 if "failed" not in results else 1
 

@@ -81,9 +81,9 @@ def test_the_table_puts_the_phases_side_by_side():
     lines = text.splitlines()
     assert "A: interactive alone" in lines[0] and "C: bulk backlog alone" in lines[0]
     row = next(line for line in lines if line.startswith("| interactive latency p99, ms"))
-    assert row.split("|")[2:5] == [" 1000 ", " 1050 ", "  "]
+    assert row.split("|")[2:6] == [" 1000 ", " 1050 ", "  ", "  "]  # A, B, A2 (not run here), C
     row = next(line for line in lines if line.startswith("| bulk ok / submitted"))
-    assert row.split("|")[2:5] == ["  ", " 200 / 200 ", " 200 / 200 "]
+    assert row.split("|")[2:6] == ["  ", " 200 / 200 ", "  ", " 200 / 200 "]
     report = markdown({**results(), "goals": evaluate_goals(results())})
     assert report.startswith("# Live and bulk") and "| PASS |" in report
 
@@ -94,3 +94,13 @@ def test_options_and_the_requests():
     full = parse_args(["--concurrency", "2, 4", "--out", "x"])
     assert full.backlog == 200 and full.concurrency == [2, 4] and str(full.out) == "x"
     assert spec("bulk").json["priority"] == "bulk" and "priority" not in spec().json
+
+
+def test_alone_is_a_and_a2_together_and_drift_past_the_margin_is_not_resolvable():
+    r = results(beside_p99=1.15)
+    r["phases"]["A2"] = {"interactive": loop(1.1, 0.55, 4.2)}  # alone: sqrt(1.0 * 1.1) = 1.049
+    g = {x["goal"]: x for x in evaluate_goals(r)}["interactive p99 latency beside the backlog / alone"]
+    assert g["pass"] is True and g["value"] == "1.096" and "A2/A 1.100" in g["noise"]
+    r["phases"]["A2"] = {"interactive": loop(1.3, 0.65, 4.2)}  # the host moved 30 % between A and A2
+    g = {x["goal"]: x for x in evaluate_goals(r)}["interactive p99 latency beside the backlog / alone"]
+    assert g["pass"] is None and "not resolvable" in g["noise"]
