@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 
@@ -13,17 +11,7 @@ from fastapi.testclient import TestClient
 from app.config import Settings
 from app.engines.fake import FakeBehaviour, FakeEngine
 from app.main import create_app
-
-
-def make_settings(tmp_path, **pool) -> Settings:
-    pool_cfg = {"workers": 2, "max_queue": 2, "queue_timeout_s": 5.0, "request_timeout_s": 30.0}
-    pool_cfg.update(pool)
-    return Settings(
-        engine={"kind": "fake"},
-        pool=pool_cfg,
-        server={"access_log": True, "drain_timeout_s": 5},
-        voices={"dir": str(tmp_path / "voices")},
-    )
+from tests.support.fake_app import client_maker, make_settings
 
 
 @pytest.fixture
@@ -71,17 +59,13 @@ def client_factory(tmp_path, start_app) -> Callable[..., TestClient]:
 
 @pytest.fixture
 def seen() -> list:
-    """Requests a RecordingEngine saw (tests/api/speech_helpers.py)."""
+    """Requests a RecordingEngine saw (tests/support/fake_app.py)."""
     return []
 
 
 @pytest.fixture
 def make_client(tmp_path, behaviour, seen) -> Iterator[Callable[..., TestClient]]:
     """``make(pool=None, **behaviour_fields)``: a started TestClient over RecordingEngines."""
-    from tests.api.speech_helpers import (
-        client_maker,  # it imports make_settings from here
-    )
-
     with ExitStack() as stack:
         yield client_maker(stack, tmp_path, behaviour, seen)
 
@@ -89,18 +73,3 @@ def make_client(tmp_path, behaviour, seen) -> Iterator[Callable[..., TestClient]
 @pytest.fixture
 def client(client_factory) -> TestClient:
     return client_factory()
-
-
-def hold(behaviour: FakeBehaviour) -> threading.Event:
-    """Make every synthesis wait until the returned event is set."""
-    behaviour.gate = threading.Event()
-    return behaviour.gate
-
-
-def wait_queued(client, running: int = 1, queued: int = 1, timeout: float = 5.0) -> None:
-    """Poll the pool until ``running`` jobs run and ``queued`` wait (no sleeping to order events)."""
-    stats = client.app.state.runtime.pool.stats
-    deadline = time.monotonic() + timeout
-    while (stats()["running"], stats()["queued"]) != (running, queued):
-        assert time.monotonic() < deadline, f"pool never reached {running} running, {queued} queued: {stats()}"
-        time.sleep(0.005)

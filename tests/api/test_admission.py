@@ -8,7 +8,7 @@ import time
 import pytest
 
 from app.api.routes import ENDPOINTS, SYNTHESIS_ROUTES, match
-from tests.api.conftest import hold
+from tests.support.fake_app import hold
 
 
 @pytest.mark.parametrize("method, path, expected", [
@@ -87,7 +87,7 @@ def _hold_one(client, behaviour) -> tuple[threading.Event, threading.Thread, lis
 
 def test_adaptive_overload_is_an_immediate_503_with_retry_after_and_counted_as_over_budget(client_factory,
                                                                                           behaviour):
-    from tests.api.test_metrics import scrape, value
+    from tests.support.metrics import scrape, value
 
     client = client_factory(workers=4, max_queue=0)  # the default mode: adaptive
     pool = client.app.state.runtime.pool
@@ -115,7 +115,7 @@ def test_adaptive_overload_is_an_immediate_503_with_retry_after_and_counted_as_o
 
 
 def test_fixed_keeps_todays_behaviour_a_queue_then_503_queue_full(client_factory, behaviour):
-    from tests.api.test_metrics import scrape, value
+    from tests.support.metrics import scrape, value
 
     client = client_factory(workers=1, max_queue=1, admission="fixed")
     gate, held, status = _hold_one(client, behaviour)
@@ -136,7 +136,7 @@ def test_fixed_keeps_todays_behaviour_a_queue_then_503_queue_full(client_factory
 
 
 def test_a_websocket_utterance_takes_the_same_adaptive_permit(client_factory, behaviour):
-    from tests.api.test_ws_speech import PATH, send, utterance
+    from tests.support.ws import PATH, send, utterance
 
     client = client_factory(workers=4, max_queue=0)
     pool = client.app.state.runtime.pool

@@ -16,7 +16,7 @@ from app.api.auth import KeyChecker, exposure_warning, is_loopback
 from app.config import Settings
 from app.engines.fake import FakeEngine
 from app.main import create_app
-from tests.api.conftest import hold, wait_queued
+from tests.support.fake_app import hold, wait_queued
 
 KEY = "sk-test-Zq7pX2vLr9"
 OTHER = "sk-second-key-0042"
@@ -138,7 +138,7 @@ def test_refusals_are_counted_by_reason(keyed):
 def test_an_open_prefix_does_not_reach_a_keyed_route(tmp_path, behaviour, path):
     """The key check and the router read the same decoded path: a path that is open by prefix
     is routed to the open handler (the static files, which stay inside their directory), never to the API."""
-    from tests.waiting import run
+    from tests.support.waiting import run
 
     app = create_app(keyed_settings(tmp_path), engine_factory=lambda i: FakeEngine(behaviour))
     sent: list[dict] = []
@@ -239,7 +239,7 @@ def test_websocket_key_in_a_header(keyed):
 def test_websocket_without_denial_support_is_closed_with_1008():
     """A server without the websocket.http.response extension: close code 1008 before accept."""
     from app.api.auth import APIKeyMiddleware
-    from tests.waiting import run
+    from tests.support.waiting import run
 
     sent: list[dict] = []
 

@@ -7,8 +7,8 @@ import threading
 import numpy as np
 import pytest
 
-from tests.api.conftest import hold, wait_queued
-from tests.api.speech_helpers import StubLibrary, prompt_wav
+from tests.support.fake_app import StubLibrary, hold, wait_queued
+from tests.support.sounds import prompt_wav
 
 RATE = 22050  # CosyVoice-300M's native rate: the compat surface must not resample
 

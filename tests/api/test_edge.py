@@ -13,7 +13,7 @@ from app.api.bodies import BodyGate, BodyLimits
 from app.api.context import context_of
 from app.api.refusals import MAX_HOLD_S, RefusalPacer
 from app.serving.errors import Overloaded
-from tests.waiting import await_until, run
+from tests.support.waiting import await_until, run
 
 
 class Ticket:

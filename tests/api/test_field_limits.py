@@ -23,7 +23,7 @@ from app.serving.limits import (
 )
 from app.serving.plan import SpeechFields, check_fields
 from app.serving.speech import OVERHEAD_CHARS, request_size
-from tests.api.speech_helpers import prompt_wav
+from tests.support.sounds import prompt_wav
 
 MB = 1024 * 1024
 BIG = "x" * MB

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from app.engines.fake import FakeBehaviour, FakeEngine
 from app.main import create_app
-from tests.api.conftest import make_settings
+from tests.support.fake_app import make_settings
 
 
 class WedgedEngine(FakeEngine):

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 from app.engines.fake import FakeEngine
 from app.main import create_app
 from app.runtime import running
-from tests.api.conftest import make_settings
+from tests.support.fake_app import make_settings
 
 
 def test_the_lifespan_yields_a_whole_runtime_and_publishes_it(tmp_path, behaviour):

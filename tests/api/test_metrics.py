@@ -16,23 +16,8 @@ from app.config import Settings
 from app.engines.fake import FakeEngine
 from app.main import create_app
 from app.metrics import Metrics, outcome_of
-from tests.api.conftest import hold, make_settings
-
-
-def scrape(client: TestClient) -> dict[tuple[str, tuple], float]:
-    """Every sample of /metrics as {(name, sorted labels): value}; also checks it parses."""
-    r = client.get("/metrics")
-    assert r.status_code == 200, r.text
-    assert r.headers["content-type"].startswith("text/plain")
-    out = {}
-    for family in text_string_to_metric_families(r.text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(samples: dict, name: str, **labels: str) -> float:
-    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+from tests.support.fake_app import hold, make_settings
+from tests.support.metrics import scrape, value
 
 
 def requests_total(samples: dict, endpoint: str, outcome: str) -> float:

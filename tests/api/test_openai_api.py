@@ -12,17 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.openai_schemas import OPENAI_VOICES
-from tests.api.conftest import hold, wait_queued
-from tests.api.speech_helpers import (
-    CONTENT_TYPES,
-    FORMATS,
-    StubLibrary,
-    check_audio,
-    duration_of,
-    expected_rate,
-    parse_sse,
-    sse_audio,
-)
+from tests.support.decoding import CONTENT_TYPES, FORMATS, check_audio, expected_rate
+from tests.support.fake_app import StubLibrary, duration_of, hold, wait_queued
+from tests.support.sse import parse_sse, sse_audio
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 

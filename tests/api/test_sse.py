@@ -10,7 +10,7 @@ from app.api.sse import (
     speech_tokens_per_second,
     sse_event,
 )
-from tests.api.speech_helpers import parse_sse, sse_audio
+from tests.support.sse import parse_sse, sse_audio
 
 
 def test_event_framing_is_one_compact_data_line():

@@ -6,7 +6,7 @@ import asyncio
 import logging
 
 from app.api.respond import _UVICORN_INCOMPLETE, JobStreamingResponse, QuietCutFilter
-from tests.waiting import run
+from tests.support.waiting import run
 
 
 async def audio(n: int):

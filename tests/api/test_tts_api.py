@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 
 from app.engines.base import EngineFailure
-from tests.api.conftest import hold, wait_queued
+from tests.support.fake_app import hold, wait_queued
 
 
 def _wav(data: bytes) -> tuple[np.ndarray, int]:

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from app.config import Settings
 from app.engines.fake import FakeEngine
 from app.main import create_app
-from tests.api.speech_helpers import prompt_wav
+from tests.support.sounds import prompt_wav
 
 
 def make(tmp_path, raise_server_exceptions: bool = True, **server) -> TestClient:

@@ -19,8 +19,8 @@ from fastapi.testclient import TestClient
 from app.config import Settings
 from app.engines.fake import FakeVoice
 from app.main import create_app
-from tests.api.conftest import hold
-from tests.api.speech_helpers import RecordingEngine, prompt_wav
+from tests.support.fake_app import RecordingEngine, hold
+from tests.support.sounds import prompt_wav
 
 FAMILY = "fake-1"
 

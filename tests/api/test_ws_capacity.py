@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from tests.api.test_ws_speech import PATH, closed, error, in_flight, send, utterance
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
+from tests.support.ws import PATH, closed, error, in_flight, send, utterance
 
 
 def series(client, name: str) -> float:

@@ -25,9 +25,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.cluster.load import Load, Outcome, rate_ok
-from tests.cluster.nginx import Nginx
-from tests.integration.server import ServerProcess
+from tests.support.load import Load, Outcome, rate_ok
+from tests.support.nginx import Nginx
+from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
 

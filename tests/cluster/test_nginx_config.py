@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.cluster.nginx import SHIPPED, Nginx, render
+from tests.support.nginx import SHIPPED, Nginx, render
 
 pytestmark = [pytest.mark.cluster]
 

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from app.engines.base import PromptAudio
-
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("COSYSERVE_TEST_MODELS", ROOT / ".cache" / "models"))
+from tests.support.paths import CACHE
+from tests.support.sounds import speechlike
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -55,16 +52,6 @@ def engines(tiny_models):
     yield get
     for eng in loaded.values():
         eng.close()
-
-
-def speechlike(seconds: float, rate: int = 16000, seed: int = 0) -> np.ndarray:
-    """A voiced-sounding test signal: harmonics with a wobbling pitch plus a little noise."""
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * rate)) / rate
-    f0 = 140 + 30 * np.sin(2 * np.pi * 0.7 * t)
-    phase = 2 * np.pi * np.cumsum(f0) / rate
-    x = sum(np.sin(k * phase) / k for k in range(1, 6)) * (0.5 + 0.5 * np.sin(2 * np.pi * 3 * t) ** 2)
-    return (0.25 * x / np.max(np.abs(x)) + 0.01 * rng.standard_normal(len(t))).astype(np.float32)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from app.lifespan import CPU_START_PER_CORE
-from tests.integration.server import ServerProcess
+from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 

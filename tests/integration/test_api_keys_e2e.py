@@ -17,7 +17,7 @@ import soundfile as sf
 import websockets
 from websockets.exceptions import InvalidStatus
 
-from tests.integration.server import ServerProcess
+from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

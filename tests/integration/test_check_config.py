@@ -56,7 +56,7 @@ def test_nothing_to_check_is_a_usage_error(tmp_path, capsys):
 
 def test_the_cpu_images_build_step_passes_here(capsys):
     """The very command the CPU Dockerfile runs at build (tests/unit/test_images.py checks it is there)."""
-    from tests.unit.test_images import CHECK_CONFIG, runs
+    from tests.support.dockerfiles import CHECK_CONFIG, runs
 
     command = CHECK_CONFIG["Dockerfile"]
     assert command in runs("Dockerfile")
@@ -114,7 +114,7 @@ def test_the_images_check_passes_without_the_dev_extra(tmp_path):
     from importlib import metadata
     from pathlib import Path
 
-    from tests.unit.test_images import CHECK_CONFIG
+    from tests.support.dockerfiles import CHECK_CONFIG
 
     image = _image_distributions()
     blocked = sorted(top for top, dists in metadata.packages_distributions().items()

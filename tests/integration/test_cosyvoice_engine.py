@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from app.engines.base import InvalidInput, PromptAudio, SynthesisRequest
-from tests.integration.conftest import speechlike
+from tests.support.sounds import speechlike
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from app.config import EngineSettings
 from app.engines.cosyvoice.config import CosyVoiceConfig
-from tests.integration.server import ROOT
+from tests.support.paths import ROOT
 
 pytestmark = [pytest.mark.integration]
 

@@ -10,8 +10,10 @@ import time
 import httpx
 import pytest
 
-from tests.integration.server import ServerProcess
-from tests.integration.test_request_path_e2e import metrics, post_head, raw_request, read_response, wait_for
+from tests.support.metrics import metrics
+from tests.support.raw_http import post_head, raw_request, read_response
+from tests.support.server import ServerProcess
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

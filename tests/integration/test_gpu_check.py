@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.integration.server import ROOT
+from tests.support.paths import ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from bench.loadtest import locust_argv
-from tests.integration.server import ROOT, ServerProcess
+from tests.support.paths import ROOT
+from tests.support.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
 

@@ -23,7 +23,7 @@ from app.engines.cosyvoice.llm.forward import BatchedLM  # noqa: E402
 from app.engines.cosyvoice.llm.sampling import SamplingRules  # noqa: E402
 from app.engines.cosyvoice.llm.scheduler import LLMScheduler  # noqa: E402
 from app.engines.cosyvoice.load import load_model_dir  # noqa: E402
-from tests.waiting import wait_until  # noqa: E402
+from tests.support.waiting import wait_until  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -15,14 +15,10 @@ import numpy as np
 import openai
 import pytest
 
-from tests.api.speech_helpers import (
-    FORMATS,
-    check_audio,
-    parse_sse,
-    prompt_wav,
-    sse_audio,
-)
-from tests.integration.server import ServerProcess
+from tests.support.decoding import FORMATS, check_audio
+from tests.support.server import ServerProcess
+from tests.support.sounds import prompt_wav
+from tests.support.sse import parse_sse, sse_audio
 
 pytestmark = pytest.mark.e2e
 

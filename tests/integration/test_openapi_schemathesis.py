@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.server import ServerProcess
+from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

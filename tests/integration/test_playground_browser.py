@@ -20,8 +20,8 @@ import httpx
 import pytest
 import soundfile as sf
 
-from tests.integration.conftest import speechlike
-from tests.integration.server import ServerProcess
+from tests.support.server import ServerProcess
+from tests.support.sounds import speechlike
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

@@ -9,8 +9,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.conftest import CACHE, ROOT
-from tests.integration.server import ServerProcess
+from tests.support.paths import CACHE, ROOT
+from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

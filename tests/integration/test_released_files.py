@@ -30,7 +30,7 @@ from app.engines.base import EngineFailure, PromptAudio, SynthesisRequest
 from app.engines.cosyvoice import layout
 from app.engines.cosyvoice.config import CosyVoiceConfig
 from app.engines.cosyvoice.load import load_model_dir
-from tests.integration.conftest import speechlike
+from tests.support.sounds import speechlike
 
 PRESETS = ("中文女", "英文男")  # CosyVoice-300M-SFT's speaker ids are Chinese words
 

@@ -6,28 +6,21 @@ weights); the upload tests need no model and use the fake engine.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 import httpx
 import pytest
 
-from tests.integration.server import ServerProcess
+from tests.support.metrics import metrics
+from tests.support.raw_http import post_head, raw_request, read_response
+from tests.support.server import ServerProcess
+from tests.support.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 TEXT = "The quick brown fox jumps over the lazy dog while the sun sets slowly behind the quiet green hills."
 LONG = " ".join([TEXT] * 4)
-
-
-def metrics(srv: ServerProcess) -> dict[str, float]:
-    out = {}
-    for line in httpx.get(srv.base_url + "/metrics", timeout=10).text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
 
 
 def jobs(srv: ServerProcess) -> dict[str, float]:
@@ -37,15 +30,6 @@ def jobs(srv: ServerProcess) -> dict[str, float]:
 
 def pool_state(srv: ServerProcess) -> dict:
     return httpx.get(srv.base_url + "/health/ready", timeout=10).json()
-
-
-def wait_for(pred, timeout: float, what: str) -> float:
-    """Poll ``pred`` until true; returns when (monotonic). Fails after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, f"not reached within {timeout} s: {what}"
-        time.sleep(0.05)
-    return time.monotonic()
 
 
 def hang_up_after(srv: ServerProcess, seconds: float, json: dict) -> None:
@@ -108,26 +92,6 @@ def fake(tmp_path, **server) -> dict:
         "server": {"drain_timeout_s": 5, "body_timeout_s": 1.0, **server},
         "voices": {"dir": str(tmp_path / "voices")},
     }
-
-
-def raw_request(srv: ServerProcess, head_and_part: bytes) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-    sock.sendall(head_and_part)
-    return sock
-
-
-def read_response(sock: socket.socket) -> bytes:
-    data = b""
-    while True:
-        part = sock.recv(65536)
-        if not part:
-            return data
-        data += part
-
-
-def post_head(length: int) -> bytes:
-    return (f"POST /v1/tts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {length}\r\n"
-            "Connection: close\r\n\r\n").encode()
 
 
 def test_a_slow_upload_gets_408_and_never_holds_a_permit(tmp_path):

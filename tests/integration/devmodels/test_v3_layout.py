@@ -19,20 +19,12 @@ from app.config import EngineSettings, batches_llm
 from app.engines.base import EngineFailure
 from app.engines.cosyvoice.layout import detect_version
 from app.engines.cosyvoice.load import load_model_dir
+from tests.support.paths import PUBLISHED_V3
 
 pytestmark = pytest.mark.integration
 
-PUBLISHED = (
-    "cosyvoice3.yaml", "llm.pt", "llm.rl.pt", "flow.pt", "hift.pt", "campplus.onnx", "speech_tokenizer_v3.onnx",
-    "speech_tokenizer_v3.batch.onnx", "flow.decoder.estimator.fp32.onnx", "spk2info.pt", "configuration.json",
-    "README.md", "CosyVoice-BlankEN/config.json", "CosyVoice-BlankEN/generation_config.json",
-    "CosyVoice-BlankEN/merges.txt", "CosyVoice-BlankEN/model.safetensors", "CosyVoice-BlankEN/tokenizer_config.json",
-    "CosyVoice-BlankEN/vocab.json", "asset/dingding.png",
-)
-
-
 def published_layout(root: Path) -> Path:
-    for name in PUBLISHED:
+    for name in PUBLISHED_V3:
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"placeholder")

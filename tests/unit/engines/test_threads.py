@@ -10,7 +10,7 @@ import pytest
 from app.engines import threads
 from app.engines.fake import FakeBehaviour, FakeEngine
 from app.serving import EnginePool, PoolConfig
-from tests.waiting import run
+from tests.support.waiting import run
 
 pytestmark = pytest.mark.skipif(not threads.supported(), reason="per-thread nice values are Linux's")
 

@@ -25,8 +25,8 @@ from app.serving.limits import SpeechLimits
 from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
 from app.serving.stats import NullObserver
-from tests.unit.serving.pool_helpers import assert_released, synthesize
-from tests.waiting import await_until, run
+from tests.support.pool import assert_released, synthesize
+from tests.support.waiting import await_until, run
 
 
 def req(rid: str = "r") -> SynthesisRequest:

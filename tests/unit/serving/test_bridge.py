@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from app.serving.bridge import BlockingStream
-from tests.waiting import await_until, run
+from tests.support.waiting import await_until, run
 
 
 async def with_executor(body):

@@ -13,8 +13,8 @@ import pytest
 from app.engines.base import AudioChunk, EngineFailure, InvalidInput, SynthesisRequest
 from app.engines.fake import FakeBehaviour, FakeEngine
 from app.serving import DeadlineExceeded, EnginePool, PoolConfig
-from tests.unit.serving.pool_helpers import synthesize
-from tests.waiting import await_until, run
+from tests.support.pool import synthesize
+from tests.support.waiting import await_until, run
 
 
 def req(rid: str = "r", **kw) -> SynthesisRequest:

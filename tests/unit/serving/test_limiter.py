@@ -19,7 +19,7 @@ import pytest
 
 from app.serving.limit import AdaptiveConfig, AdaptiveLimit
 from app.serving.limit.waiting import WaitingRoom
-from tests.unit.serving.limiter_helpers import Clock, changes
+from tests.support.limiter import Clock, changes
 
 
 class Server:

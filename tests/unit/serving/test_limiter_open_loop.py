@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 
 from app.serving.limit import AdaptiveConfig, AdaptiveLimit
-from tests.unit.serving.limiter_helpers import Clock, changes
+from tests.support.limiter import Clock, changes
 
 TINY = {1: 1 / 5.2, 2: 2 / 7.5, 3: 3 / 7.7, 4: 4 / 7.7, 5: 5 / 7.6, 6: 6 / 7.5, 7: 7 / 7.4, 8: 8 / 7.3}
 CAPACITY = 7.5  # requests a second at the knee

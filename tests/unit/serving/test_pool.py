@@ -20,8 +20,8 @@ from app.serving import (
     QueueTimeout,
 )
 from app.serving.stats import ServiceTimeEstimator
-from tests.unit.serving.pool_helpers import assert_released, synthesize
-from tests.waiting import await_until, run
+from tests.support.pool import assert_released, synthesize
+from tests.support.waiting import await_until, run
 
 
 def req(rid: str = "r", **kw) -> SynthesisRequest:

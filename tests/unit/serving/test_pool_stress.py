@@ -20,7 +20,7 @@ from app.serving import (
     PoolConfig,
     QueueTimeout,
 )
-from tests.unit.serving.pool_helpers import synthesize
+from tests.support.pool import synthesize
 
 # One batch of concurrent clients; 50 shuffled batches make 1,000 requests.
 BATCH = ["ok"] * 6 + ["hang"] * 4 + ["stubborn"] * 2 + ["error"] * 2 + ["error_mid"] * 2 + ["invalid"] + ["cancel"] * 3

@@ -9,7 +9,7 @@ import pytest
 
 from app.serving.errors import Draining
 from app.serving.slots import Lease, LeaseError, Slot, Slots
-from tests.waiting import await_until, run
+from tests.support.waiting import await_until, run
 
 
 def make_slots(n: int = 1) -> tuple[Slots, list[Slot]]:

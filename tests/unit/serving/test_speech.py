@@ -15,7 +15,7 @@ from app.serving.errors import ClientGone
 from app.serving.limits import SpeechLimits
 from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
-from tests.waiting import await_until, run
+from tests.support.waiting import await_until, run
 
 
 async def started(b: FakeBehaviour | None = None, encoder_factory=None, **cfg) -> tuple[SpeechService, FakeBehaviour]:

@@ -14,8 +14,8 @@ from app.engines.fake import FakeBehaviour, FakeEngine
 from app.serving import EnginePool, PoolConfig
 from app.serving.bridge import BlockingStream
 from app.serving.buffers import StreamBudget
-from tests.unit.serving.pool_helpers import synthesize
-from tests.waiting import await_until, run
+from tests.support.pool import synthesize
+from tests.support.waiting import await_until, run
 
 
 def req(rid: str) -> SynthesisRequest:

@@ -12,7 +12,7 @@ from app.engines.base import PromptAudio
 from app.engines.fake import FakeBehaviour, FakeEngine
 from app.voices import VoiceExists, VoiceLibrary, VoiceLimitReached, VoiceNotFound
 from app.voices import library as library_module
-from tests.waiting import await_until, run
+from tests.support.waiting import await_until, run
 
 
 class ThreadPool:

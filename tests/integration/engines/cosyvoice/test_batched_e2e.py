@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import io
-import re
 import threading
 
 import httpx
 import pytest
 import soundfile as sf
 
-from tests.integration.server import ServerProcess
+from tests.support.metrics import metric
+from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -22,12 +22,6 @@ TEXTS = [
     "Streaming and whole-file requests share the same batch.",
     "One more, to fill the batch up to six requests in flight.",
 ]
-
-
-def metric(text: str, name: str) -> float:
-    m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
-    assert m, f"{name} missing from /metrics"
-    return float(m.group(1))
 
 
 @pytest.fixture(scope="module")

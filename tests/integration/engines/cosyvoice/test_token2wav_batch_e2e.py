@@ -7,8 +7,8 @@ import threading
 import httpx
 import pytest
 
-from tests.integration.engines.cosyvoice.test_batched_e2e import metric
-from tests.integration.server import ServerProcess
+from tests.support.metrics import metric
+from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from app.engines.base import InvalidInput, PromptAudio, SynthesisRequest
-from tests.integration.conftest import speechlike
+from tests.support.sounds import speechlike
 from tests.integration.engines.cosyvoice.llm.test_scheduler import mixed_requests
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration]
 

@@ -17,7 +17,7 @@ import pytest
 from app.engines.base import SynthesisRequest
 from app.engines.cosyvoice.llm.bistream import BistreamFeed
 from app.text.stream import TextStream
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 

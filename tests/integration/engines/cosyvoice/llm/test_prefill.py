@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from bench.probes.prefill_stall import JoinGate, Recorder
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from app.engines.base import PromptAudio, SynthesisRequest
-from tests.integration.conftest import speechlike
-from tests.waiting import wait_until
+from tests.support.sounds import speechlike
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

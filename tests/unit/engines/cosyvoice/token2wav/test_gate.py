@@ -8,7 +8,7 @@ import time
 import pytest
 
 from app.engines.cosyvoice.token2wav.gate import PriorityGate
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 
 def test_limit_must_be_positive():

@@ -14,7 +14,7 @@ from signal import SIGTERM
 import httpx
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
 
 
 def free_port() -> int:
@@ -39,7 +39,7 @@ class ServerProcess:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 180.0) -> "ServerProcess":
+    def start(self, timeout: float = 180.0) -> ServerProcess:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--config", str(self.config_path), "--host", "127.0.0.1",
@@ -89,7 +89,7 @@ class ServerProcess:
         except OSError:
             return ""
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

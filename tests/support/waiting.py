@@ -29,3 +29,12 @@ async def await_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.001)
+
+
+def wait_for(pred, timeout: float, what: str) -> float:
+    """Poll ``pred`` until true; returns when (monotonic). Fails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"not reached within {timeout} s: {what}"
+        time.sleep(0.05)
+    return time.monotonic()

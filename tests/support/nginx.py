@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Self
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+
 SHIPPED = ROOT / "deploy" / "nginx" / "cosyserve.conf"
 _SERVER_LINE = re.compile(r"^([ \t]*)server[ \t]+\S+:\d+([ \t]+[^;\n]*)?;[ \t]*$", re.MULTILINE)
 _SERVER_BLOCK = re.compile(r"(?:^[ \t]*server[ \t]+\S+:\d+[^;\n]*;[ \t]*\n)+", re.MULTILINE)
