@@ -56,8 +56,7 @@ test-cluster: setup test-deps
 # .cache/full2, built there if missing); not in CI:
 #   git clone --recursive https://github.com/FunAudioLLM/CosyVoice ../CosyVoice && make test-upstream UPSTREAM=../CosyVoice
 test-upstream: setup
-	COSYSERVE_TEST_UPSTREAM=$(UPSTREAM) $(PY) -m pytest -q -m upstream tests/integration/test_upstream_checkout.py \
-		tests/integration/test_upstream_configs.py
+	COSYSERVE_TEST_UPSTREAM=$(UPSTREAM) $(PY) -m pytest -q -m upstream tests/integration/upstream
 
 loadtest: setup
 	$(PY) -m bench.loadtest

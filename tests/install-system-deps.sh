@@ -2,7 +2,7 @@
 # System packages the test suite needs, from Debian, installed only when missing:
 #   nginx     the load balancer in front of three replicas (tests/cluster, `make test-cluster`)
 #   chromium  the headless browser for the playground test, driven by the playwright package
-#             (tests/integration/test_playground_browser.py; never `playwright install`)
+#             (tests/integration/api/test_playground_browser.py; never `playwright install`)
 # (kubectl, hadolint and kubernetes-validate come as wheels with the dev extra.)
 # Needs root for apt-get (CI runs as root); without root it says what to install and fails.
 set -euo pipefail

@@ -2,7 +2,7 @@
 
 The fake engine speaks streamed text sentence by sentence (as CosyVoice-300M does),
 0.6 s of tone per sentence; the bistream path on real CosyVoice2 is tested in
-tests/integration/test_ws_speech_e2e.py.
+tests/integration/api/test_ws_speech_e2e.py.
 """
 
 from __future__ import annotations

@@ -400,7 +400,7 @@ def test_version_availability(tmp_path):
     assert tiny.tiny_version_available(2) == (True, "")
     ok, why = tiny.tiny_version_available(3)
     # the installed distribution (cosyvoice-minicpmo) has no CosyVoice3 classes; an upstream checkout does
-    # (tests/integration/test_upstream_checkout.py builds and serves a tiny v3 there)
+    # (tests/integration/upstream/test_upstream_checkout.py builds and serves a tiny v3 there)
     assert not ok and "no CosyVoice3 classes" in why and "engine.cosyvoice_path" in why
     with pytest.raises(RuntimeError) as err:
         tiny.build_tiny_model(tmp_path / "v3", 3)

@@ -35,12 +35,11 @@ import pytest
 import soundfile as sf
 
 from app.engines.cosyvoice import layout
-from tests.support.paths import CACHE
+from tests.support.paths import CACHE, ROOT
 from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.upstream, pytest.mark.integration, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {1: "examples/libritts/cosyvoice/conf/cosyvoice.yaml", 2: "examples/libritts/cosyvoice2/conf/cosyvoice2.yaml",
             3: "examples/libritts/cosyvoice3/conf/cosyvoice3.yaml"}
 FULL_DIR = ROOT / ".cache" / "full2"

@@ -5,7 +5,7 @@ Debian's ``chromium`` driven by the ``playwright`` package with ``executable_pat
 The server runs the *long* tiny model so a stream arrives in several pieces and the
 test can see playback start before the stream ends.
 
-``COSYSERVE_PLAYGROUND_SCREENSHOT=docs/img/playground.png pytest tests/integration/test_playground_browser.py``
+``COSYSERVE_PLAYGROUND_SCREENSHOT=docs/img/playground.png pytest tests/integration/api/test_playground_browser.py``
 also writes the screenshot shown in the docs.
 """
 

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.paths import ROOT
 from tests.support.server import ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
-ROOT = Path(__file__).resolve().parents[2]
 MAX_EXAMPLES = os.environ.get("COSYSERVE_SCHEMATHESIS_EXAMPLES", "8")
 
 

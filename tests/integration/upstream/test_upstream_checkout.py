@@ -26,13 +26,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.support.paths import CACHE
+from tests.support.paths import CACHE, ROOT
 from tests.support.server import ServerProcess
 from tests.support.sounds import speechlike
 
 pytestmark = [pytest.mark.upstream, pytest.mark.integration]
 
-ROOT = Path(__file__).resolve().parents[2]
 MODES = {1: "sft,zero_shot,cross_lingual,vc", 2: "sft,zero_shot,cross_lingual,instruct2,vc",
          3: "sft,zero_shot,cross_lingual,instruct2,vc"}
 
