@@ -20,7 +20,7 @@ RUN python -m venv /opt/venv
 
 WORKDIR /srv/cosyserve
 COPY requirements ./requirements
-# The same steps and pins as `make setup` (tests/unit/test_images.py checks that they agree),
+# The same steps and pins as `make setup` (tests/unit/deploy/test_images.py checks that they agree),
 # except torch: the CPU build from PyTorch's CPU index, explicitly. A plain `pip install torch`
 # on x86_64 Linux pulls the CUDA build and several GB of NVIDIA libraries.
 # Not kept: torch's C++ unit-test binaries (torch/test) and C++ headers (torch/include), which only a

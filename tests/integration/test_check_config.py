@@ -55,7 +55,7 @@ def test_nothing_to_check_is_a_usage_error(tmp_path, capsys):
 
 
 def test_the_cpu_images_build_step_passes_here(capsys):
-    """The very command the CPU Dockerfile runs at build (tests/unit/test_images.py checks it is there)."""
+    """The very command the CPU Dockerfile runs at build (tests/unit/deploy/test_images.py checks it is there)."""
     from tests.support.dockerfiles import CHECK_CONFIG, runs
 
     command = CHECK_CONFIG["Dockerfile"]
@@ -65,7 +65,7 @@ def test_the_cpu_images_build_step_passes_here(capsys):
 
 
 def _image_distributions() -> set[str]:
-    """What the images install (tests/unit/test_images.py: the same steps as `make setup`), the dev extra left out.
+    """What the images install (tests/unit/deploy/test_images.py: the same steps as `make setup`), the dev extra left out.
 
     torch, requirements/nodeps.txt (--no-deps), requirements/engine.txt, then cosyserve's own dependencies,
     each with what its metadata requires (markers evaluated here, extras followed).

@@ -27,8 +27,8 @@ from fastapi.testclient import TestClient
 
 from app.config import Settings, load_settings
 from app.main import create_app
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 KUBE = ROOT / "deploy" / "kubernetes"
 OVERLAYS = ("cpu", "gpu", "gpu-hpa")
 K8S_VERSIONS = ("1.32.0", "1.37.0")
