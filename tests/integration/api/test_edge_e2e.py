@@ -29,45 +29,54 @@ def config(tmp_path, engine: dict | None = None, pool: dict | None = None, **ser
     }
 
 
+@pytest.fixture(scope="module")
+def small_uploads(tmp_path_factory):
+    """One fake-engine server for the body-limit tests (each counts from its own start)."""
+    tmp = tmp_path_factory.mktemp("edge")
+    with ServerProcess(tmp, config(tmp, max_upload_mb=0.1)) as srv:  # 0.1 MB + 1 MB for form fields
+        yield srv
+
+
 @pytest.mark.parametrize("path", ["/v1/tts", "/v1/voices"])
-def test_a_declared_200_mb_body_is_refused_before_it_is_sent(tmp_path, path):
-    with ServerProcess(tmp_path, config(tmp_path)) as srv:
-        head = post_head(200 << 20).replace(b"POST /v1/tts", f"POST {path}".encode())
-        t0 = time.monotonic()
-        sock = raw_request(srv, head)  # the headers only: not one byte of the body
-        answer = read_response(sock)
-        sock.close()
-        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
-        assert b"connection: close" in answer.lower() and b"payload_too_large" in answer
-        assert time.monotonic() - t0 < 2.0
-        assert metrics(srv)['tts_body_refused_total{reason="too_large"}'] == 1.0
+def test_a_declared_200_mb_body_is_refused_before_it_is_sent(small_uploads, path):
+    srv, too_large = small_uploads, 'tts_body_refused_total{reason="too_large"}'
+    before = metrics(srv).get(too_large, 0.0)
+    head = post_head(200 << 20).replace(b"POST /v1/tts", f"POST {path}".encode())
+    t0 = time.monotonic()
+    sock = raw_request(srv, head)  # the headers only: not one byte of the body
+    answer = read_response(sock)
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"connection: close" in answer.lower() and b"payload_too_large" in answer
+    assert time.monotonic() - t0 < 2.0
+    assert metrics(srv)[too_large] == before + 1.0
 
 
-def test_a_chunked_body_is_cut_at_the_limit(tmp_path):
-    with ServerProcess(tmp_path, config(tmp_path, max_upload_mb=0.1)) as srv:  # 0.1 MB + 1 MB for form fields
-        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-        sock.sendall(b"POST /v1/tts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Transfer-Encoding: chunked\r\n\r\n")
-        sent, piece = 0, b"x" * 65536
-        try:
-            while sent < (20 << 20):
-                sock.sendall(b"%x\r\n" % len(piece) + piece + b"\r\n")
-                sent += len(piece)
-                sock.settimeout(0.001)
-                try:
-                    if sock.recv(1, socket.MSG_PEEK):
-                        break  # the server answered
-                except (TimeoutError, BlockingIOError):
-                    pass
-                sock.settimeout(10)
-        except OSError:
-            pass  # the server closed while we were still sending
-        sock.settimeout(10)
-        answer = read_response(sock)
-        sock.close()
-        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
-        assert sent < (8 << 20), f"the client pushed {sent} bytes before the server cut it"
-        assert metrics(srv)["tts_body_buffered_bytes"] == 0
+def test_a_chunked_body_is_cut_at_the_limit(small_uploads):
+    srv = small_uploads
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    sock.sendall(b"POST /v1/tts HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n")
+    sent, piece = 0, b"x" * 65536
+    try:
+        while sent < (20 << 20):
+            sock.sendall(b"%x\r\n" % len(piece) + piece + b"\r\n")
+            sent += len(piece)
+            sock.settimeout(0.001)
+            try:
+                if sock.recv(1, socket.MSG_PEEK):
+                    break  # the server answered
+            except (TimeoutError, BlockingIOError):
+                pass
+            sock.settimeout(10)
+    except OSError:
+        pass  # the server closed while we were still sending
+    sock.settimeout(10)
+    answer = read_response(sock)
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert sent < (8 << 20), f"the client pushed {sent} bytes before the server cut it"
+    assert metrics(srv)["tts_body_buffered_bytes"] == 0
 
 
 def sleeper(srv: ServerProcess) -> socket.socket:

@@ -47,20 +47,28 @@ def test_curl_style_request_returns_playable_wav(server):
     assert r.headers["x-request-id"]
 
 
-def test_streaming_wav_arrives_in_chunks(tiny_models, tmp_path):
-    with ServerProcess(tmp_path, config(tiny_models(2, long=True), tmp_path)) as srv:
-        arrivals = []
-        body = b""
-        with httpx.stream("POST", srv.base_url + "/v1/tts", json={"text": SHORT, "stream": True}, timeout=120) as r:
-            assert r.status_code == 200
-            for part in r.iter_raw():
-                arrivals.append(time.perf_counter())
-                body += part
-        assert struct.unpack("<I", body[40:44])[0] == 0xFFFFFFFF
-        pcm = np.frombuffer(body[44:], dtype="<i2")
-        assert len(pcm) > 24000
-        assert len(arrivals) >= 3
-        assert arrivals[-1] - arrivals[0] > 0.05  # really streamed, not sent at the end
+@pytest.fixture(scope="module")
+def one_slot(tiny_models, tmp_path_factory):
+    """The long tiny model (streams arrive in several chunks), one worker, no queue."""
+    tmp = tmp_path_factory.mktemp("e2e-one-slot")
+    with ServerProcess(tmp, config(tiny_models(2, long=True), tmp, workers=1, max_queue=0)) as srv:
+        yield srv
+
+
+def test_streaming_wav_arrives_in_chunks(one_slot):
+    srv = one_slot
+    arrivals = []
+    body = b""
+    with httpx.stream("POST", srv.base_url + "/v1/tts", json={"text": SHORT, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        for part in r.iter_raw():
+            arrivals.append(time.perf_counter())
+            body += part
+    assert struct.unpack("<I", body[40:44])[0] == 0xFFFFFFFF
+    pcm = np.frombuffer(body[44:], dtype="<i2")
+    assert len(pcm) > 24000
+    assert len(arrivals) >= 3
+    assert arrivals[-1] - arrivals[0] > 0.05  # really streamed, not sent at the end
 
 
 def test_burst_beyond_capacity_gets_503_and_admitted_requests_succeed(server):
@@ -96,24 +104,24 @@ def test_burst_beyond_capacity_gets_503_and_admitted_requests_succeed(server):
     assert ready["running"] == 0 and ready["queued"] == 0
 
 
-def test_client_disconnect_mid_stream_frees_the_slot(tiny_models, tmp_path):
-    with ServerProcess(tmp_path, config(tiny_models(2, long=True), tmp_path, workers=1, max_queue=0)) as srv:
-        long_text = " ".join([TEXT] * 4)
-        with httpx.stream("POST", srv.base_url + "/v1/tts", json={"text": long_text, "stream": True}, timeout=120) as r:
-            assert r.status_code == 200
-            next(r.iter_raw())  # first audio arrived; now hang up
-        t0 = time.perf_counter()
-        deadline = t0 + 10
-        status = None
-        while time.perf_counter() < deadline:  # the only slot must come back promptly
-            r2 = httpx.post(srv.base_url + "/v1/tts", json={"text": "next request"}, timeout=60)
-            status = r2.status_code
-            if status == 200:
-                break
-            time.sleep(0.1)
-        assert status == 200
-        assert time.perf_counter() - t0 < 10
-        assert "aborted" in srv.log() or "cancelled" in srv.log()
+def test_client_disconnect_mid_stream_frees_the_slot(one_slot):
+    srv = one_slot
+    long_text = " ".join([TEXT] * 4)
+    with httpx.stream("POST", srv.base_url + "/v1/tts", json={"text": long_text, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        next(r.iter_raw())  # first audio arrived; now hang up
+    t0 = time.perf_counter()
+    deadline = t0 + 10
+    status = None
+    while time.perf_counter() < deadline:  # the only slot must come back promptly
+        r2 = httpx.post(srv.base_url + "/v1/tts", json={"text": "next request"}, timeout=60)
+        status = r2.status_code
+        if status == 200:
+            break
+        time.sleep(0.1)
+    assert status == 200
+    assert time.perf_counter() - t0 < 10
+    assert "aborted" in srv.log() or "cancelled" in srv.log()
 
 
 def test_sigterm_drains_streams_refuses_new_work_and_exits_zero(tiny_models, tmp_path):
