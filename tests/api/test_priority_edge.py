@@ -9,7 +9,7 @@ from app.api.bodies import BodyGate, BodyLimits
 from app.api.context import CLIENT_LEFT, context_of
 from app.api.refusals import RefusalPacer
 from app.serving.priority import Priority
-from tests.waiting import await_until, run
+from tests.support.waiting import await_until, run
 
 
 class Ticket:

@@ -10,7 +10,7 @@ import pytest
 
 from app.serving import Draining, Overloaded, PermitError
 from app.serving.bulk import BulkAccount, BulkQueue
-from tests.waiting import await_until, run
+from tests.support.waiting import await_until, run
 
 
 class Harness:

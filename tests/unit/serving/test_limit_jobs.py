@@ -11,7 +11,7 @@ from app.serving.limit.knee import KneeSearch
 from app.serving.limit.levels import Levels, Window
 from app.serving.limit.waiting import WaitingRoom
 from app.serving.stats import NullObserver, ServiceTimeEstimator
-from tests.unit.serving.limiter_helpers import Clock
+from tests.support.limiter import Clock
 
 
 # -- the protocol ----------------------------------------------------------------------------------

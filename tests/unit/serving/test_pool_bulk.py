@@ -13,7 +13,7 @@ from app.engines.fake import FakeBehaviour, FakeEngine
 from app.metrics import Metrics
 from app.serving import Draining, EnginePool, Overloaded, PoolConfig
 from app.serving.priority import Priority
-from tests.waiting import await_until, run
+from tests.support.waiting import await_until, run
 
 
 def req(rid: str) -> SynthesisRequest:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from app.engines.base import SynthesisRequest
-from tests.waiting import wait_until
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -9,7 +9,7 @@ import pytest
 
 from app.engines.base import SynthesisRequest
 from app.serving import EnginePool, PoolConfig
-from tests.waiting import run
+from tests.support.waiting import run
 
 pytestmark = [pytest.mark.integration]
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 import websockets
 
-from tests.integration.server import ServerProcess
-from tests.waiting import wait_until
+from tests.support.server import ServerProcess
+from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
