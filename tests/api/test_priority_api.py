@@ -15,7 +15,9 @@ from app.api.auth import key_id
 from app.config import Settings
 from app.main import create_app
 from app.serving.priority import Priority
-from tests.api.speech_helpers import RecordingEngine, parse_sse, prompt_wav
+from tests.support.fake_app import RecordingEngine
+from tests.support.sounds import prompt_wav
+from tests.support.sse import parse_sse
 
 KEY, BULK_KEY = "k-live-0123456789", "k-bulk-0123456789"
 
