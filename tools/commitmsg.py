@@ -2,7 +2,7 @@
 
 A subject ``area: imperative summary`` of at most 72 characters, the area one of ``AREAS``, no
 period at its end (a capital is fine: ``docs: README says ...``); a blank line before any body.
-The commit-msg hook (.githooks/commit-msg) and the history test (tests/unit/test_commit_history.py)
+The commit-msg hook (.githooks/commit-msg) and the history test (tests/unit/test_commit_convention.py)
 both call this; ``python tools/commitmsg.py FILE`` checks one message file (exit 1 with problems).
 """
 
