@@ -158,6 +158,11 @@ class Job(Generic[T]):
         return max(0.0, (self.service_s or 0.0) - self._stream.blocked_s)
 
     @property
+    def deadline_s(self) -> float:
+        """Seconds it may run before it is cancelled with 504 (0: no deadline)."""
+        return self._deadline_s
+
+    @property
     def started_at(self) -> float:
         """``time.monotonic()`` when the job was handed to its slot thread."""
         return self._started_at

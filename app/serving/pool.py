@@ -314,6 +314,13 @@ class EnginePool:
             raise HealthCheckTimeout(f"the engine health check did not return within "
                                      f"{self.config.health_timeout_s:g} s") from None
 
+    def _deadline_s(self, bulk: bool) -> float:
+        """``request_timeout_s``; a bulk job's adds its class timeout (``bulk_queue_timeout_s``): the engine
+        holds a started bulk request back while interactive work fills the room, and that time is a wait,
+        not a slow or wedged engine (so neither a 504 nor a stuck slot)."""
+        base = self.config.request_timeout_s
+        return base + self.config.bulk_queue_timeout_s if bulk and base > 0 else base
+
     def stuck_slots(self) -> list[int]:
         """Slots whose job has been in the engine past ``request_timeout_s + stuck_grace_s``.
 
@@ -323,18 +330,17 @@ class EnginePool:
         """
         if self.config.request_timeout_s <= 0:
             return []
-        limit = self.config.request_timeout_s + self.config.stuck_grace_s
         now = time.monotonic()
         stuck = []
         for job in self._jobs:
-            if not job.done and now - job.started_at > limit:
+            if not job.done and now - job.started_at > job.deadline_s + self.config.stuck_grace_s:
                 stuck.append(job.slot_index)
                 if not job.stuck_reported:
                     job.stuck_reported = True
                     self._stuck_total += 1
                     log.error("slot %d is stuck in the engine: job %s has run %.0f s (deadline %g s + grace %g s)",
                               job.slot_index, job.request_id, now - job.started_at,
-                              self.config.request_timeout_s, self.config.stuck_grace_s)
+                              job.deadline_s, self.config.stuck_grace_s)
         return sorted(stuck)
 
     # -- admission ----------------------------------------------------------------------------
@@ -489,7 +495,7 @@ class EnginePool:
                           request_id=request_id or uuid.uuid4().hex, queue_wait_s=wait,
                           buffer_chunks=self.config.stream_buffer_chunks,
                           buffer_bytes=self.config.stream_buffer_bytes, budget=self.stream_budget,
-                          deadline_s=self.config.request_timeout_s, on_thread_done=self._job_ended)
+                          deadline_s=self._deadline_s(bulk), on_thread_done=self._job_ended)
             except BaseException:
                 lease.release()
                 raise

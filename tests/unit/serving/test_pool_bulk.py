@@ -240,3 +240,24 @@ def test_per_class_metrics() -> None:
             assert line in text, line
 
     run(main())
+
+
+def test_a_bulk_jobs_deadline_adds_its_class_timeout() -> None:
+    """A started bulk request the engine holds back while interactive work fills the room is waiting:
+    its deadline (504, and the stuck-slot check) is request_timeout_s + bulk_queue_timeout_s."""
+
+    async def main():
+        pool = make_pool(FakeBehaviour(chunk_delay_s=0.2), workers=2, request_timeout_s=5,
+                         bulk_queue_timeout_s=50, stuck_grace_s=1)
+        await pool.start()
+        try:
+            live = await pool.run(pool.admit(), req("live"))
+            bulk = await pool.run(await pool.admit_for(Priority.BULK, "key-1"), req("bulk"))
+            assert (live.deadline_s, bulk.deadline_s) == (5, 55)
+            for job in (live, bulk):
+                async with job:
+                    [c async for c in job]
+        finally:
+            await pool.close()
+
+    run(main())
