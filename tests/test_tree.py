@@ -10,15 +10,6 @@ import ast
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
-# The engine-stage tests still share helpers among themselves; they move with those tests
-# (issue 38, part 2), which empties this list. (importer, imported), by file name.
-PENDING = {
-    ("test_flow_batch", "test_batching"),
-    ("test_flow_budget", "test_flow_cache"),
-    ("test_flow_knobs", "test_flow_cache"),
-    ("test_flow_prompt_cache", "test_flow_cache"),
-    ("test_prefill_failures", "test_batched_prefill"),
-}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -41,7 +32,7 @@ def test_no_test_module_or_conftest_is_imported():
             if parts[0] != "tests":
                 continue
             last = parts[-1]
-            if (last.startswith("test_") or last == "conftest") and (path.stem, last) not in PENDING:
+            if last.startswith("test_") or last == "conftest":
                 wrong.append(f"{path.relative_to(TESTS.parent)} imports {module}")
     assert not wrong, "move the helper into tests/support/:\n" + "\n".join(wrong)
 

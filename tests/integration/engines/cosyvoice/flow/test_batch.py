@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from app.engines.base import InvalidInput, PromptAudio, SynthesisRequest
+from tests.support.engine_requests import mixed_requests
 from tests.support.sounds import speechlike
-from tests.integration.engines.cosyvoice.llm.test_scheduler import mixed_requests
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration]

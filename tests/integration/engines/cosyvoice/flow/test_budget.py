@@ -21,7 +21,7 @@ from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine  # noq
 from app.engines.cosyvoice.flow import cache as flow_cache  # noqa: E402
 from app.engines.cosyvoice.flow.budget import FlowCacheBudget, bytes_per_frame  # noqa: E402
 from app.engines.cosyvoice.load import load_model_dir  # noqa: E402
-from tests.integration.engines.cosyvoice.flow.test_cache import (  # noqa: E402
+from tests.support.flow_streams import (  # noqa: E402
     EXACT,
     STREAM_TEXT,
     inputs,

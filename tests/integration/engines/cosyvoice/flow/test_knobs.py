@@ -22,7 +22,7 @@ from app.engines.cosyvoice.flow import cache as flow_cache
 from app.engines.cosyvoice.flow.runtime import options_of, solve, time_grid
 from app.engines.cosyvoice.levers import Levers
 from app.engines.cosyvoice.load import load_model_dir
-from tests.integration.engines.cosyvoice.flow.test_cache import (
+from tests.support.flow_streams import (
     EXACT,
     inputs,
     streamed_mel,

@@ -26,7 +26,7 @@ from app.engines.base import PromptAudio, SynthesisRequest
 from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 from app.engines.cosyvoice.flow import cache as flow_cache
 from app.engines.cosyvoice.load import load_model_dir
-from tests.integration.engines.cosyvoice.flow.test_cache import (
+from tests.support.flow_streams import (
     EXACT,
     STREAM_TEXT,
     inputs,

@@ -15,13 +15,6 @@ import contextlib
 import pytest
 
 from bench.probes.prefill_stall import Recorder
-from tests.integration.engines.cosyvoice.llm.test_prefill import (
-    MIXED,
-    make_inputs,
-    queued_together,
-    scheduler,
-    submit,
-)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -30,6 +23,13 @@ torch = pytest.importorskip("torch")
 from app.engines.cosyvoice.llm.forward import BatchedLM  # noqa: E402
 from app.engines.cosyvoice.llm.sampling import Sampler  # noqa: E402
 from app.engines.cosyvoice.load import load_model_dir  # noqa: E402
+from tests.support.llm_batches import (  # noqa: E402
+    MIXED,
+    make_inputs,
+    queued_together,
+    scheduler,
+    submit,
+)
 
 COUNT = 8
 
