@@ -50,7 +50,8 @@ class ServerSettings(_Section):
     max_upload_mb: float = Field(20.0, gt=0)
     max_text_chars: int = Field(4096, ge=1)
     body_timeout_s: float = Field(30.0, ge=0)  # 0: no deadline
-    max_body_reads: int = Field(64, ge=1)  # request bodies read at once (no permit held meanwhile); beyond: 503
+    max_body_reads: int = Field(64, ge=1)  # request bodies read at once (no permit held meanwhile); beyond: wait
+    body_read_wait_s: float = Field(2.0, ge=0)  # ... at most this long for a place, then 503 (0: 503 at once)
     body_buffer_mb: float = Field(256.0, gt=0)  # bytes all bodies being read may hold together; beyond: 503
     send_timeout_s: float = Field(30.0, ge=0)  # a stream whose client reads nothing this long is closed (0: never)
     refusals_per_s: float = Field(20.0, ge=0)  # error answers sent at once per second; beyond, held (0: no pacing)

@@ -80,7 +80,7 @@ def body_limits(settings: Settings) -> BodyLimits:
     s = settings.server
     plain = s.max_text_chars * PLAIN_BYTES_PER_CHAR + PLAIN_ALLOWANCE_BYTES
     return BodyLimits(max_bytes=int(s.max_upload_mb * 1024 * 1024) + FORM_ALLOWANCE_BYTES, timeout_s=s.body_timeout_s,
-                      max_plain_bytes=plain, max_reads=s.max_body_reads,
+                      max_plain_bytes=plain, max_reads=s.max_body_reads, wait_s=s.body_read_wait_s,
                       max_buffered_bytes=int(s.body_buffer_mb * 1024 * 1024))
 
 

@@ -16,7 +16,11 @@ the bytes received:
   ``prompt_text`` is refused before it is read, not parsed first.
 * **time**: the whole body must arrive within ``body_timeout_s`` (408): a
   dribbling client loses its place, it never had a permit.
-* **number**: at most ``max_reads`` bodies are read at once; beyond, 503 at once.
+* **number**: at most ``max_reads`` bodies are read at once; beyond, a body waits (FIFO) up to
+  ``wait_s`` for a place (a burst of fast clients, e.g. a bulk backlog sent at once, is read in
+  turn in milliseconds), and at most ``WAITERS_PER_READ`` x ``max_reads`` bodies wait; past
+  either, 503. Clients that hold every place by dribbling make the others wait ``wait_s`` at
+  most, then hear 503 as before.
 * **bytes**: all the bodies being read hold at most ``max_buffered_bytes``
   together (a declared length is reserved up front, a chunked body as it
   grows); beyond, 503 at once. Memory held by bodies in flight stays bounded
@@ -27,6 +31,7 @@ the bytes received:
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +43,9 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 # The Retry-After of a refusal because too many bodies are being read: a body takes about this long.
 BUSY_RETRY_AFTER_S = 1.0
+# Bodies that may wait for a read place, per place: a waiter is a coroutine on a connection uvicorn already
+# holds, so this bounds only the bookkeeping; 8 x 64 covers any burst a client pool sends at once.
+WAITERS_PER_READ = 8
 
 
 class ClientLeft(Exception):
@@ -51,6 +59,7 @@ class BodyLimits:
     max_plain_bytes: int = 1 << 20  # a body that is not multipart (JSON, urlencoded): fields only
     max_reads: int = 64  # bodies read at once
     max_buffered_bytes: int = 256 << 20  # bytes all bodies being read may hold together
+    wait_s: float = 2.0  # how long a body may wait for a read place when all are taken (0: 503 at once)
 
 
 def has_body(scope: dict[str, Any]) -> bool:
@@ -89,6 +98,7 @@ class BodyGate:
         self.reading = 0  # bodies being read now
         self.buffered = 0  # bytes reserved by the bodies being read
         self.refused: dict[str, int] = {}  # too_large | timeout | busy
+        self._waiters: deque[asyncio.Future[None]] = deque()  # bodies waiting for a read place, oldest first
 
     def _count(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
@@ -113,10 +123,13 @@ class BodyGate:
         self.check_declared(scope)
         lim = self.limits
         reading = _Reading(self, declared_length(scope) or 0, *self.limit_of(scope))
-        if self.reading >= lim.max_reads or self.buffered + reading.held > lim.max_buffered_bytes:
+        if self.buffered + reading.held > lim.max_buffered_bytes:
             self._count("busy")
             raise Overloaded(f"{self.reading} request bodies are being read; try again shortly", BUSY_RETRY_AFTER_S)
-        self.reading += 1
+        if self.reading >= lim.max_reads or self._waiters:
+            await self._wait_for_place()  # a place handed over counts in ``reading`` already
+        else:
+            self.reading += 1
         self.buffered += reading.held
         try:
             if lim.timeout_s <= 0:
@@ -129,8 +142,42 @@ class BodyGate:
                 raise BodyTimeout("body_timeout", f"the request body did not arrive within "
                                   f"{lim.timeout_s:g} s (server.body_timeout_s)") from None
         finally:
-            self.reading -= 1
             self.buffered -= reading.held
+            self._give_place()
+
+    async def _wait_for_place(self) -> None:
+        """Wait FIFO for a read place (handed over by a finished read), or Overloaded."""
+        lim = self.limits
+        if lim.wait_s <= 0 or len(self._waiters) >= WAITERS_PER_READ * lim.max_reads:
+            self._count("busy")
+            raise Overloaded(f"{self.reading} request bodies are being read; try again shortly", BUSY_RETRY_AFTER_S)
+        place = asyncio.get_running_loop().create_future()
+        self._waiters.append(place)
+        try:
+            async with asyncio.timeout(lim.wait_s):
+                await place
+        except BaseException as exc:
+            handed = place.done() and not place.cancelled()  # a read ended and passed its place on
+            if isinstance(exc, TimeoutError) and handed:
+                return  # the place came as the wait ran out: take it
+            if handed:
+                self._give_place()  # handed a place, then cancelled (the client left): pass it on
+            elif place in self._waiters:
+                self._waiters.remove(place)
+            if isinstance(exc, TimeoutError):
+                self._count("busy")
+                raise Overloaded(f"{self.reading} request bodies are being read and none finished within "
+                                 f"{lim.wait_s:g} s; try again shortly", BUSY_RETRY_AFTER_S) from None
+            raise
+
+    def _give_place(self) -> None:
+        """A read ended: its place goes to the oldest waiter, else back to the pool of places."""
+        while self._waiters:
+            place = self._waiters.popleft()
+            if not place.done():
+                place.set_result(None)
+                return
+        self.reading -= 1
 
 
 class _Reading:

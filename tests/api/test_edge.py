@@ -207,14 +207,15 @@ def test_a_body_that_does_not_arrive_in_time_is_408_and_holds_nothing() -> None:
 
 def test_body_reads_are_bounded_in_number_and_in_bytes() -> None:
     async def main():
-        mw, app, gate = edge(Pool(places=10), max_reads=2, max_buffered_bytes=1500, max_bytes=1000)
+        mw, app, gate = edge(Pool(places=10), max_reads=2, max_buffered_bytes=1500, max_bytes=1000, wait_s=0.1)
         hold = [Wire([b"a"], then_wait=True) for _ in range(2)]
         tasks = [asyncio.ensure_future(mw(scope(headers={"content-length": "10"}), w.receive, w.send))
                  for w in hold]
         await await_until(lambda: gate.reading == 2)
-        third = Wire([b"b"])
+        third = Wire([b"b"])  # both places held by dribblers: it waits wait_s for one, then 503
         await mw(scope(headers={"content-length": "1"}), third.receive, third.send)
         assert third.status == 503 and third.error["code"] == "overloaded" and third.received == 0
+        assert "within 0.1 s" in third.error["message"]
         for w in hold:
             w.more.set()
         await asyncio.gather(*tasks)
@@ -228,6 +229,52 @@ def test_body_reads_are_bounded_in_number_and_in_bytes() -> None:
         big.more.set()
         await task
         assert gate.refused == {"busy": 2} and gate.buffered == 0
+
+    run(main())
+
+
+def test_a_burst_of_fast_bodies_beyond_the_read_places_is_read_in_turn_not_refused() -> None:
+    """200 bulk requests sent at once (issue 39): with 4 read places every body waits its turn, FIFO;
+    past 8 waiters per place a body is refused at once."""
+
+    async def main():
+        mw, app, gate = edge(Pool(places=500), max_reads=4)
+        wires = [Wire([b"x" * 8], then_wait=True) for _ in range(30)]  # 4 read, 26 wait (at most 8 x 4 may)
+        tasks = [asyncio.ensure_future(mw(scope(headers={"content-length": "8"}), w.receive, w.send)) for w in wires]
+        await await_until(lambda: gate.reading == 4 and len(gate._waiters) == 26)
+        for w in wires:  # the bytes arrive
+            w.more.set()
+        await asyncio.gather(*tasks)
+        assert [w.status for w in wires] == [200] * 30 and gate.refused == {}
+        assert gate.reading == 0 and not gate._waiters and gate.buffered == 0
+        hold = [Wire([b"y"], then_wait=True) for _ in range(4 + 32)]
+        tasks = [asyncio.ensure_future(mw(scope(headers={"content-length": "1"}), w.receive, w.send)) for w in hold]
+        await await_until(lambda: len(gate._waiters) == 32)
+        extra = Wire([b"z"])
+        await mw(scope(headers={"content-length": "1"}), extra.receive, extra.send)
+        assert extra.status == 503 and gate.refused == {"busy": 1}
+        for w in hold:
+            w.more.set()
+        await asyncio.gather(*tasks)
+
+    run(main())
+
+
+def test_a_waiter_that_leaves_passes_no_place_on_twice() -> None:
+    async def main():
+        mw, app, gate = edge(Pool(places=10), max_reads=1, wait_s=5.0)
+        first = Wire([b"a"], then_wait=True)
+        t1 = asyncio.ensure_future(mw(scope(headers={"content-length": "1"}), first.receive, first.send))
+        await await_until(lambda: gate.reading == 1)
+        waiting = [Wire([b"b"]) for _ in range(2)]
+        tasks = [asyncio.ensure_future(mw(scope(headers={"content-length": "1"}), w.receive, w.send)) for w in waiting]
+        await await_until(lambda: len(gate._waiters) == 2)
+        tasks[0].cancel()  # its client left while it waited
+        await asyncio.gather(tasks[0], return_exceptions=True)
+        first.more.set()
+        await asyncio.gather(t1, tasks[1])
+        assert first.status == 200 and waiting[1].status == 200
+        assert gate.reading == 0 and not gate._waiters
 
     run(main())
 
