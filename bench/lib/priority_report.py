@@ -13,6 +13,7 @@ host and is graded ``None`` with both ratios shown, not passed or failed on a lu
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from bench.lib.load import Result, percentile, work_in_window
@@ -27,15 +28,19 @@ def backlog_summary(results: list[Result], window: tuple[float, float] | None = 
     """The bulk backlog: counts, completion time (first submit to last done), goodput, the longest wait.
 
     Goodput is audio seconds per wall second over ``window`` (the interactive loop's, in phase B: the
-    classes share it) or else over the completion time. A request's wait is bounded by its time to first
+    classes share it; each request's audio counted over its first audio to its end, not over the time
+    it waited in the queue, which would credit the window with work done after it) or else over the
+    completion time. A request's wait is bounded by its time to first
     audio (queue wait plus its first chunk's compute): the longest one is what the class timeout bounds.
     """
     ok = [r for r in results if r.kind == "ok"]
     starts = [r.start for r in results]
     ends = [r.start + r.latency_s for r in results]
     completion = max(ends) - min(starts) if results else 0.0
-    if window is not None:
-        goodput = work_in_window(ok, *window, weight=lambda r: r.audio_s)
+    if window is not None:  # a queued request computes nothing: its audio is spread over first audio -> end
+        computing = [replace(r, start=r.start + r.ttfa_s, latency_s=r.latency_s - r.ttfa_s) if r.ttfa_s else r
+                     for r in ok]
+        goodput = work_in_window(computing, *window, weight=lambda r: r.audio_s)
     else:
         goodput = sum(r.audio_s for r in ok) / completion if completion > 0 else 0.0
     ttfa = [r.ttfa_s for r in ok if r.ttfa_s is not None]
