@@ -7,9 +7,9 @@ or ``--model-dir``, e.g. a full-size dir from ``python -m app.devmodels``), star
 bench.admission starts its servers. Every request is ``POST /v1/tts`` streaming 16-bit PCM of one
 sentence, bulk ones with ``"priority": "bulk"``.
 
-1. **The knee**: a short closed-loop sweep (``--concurrency``, bench.admission's closed loop,
-   503s honour ``Retry-After``); the point of the best throughput is the interactive load, its
-   goodput the reference of the goodput goal.
+1. **The knee**: a short closed-loop sweep (``--concurrency``, bench.admission's closed loop);
+   the interactive load is a closed loop of as many clients as the admission limit settled on
+   (the knee), or the best point's where no limit was read.
 2. **A**: that interactive closed loop alone for ``--phase-s``.
 3. **B**: the same loop beside a backlog of ``--backlog`` bulk requests submitted at once (each
    awaited to its end, however long the backlog takes after the loop ended).
@@ -116,8 +116,12 @@ async def knee(url: str, args: argparse.Namespace) -> dict[str, Any]:
         log(f"  c={c}: {s.throughput_rps:.2f} rps {s.audio_per_s:.1f} audio-s/s p99={ms(s.latency_p99_s)} "
             f"503={s.rejected} limit={points[-1]['limit_last']}")
     best = best_closed(points)
-    return {"concurrency": best["concurrency"], "best_audio_per_s": best["audio_per_s"],
-            "limit": best["limit_last"], "swept": args.concurrency, "points": points}
+    limit = best["limit_last"]
+    # the knee's closed loop: as many clients as the limit the server settled on (the sweep's best point
+    # when no limit was read); a best point past the limit only adds clients waiting in its waiting room
+    knee_c = max(1, round(limit)) if limit else best["concurrency"]
+    return {"concurrency": knee_c, "best_concurrency": best["concurrency"], "best_audio_per_s": best["audio_per_s"],
+            "limit": limit, "swept": args.concurrency, "points": points}
 
 
 async def loop(url: str, c: int, args: argparse.Namespace) -> tuple[load.Summary, tuple[float, float]]:

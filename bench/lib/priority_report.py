@@ -3,8 +3,8 @@
 Phases: ``A`` the interactive closed loop alone, ``B`` the same loop beside the bulk backlog,
 ``A2`` the loop alone again (the host's drift across B), ``C`` the backlog alone. Goals (issue 39):
 interactive p99 latency and p99 time to first audio beside the backlog at most 1.1x alone; total
-goodput beside it at least 0.95x the best closed-loop point; the backlog with zero 503s, zero
-failures, and no wait past its class timeout.
+goodput beside it at least 0.95x the best closed-loop point (the knee's loop alone, A and A2); the
+backlog with zero 503s, zero failures, and no wait past its class timeout.
 
 "Alone" is A and A2 together (their geometric mean), and their ratio is the host's noise on that
 number: where A and A2 differ by more than the goal's margin, the goal cannot be resolved on this
@@ -92,13 +92,19 @@ def evaluate_goals(results: dict[str, Any]) -> list[dict[str, Any]]:
     for key, name in (("latency_p99_s", "interactive p99 latency"), ("ttfa_p99_s", "interactive p99 TTFA")):
         goals.append(_latency_goal(f"{name} beside the backlog / alone", beside.get(key), alone.get(key),
                                    again.get(key)))
-    # the best closed-loop point: the sweep's best, or phase A (the same loop, measured longer) if it did better
-    points = [results.get("knee", {}).get("best_audio_per_s"), alone.get("audio_per_s"), again.get("audio_per_s")]
-    best = max((p for p in points if p is not None), default=None)
+    # the best closed-loop point, re-run on both sides of B: the knee's loop alone in A and in A2 (the sweep's
+    # 20 s points are a moment of a host that drifts; its best is shown beside, not graded)
     total = None if not beside or not bulk_b else beside.get("audio_per_s", 0.0) + bulk_b.get("audio_per_s", 0.0)
+    best, drift = _alone(alone.get("audio_per_s"), again.get("audio_per_s"))
     r = _ratio(total, best)
-    goals.append(_goal("total goodput beside the backlog / best closed-loop point", r, f">= {GOODPUT_RATIO_MIN}",
-                       None if r is None else r >= GOODPUT_RATIO_MIN))
+    sweep = _ratio(total, results.get("knee", {}).get("best_audio_per_s"))
+    noise = "" if drift is None else f"A2/A {drift:.3f}"
+    noise += "" if sweep is None else f"; / the sweep's best point {sweep:.3f}"
+    ok = None if r is None else r >= GOODPUT_RATIO_MIN
+    if ok is not None and drift is not None and max(drift, 1 / drift) > 2 - GOODPUT_RATIO_MIN:
+        ok, noise = None, noise + f"; A2/A past the {GOODPUT_RATIO_MIN}x margin: not resolvable here"
+    goals.append(_goal("total goodput beside the backlog / the knee's loop alone (A, A2)", r,
+                       f">= {GOODPUT_RATIO_MIN}", ok, noise))
     timeout = results.get("bulk_timeout_s")
     for phase, bulk in (("B", bulk_b), ("C", bulk_c)):
         if not bulk:
