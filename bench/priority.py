@@ -62,6 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--backlog", type=int, help="bulk requests submitted at once (default 200; --quick 12)")
     ap.add_argument("--server-nice", type=int, default=5, help="run the server at this niceness (0: as the client)")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="interactive client timeout per request")
+    ap.add_argument("--clients", type=int, help="interactive clients in A, B, A2 (default: the knee, the settled limit)")
     args = ap.parse_args(argv)
     quick = {"concurrency": "1,2", "phase_s": 6.0, "point_s": 3.0, "warmup_s": 1.0, "backlog": 12}
     full = {"concurrency": "1,2,4,8", "phase_s": 60.0, "point_s": 20.0, "warmup_s": 5.0, "backlog": 200}
@@ -147,7 +148,8 @@ async def phase_b(url: str, c: int, args: argparse.Namespace, bulk_timeout: floa
 async def measure(url: str, args: argparse.Namespace, results: dict[str, Any]) -> None:
     log(f"knee: closed loop at {args.concurrency}")
     results["knee"] = k = await knee(url, args)
-    c = k["concurrency"]
+    c = args.clients or k["concurrency"]
+    results["clients"] = c
     log(f"A: {c} interactive clients alone, {args.phase_s:g} s")
     s, _ = await loop(url, c, args)
     results["phases"]["A"] = {"interactive": interactive(s)}

@@ -169,8 +169,10 @@ def markdown(results: dict[str, Any]) -> str:
     knee = results.get("knee", {})
     out = [
         "# Live and bulk on one server (bench.priority)", "",
-        (f"Model {results.get('model')}, {results.get('cores')} cores; closed loop of {knee.get('concurrency')} "
-        f"interactive clients (the knee: best of {knee.get('swept')}, {_fmt(knee.get('best_audio_per_s'))} audio s/s), "
+        (f"Model {results.get('model')}, {results.get('cores')} cores; closed loop of "
+        f"{results.get('clients', knee.get('concurrency'))} interactive clients (the knee, the admission limit "
+        f"settled on: {_fmt(knee.get('limit'))}; the sweep {knee.get('swept')}: best "
+        f"{_fmt(knee.get('best_audio_per_s'))} audio s/s at c={knee.get('best_concurrency')}), "
         f"{results.get('phase_s')} s per phase; backlog of {results.get('backlog')} bulk requests submitted at once; "
         f"bulk class timeout {results.get('bulk_timeout_s')} s."), "",
         table(results), "", "## Goals", "",
