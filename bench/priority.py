@@ -20,7 +20,7 @@ sentence, bulk ones with ``"priority": "bulk"``.
 Per phase, side by side: goodput per class (audio s per wall s; in B over the loop's window),
 interactive TTFA and latency p50/p99, bulk completion time (first submit to last done), 503s and
 failures per class, the longest bulk wait (its time to first audio) against the class timeout;
-then the goals (bench/priority_report.py). Output: ``priority.json`` and ``priority.md`` in
+then the goals (bench/lib/priority_report.py). Output: ``priority.json`` and ``priority.md`` in
 ``--out`` (default .cache/bench/priority).
 """
 
