@@ -19,8 +19,9 @@ sentence, bulk ones with ``"priority": "bulk"``.
 
 Per phase, side by side: goodput per class (audio s per wall s; in B over the loop's window),
 interactive TTFA and latency p50/p99, bulk completion time (first submit to last done), 503s and
-failures per class, the longest bulk wait (its time to first audio) against the class timeout;
-then the goals (bench/lib/priority_report.py). Output: ``priority.json`` and ``priority.md`` in
+failures per class, the longest bulk wait (its time to first audio) against the class timeout, the
+admission limit each interactive loop ran under (``/metrics`` every 0.5 s: its mean and each value's
+share; the bulk room follows it); then the goals (bench/lib/priority_report.py). Output: ``priority.json`` and ``priority.md`` in
 ``--out`` (default .cache/bench/priority).
 """
 
@@ -39,7 +40,13 @@ from bench.lib.abuse_report import ms
 from bench.lib.admission_report import best_closed
 from bench.lib.admission_server import Poller, pool_server, shown
 from bench.lib.load import LoadClient, RequestSpec, Result
-from bench.lib.priority_report import backlog_summary, evaluate_goals, markdown, table
+from bench.lib.priority_report import (
+    backlog_summary,
+    evaluate_goals,
+    limit_readings,
+    markdown,
+    table,
+)
 from bench.lib.procs import new_run_dir, results_dir
 
 TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
@@ -125,24 +132,26 @@ async def knee(url: str, args: argparse.Namespace) -> dict[str, Any]:
             "limit": limit, "swept": args.concurrency, "points": points}
 
 
-async def loop(url: str, c: int, args: argparse.Namespace) -> tuple[load.Summary, tuple[float, float]]:
-    """The interactive closed loop of ``c`` clients; its summary and its measured window (monotonic)."""
-    t0 = time.monotonic()
-    s = await load.closed_loop(url, spec(), c, args.phase_s, warmup_s=args.warmup_s, timeout_s=args.timeout_s,
-                               reject_backoff_s=None)
-    return s, (t0 + args.warmup_s, t0 + args.warmup_s + args.phase_s)
+async def loop(url: str, c: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The interactive closed loop of ``c`` clients alone, with the admission limit it ran under."""
+    with Poller(url, time.monotonic()) as poll:
+        s = await load.closed_loop(url, spec(), c, args.phase_s, warmup_s=args.warmup_s, timeout_s=args.timeout_s,
+                                   reject_backoff_s=None)
+    return {"interactive": interactive(s), "limit": limit_readings(poll.limits)}
 
 
 async def phase_b(url: str, c: int, args: argparse.Namespace, bulk_timeout: float) -> dict[str, Any]:
     """The interactive loop with the backlog submitted as its measured window opens."""
     t0 = time.monotonic()
-    looping = asyncio.create_task(load.closed_loop(url, spec(), c, args.phase_s, warmup_s=args.warmup_s,
-                                                   timeout_s=args.timeout_s, reject_backoff_s=None))
-    await asyncio.sleep(args.warmup_s)
-    bulk = asyncio.create_task(backlog(url, args.backlog, bulk_timeout + args.timeout_s))
-    s = await looping
+    with Poller(url, t0) as poll:
+        looping = asyncio.create_task(load.closed_loop(url, spec(), c, args.phase_s, warmup_s=args.warmup_s,
+                                                       timeout_s=args.timeout_s, reject_backoff_s=None))
+        await asyncio.sleep(args.warmup_s)
+        bulk = asyncio.create_task(backlog(url, args.backlog, bulk_timeout + args.timeout_s))
+        s = await looping
     window = (t0 + args.warmup_s, t0 + args.warmup_s + args.phase_s)
-    return {"interactive": interactive(s), "bulk": backlog_summary(await bulk, window)}
+    return {"interactive": interactive(s), "bulk": backlog_summary(await bulk, window),
+            "limit": limit_readings(poll.limits)}
 
 
 async def measure(url: str, args: argparse.Namespace, results: dict[str, Any]) -> None:
@@ -151,13 +160,11 @@ async def measure(url: str, args: argparse.Namespace, results: dict[str, Any]) -
     c = args.clients or k["concurrency"]
     results["clients"] = c
     log(f"A: {c} interactive clients alone, {args.phase_s:g} s")
-    s, _ = await loop(url, c, args)
-    results["phases"]["A"] = {"interactive": interactive(s)}
+    results["phases"]["A"] = await loop(url, c, args)
     log(f"B: {c} interactive clients beside {args.backlog} bulk requests")
     results["phases"]["B"] = await phase_b(url, c, args, results["bulk_timeout_s"])
     log(f"A2: {c} interactive clients alone again (the host's drift across B)")
-    s, _ = await loop(url, c, args)
-    results["phases"]["A2"] = {"interactive": interactive(s)}
+    results["phases"]["A2"] = await loop(url, c, args)
     log(f"C: {args.backlog} bulk requests alone")
     bulk = await backlog(url, args.backlog, results["bulk_timeout_s"] + args.timeout_s)
     results["phases"]["C"] = {"bulk": backlog_summary(bulk)}

@@ -156,12 +156,31 @@ def _cell(phase: dict[str, Any], cls: str, key: str, unit: str) -> str:
     return _fmt(part.get(key), unit)
 
 
+def limit_readings(limits: list[float]) -> dict[str, Any] | None:
+    """The admission limit over one phase (``/metrics`` read every 0.5 s): its mean and each value's share."""
+    if not limits:
+        return None
+    shares = {f"{v:g}": round(limits.count(v) / len(limits), 3) for v in sorted(set(limits))}
+    return {"mean": round(sum(limits) / len(limits), 3), "readings": len(limits), "shares": shares}
+
+
+def _limit_cell(phase: dict[str, Any]) -> str:
+    lim = phase.get("limit")
+    if not lim:
+        return ""
+    parts = ", ".join(f"{v}: {share * 100:.0f} %" for v, share in lim["shares"].items())
+    return f"{lim['mean']:.2f} ({parts})"
+
+
 def table(results: dict[str, Any]) -> str:
     """Side by side per phase, as a markdown table."""
     phases = results.get("phases", {})
     lines = ["| | " + " | ".join(f"{k}: {v}" for k, v in PHASES.items()) + " |", "|---" * (len(PHASES) + 1) + "|"]
     for label, cls, key, unit in ROWS:
         lines.append(f"| {label} | " + " | ".join(_cell(phases.get(k, {}), cls, key, unit) for k in PHASES) + " |")
+    if any(phases.get(k, {}).get("limit") for k in PHASES):
+        lines.append("| admission limit, mean (share of readings) | "
+                     + " | ".join(_limit_cell(phases.get(k, {})) for k in PHASES) + " |")
     return "\n".join(lines)
 
 

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from bench.lib.load import Result
-from bench.lib.priority_report import backlog_summary, evaluate_goals, markdown, table
+from bench.lib.priority_report import (
+    backlog_summary,
+    evaluate_goals,
+    limit_readings,
+    markdown,
+    table,
+)
 from bench.priority import parse_args, spec
 
 
@@ -95,6 +101,18 @@ def test_the_table_puts_the_phases_side_by_side():
     assert row.split("|")[2:6] == ["  ", " 200 / 200 ", "  ", " 200 / 200 "]
     report = markdown({**results(), "goals": evaluate_goals(results())})
     assert report.startswith("# Live and bulk") and "| PASS |" in report
+
+
+def test_the_limit_each_loop_ran_under_is_summarised_and_shown_beside_the_phases():
+    assert limit_readings([]) is None
+    lim = limit_readings([3.0, 3.0, 2.0, 3.0])
+    assert lim == {"mean": 2.75, "readings": 4, "shares": {"2": 0.25, "3": 0.75}}
+    assert not any(line.startswith("| admission limit") for line in table(results()).splitlines())
+    r = results()
+    r["phases"]["A"]["limit"] = lim
+    r["phases"]["B"]["limit"] = limit_readings([2.0, 2.0])
+    row = next(line for line in table(r).splitlines() if line.startswith("| admission limit"))
+    assert row.split("|")[2:6] == [" 2.75 (2: 25 %, 3: 75 %) ", " 2.00 (2: 100 %) ", "  ", "  "]
 
 
 def test_options_and_the_requests():
