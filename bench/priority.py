@@ -21,8 +21,8 @@ Per phase, side by side: goodput per class (audio s per wall s; in B over the lo
 interactive TTFA and latency p50/p99, bulk completion time (first submit to last done), 503s and
 failures per class, the longest bulk wait (its time to first audio) against the class timeout, the
 admission limit each interactive loop ran under (``/metrics`` every 0.5 s: its mean and each value's
-share; the bulk room follows it); then the goals (bench/lib/priority_report.py). Output: ``priority.json`` and ``priority.md`` in
-``--out`` (default .cache/bench/priority).
+share; the bulk room follows it); then the goals (bench/lib/priority_report.py). Output:
+``priority.json`` and ``priority.md`` in ``--out`` (default .cache/bench/priority).
 """
 
 from __future__ import annotations
