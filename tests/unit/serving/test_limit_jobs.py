@@ -100,6 +100,40 @@ def test_levels_tell_throughput_by_littles_law_from_busy_windows_only() -> None:
     assert levels.missed(2, target=0.4) and not levels.missed(2, target=0.5)
 
 
+def test_a_level_of_slow_requests_is_pooled_until_its_windows_hold_enough_requests() -> None:
+    levels = Levels(level_samples=24)
+    for i in range(12):  # full-size requests: a window at 2 closes on 2 of them
+        levels.add(2, busy_window(float(i), latency=9.3, running=2.0, samples=2))
+    assert levels.throughput(2) == pytest.approx(2 / 9.3)  # 12 windows, 24 requests (8 would hold 16: unknown)
+    levels.add(2, Window(9.3, 12.0, 30, 9.3, None, 0.0))  # a light spell still displaces the overload's windows
+    assert levels.throughput(2) is None
+
+
+def test_a_level_judged_clearly_worse_stays_known_while_its_windows_are_the_same() -> None:
+    levels = Levels(level_samples=24)
+    for i in range(8):
+        levels.add(3, busy_window(float(i), latency=10.0, running=3.0, samples=3))  # 0.3/s, known
+    for i in range(4):
+        levels.add(2, busy_window(10.0 + i, latency=9.0, running=2.0, samples=3))  # 12 requests at 0.222/s
+    assert levels.throughput(2) == pytest.approx(2 / 9.0)  # under 80 % of 3's: clearly worse, probe over
+    levels.add(3, busy_window(20.0, latency=17.0, running=3.0, samples=3))  # 3's rate wobbles down to 0.276/s
+    assert 2 / 9.0 > 0.8 * levels.throughput(3)  # no longer under 80 % of it ...
+    assert levels.throughput(2) == pytest.approx(2 / 9.0)  # ... but the verdict on the same windows stands
+    levels.add(2, busy_window(21.0, latency=7.0, running=2.0, samples=3))  # a new window: judged afresh
+    assert levels.throughput(2) is None
+
+
+def test_where_requests_are_slow_a_level_is_trusted_for_requests_as_well_as_seconds() -> None:
+    levels = Levels(level_samples=24)
+    for i in range(8):
+        levels.add(2, busy_window(float(i), latency=9.3, running=2.0, samples=3))
+    levels.loaded_s = 400.0  # past PROBE_AFTER_S of load, but only 24 requests since: still trusted
+    assert levels.throughput(2) is not None
+    for i in range(160):  # 480 requests more (24 / PROBE_SHARE) at another level: now it is stale
+        levels.add(3, busy_window(10.0 + i, latency=11.3, running=3.0, samples=3))
+    assert levels.throughput(2) is None
+
+
 def test_the_knee_search_steps_down_by_littles_law_over_budget_and_to_the_fewest_that_pay() -> None:
     levels = Levels(level_samples=24)
     knee = KneeSearch(levels)
