@@ -14,7 +14,8 @@ sentence, bulk ones with ``"priority": "bulk"``.
 3. **B**: the same loop beside a backlog of ``--backlog`` bulk requests submitted at once (each
    awaited to its end, however long the backlog takes after the loop ended).
 4. **A2**: the loop alone again: how far the host drifted across B (A and A2 together are
-   "alone"; a goal whose margin is smaller than that drift is reported as not resolvable).
+   "alone"; where that drift is larger than a goal's margin, the goal is graded against each, and
+   one met against only one of them is reported as not resolvable).
 5. **C**: the backlog alone.
 
 Per phase, side by side: goodput per class (audio s per wall s; in B over the loop's window),
