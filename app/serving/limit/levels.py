@@ -68,8 +68,10 @@ class Levels:
         last: list[Window] = []
         samples = 0
         for w in reversed(self._levels.get(level, ())):
-            if not self._trusted(w) or (len(last) >= LEVEL_WINDOWS and samples >= self.level_samples):
-                break  # an untrusted one: the older ones are older still
+            if not self._trusted(w):
+                break  # the older ones are older still
+            if len(last) >= LEVEL_WINDOWS and samples >= self.level_samples:
+                break
             last.append(w)
             samples += w.samples
         return last[::-1]
