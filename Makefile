@@ -100,7 +100,7 @@ image-cuda:
 	deploy/images/build cuda
 
 # builds both images, runs them as deploy/kubernetes does, removes them (~25 min on 2 cores; in CI)
-test-images:
+test-images: setup
 	bash tests/images/install-deps.sh
 	python3 tests/images/run.py
 

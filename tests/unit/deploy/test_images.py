@@ -174,6 +174,6 @@ def test_make_builds_and_ci_runs_the_images():
     ci = [line for line in text(".ci/run").splitlines() if line and not line.startswith("#")]
     assert "set -euo pipefail" in ci and ci.index("make test") < ci.index("make test-images")
     for script in ("deploy/images/build", "deploy/images/base-image", "deploy/images/cuda-constraints",
-                   "deploy/images/engine.sh", "tests/images/install-deps.sh"):
+                   "deploy/images/engine.sh", "deploy/images/preflight", "tests/images/install-deps.sh"):
         r = subprocess.run(["bash", "-n", str(ROOT / script)], capture_output=True, text=True, check=False)
         assert r.returncode == 0, (script, r.stderr)
