@@ -30,6 +30,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"cosyserve: {exc}", file=sys.stderr)
         return 2
     _setup_logging(settings.server.log_level)
+    if settings.engine.kind == "cosyvoice" and settings.engine.model_dir:
+        from app.engines.cosyvoice.layout import unreadable
+
+        denied = unreadable(Path(settings.engine.model_dir).expanduser())
+        if denied:  # before the server starts, in one line: not a FileNotFoundError from deep in a loader
+            print(f"cosyserve: {denied}", file=sys.stderr)
+            return 2
     if settings.engine.kind == "cosyvoice" and settings.engine.device != "auto":
         from app.engines.cosyvoice.device import DeviceUnavailable, resolve_device
 

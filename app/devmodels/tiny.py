@@ -183,6 +183,7 @@ def build_tiny_model(
     }
     if full_size:
         meta["full_size"] = True
+    _world_readable(out)
     layout.write_tiny_marker(out, meta)  # written last: marks the dir complete
     return out
 
@@ -240,6 +241,18 @@ def _is_complete(path: Path, want: dict[str, Any]) -> bool:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _world_readable(root: Path) -> None:
+    """Files 0644, dirs 0755, whatever the umask and the writers chose.
+
+    transformers' ``save_pretrained`` leaves ``model.safetensors`` at 0600; a dir built on a host
+    and mounted into the image (which runs as uid 10001) must be readable by another user.
+    """
+    root.chmod(0o755)
+    for path in root.rglob("*"):
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() else 0o644)
 
 
 @contextlib.contextmanager

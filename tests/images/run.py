@@ -1,15 +1,19 @@
 """`make test-images`: build both images and run them as deploy/kubernetes does (python3, stdlib only).
 
+First deploy/images/preflight: the engine must run a one-line build step with its network (a
+package missing from tests/images/install-deps.sh is named in one line, not minutes into a build).
+
 CPU image (Dockerfile): built with deploy/images/build, then run read-only, with a tmpfs /tmp, no
 capabilities, no privilege escalation, as uid 10001 and with a model dir mounted read-only (a
-tiny random-weight CosyVoice2 dir the image itself writes first): it must get ready, answer
-/v1/tts with a 24 kHz WAV and /metrics with cosyserve's metrics, and on SIGTERM finish the
-request in flight and exit 0.
+tiny random-weight CosyVoice2 dir built on the host by `cosyserve make-tiny-model`, as a user
+builds one): it must get ready, answer /v1/tts with a 24 kHz WAV and /metrics with cosyserve's
+metrics, and on SIGTERM finish the request in flight and exit 0. A host file of that dir made
+0600 must stop it at start with exit 2 and one "permission denied" line naming the file and uid.
 
-CUDA image (Dockerfile.cuda), on a machine without a GPU: `engine.device: cuda` must exit 2 at
-once with one line that says why; `auto` must serve on the CPU (same checks as above) and say
-"built for CUDA ... no usable GPU" once. Its NVIDIA wheels must be the ones
-requirements/cuda-constraints.txt pins. Which CosyVoice it carries (the pinned upstream checkout,
+CUDA image (Dockerfile.cuda), on a machine without a GPU, with a tiny dir the image itself writes
+as uid 10001: `engine.device: cuda` must exit 2 at once with one line that says why; `auto` must
+serve on the CPU (same checks as above) and say "built for CUDA ... no usable GPU" once. Its NVIDIA
+wheels must be the ones requirements/cuda-constraints.txt pins. Which CosyVoice it carries (the pinned upstream checkout,
 or, where GitHub cannot be reached, the v1/v2-only variant from the installed package) is printed.
 
 Neither image may carry the host's pip configuration. Both images are removed at the end (the
@@ -114,6 +118,44 @@ def wav_seconds(data: bytes) -> float:
         assert w.getframerate() == 24000 and w.getnchannels() == 1, (w.getframerate(), w.getnchannels())
         # a streamed WAV's header cannot know its length: count the frames that came
         return len(w.readframes(w.getnframes())) / (w.getsampwidth() * w.getframerate())
+
+
+def preflight(engine: Engine) -> None:
+    """deploy/images/preflight: can this engine build here at all? One line naming what is missing if not."""
+    t0 = time.monotonic()
+    r = subprocess.run(["deploy/images/preflight"], cwd=ROOT, env={**engine.env, "ENGINE": engine.name},
+                       capture_output=True, text=True, check=False, timeout=300)
+    if r.returncode != 0:
+        raise AssertionError((r.stderr.strip() or r.stdout.strip()) + " (tests/images/install-deps.sh installs "
+                             "what the images need: a missing package belongs in its list)")
+    record("preflight", f"{engine.name} runs a one-line build step with its network ({time.monotonic() - t0:.1f} s)")
+
+
+def host_model_dir(where: Path) -> Path:
+    """A tiny CosyVoice2 dir written on the host by `cosyserve make-tiny-model` (as root here), as a user does."""
+    cosyserve = ROOT / ".venv" / "bin" / "cosyserve"  # `make setup`, which `make test-images` depends on
+    where.mkdir(mode=0o755)
+    where.chmod(0o755)
+    out = where / "tiny2"
+    subprocess.run([str(cosyserve), "make-tiny-model", "--version", "2", str(out)], cwd=ROOT, check=True,
+                   capture_output=True, text=True, timeout=600)
+    return out
+
+
+def check_unreadable_model_dir(engine: Engine, kind: str, models: Path) -> None:
+    """A host file the image's uid may not read: exit 2 at start, one line, "permission denied", path and uid."""
+    weights = models / "tiny2" / "CosyVoice-BlankEN" / "model.safetensors"
+    weights.chmod(0o600)
+    try:
+        r = engine("run", "--rm", *K8S_RUN, "-v", f"{models}:/models:ro", "-e",
+                   "COSYSERVE_ENGINE__MODEL_DIR=/models/tiny2", TAGS[kind], check=False, timeout=180)
+    finally:
+        weights.chmod(0o644)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and len(lines) == 1, (r.returncode, r.stderr)
+    expected = "cosyserve: permission denied: /models/tiny2/CosyVoice-BlankEN/model.safetensors (mode 0600"
+    assert lines[0].startswith(expected) and "not readable by uid 10001 " in lines[0], lines[0]
+    record(f"{kind} image, a host file mode 0600", f"exit 2 at start: {lines[0][:120]}...")
 
 
 def make_model_dir(engine: Engine, image: str, where: Path) -> None:
@@ -241,15 +283,20 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="cosyserve-images-"))
     ok = False
     try:
-        models = tmp / "models"
+        preflight(engine)
+        # the CPU image serves a dir built on the host (what a user mounts), the CUDA image one it writes itself
+        host_models = tmp / "host"
+        if "cpu" in kinds:
+            host_model_dir(host_models)
         for kind in kinds:
             build(engine, kind)
             check_no_pip_config(engine, kind)
-            if not models.exists():
-                make_model_dir(engine, TAGS[kind], models)
             if kind == "cpu":
-                serve_and_check(engine, "cpu", models)
+                check_unreadable_model_dir(engine, "cpu", host_models)
+                serve_and_check(engine, "cpu", host_models)
             else:
+                models = tmp / "models"
+                make_model_dir(engine, TAGS[kind], models)
                 check_cuda(engine, models)
         ok = True
     finally:

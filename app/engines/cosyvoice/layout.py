@@ -24,6 +24,8 @@ Pure Python (no torch, no CosyVoice): the config and the CLI may import it.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -84,6 +86,35 @@ def detect_version(model_dir: Path) -> int:
             f"{model_dir} is not a CosyVoice model dir: none of {', '.join(CONFIG_FILES.values())} found"
         )
     return version
+
+
+def unreadable(model_dir: Path) -> str | None:
+    """One line naming the first file or dir under ``model_dir`` this process may not read, or None.
+
+    Hidden entries (``.git``, a hub client's ``.msc``) are passed over: the loader opens none of them.
+    A dir built on a host and mounted into an image that runs as another uid fails here, at startup,
+    as "permission denied" with the path and the uid, rather than deep in a loader.
+    """
+    def denied(path: Path) -> str:
+        try:
+            st = path.stat()
+            what = f"mode {stat.S_IMODE(st.st_mode):04o}, owner uid {st.st_uid} gid {st.st_gid}"
+        except OSError as exc:
+            what = exc.strerror or "cannot stat"
+        return (f"permission denied: {path} ({what}) is not readable by uid {os.getuid()} gid {os.getgid()}, "
+                f"which cosyserve runs as: make the model dir readable (chmod -R a+rX {model_dir})")
+
+    if not os.access(model_dir, os.R_OK | os.X_OK):
+        return denied(model_dir)
+    for parent, dirs, files in os.walk(model_dir):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(dirs):
+            if not os.access(os.path.join(parent, name), os.R_OK | os.X_OK):
+                return denied(Path(parent, name))
+        for name in sorted(files):
+            if not name.startswith(".") and not os.access(os.path.join(parent, name), os.R_OK):
+                return denied(Path(parent, name))
+    return None
 
 
 def read_tiny_marker(model_dir: Path) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from app.engines.cosyvoice.layout import (
     WEIGHT_FILES,
     detect_version,
     read_tiny_marker,
+    unreadable,
 )
 from app.engines.cosyvoice.levers import (
     AppliedLevers,
@@ -112,6 +113,9 @@ def _load_model_dir(model_dir: str | os.PathLike, *, dtype: str, dtype_stages: t
     model_dir = Path(model_dir).expanduser().resolve()
     if not model_dir.is_dir():
         raise EngineFailure(f"model dir {model_dir} does not exist")
+    denied = unreadable(model_dir)
+    if denied:
+        raise EngineFailure(denied)
     version = detect_version(model_dir)
     llm_path = _llm_weights_file(model_dir, llm_weights)  # before anything heavy: a missing file fails at once
     model_cls = getattr(cv_model, MODEL_CLASSES[version], None)

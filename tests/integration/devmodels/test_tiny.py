@@ -428,3 +428,18 @@ def test_make_tiny_model_v3_names_what_is_missing(tmp_path):
 def test_v2_incremental_decoding_sees_context(tiny_model):
     """transformers>=5 broke Qwen2Encoder's cached decoding mask; cosyvoice_compat restores it (real models too)."""
     assert qwen_decoding_sees_context(tiny_model(2).llm), QWEN_MASK_BUG
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_built_dir_is_readable_by_any_user(cache_root, version):
+    """Files 0644, dirs 0755: a dir built on a host must be readable by the image's uid 10001 when mounted.
+
+    transformers' save_pretrained writes CosyVoice-BlankEN/model.safetensors 0600 by itself.
+    """
+    root = tiny.ensure_tiny_model(cache_root, version)
+    modes = {str(p.relative_to(root)): p.stat().st_mode & 0o777 for p in [root, *root.rglob("*")]}
+    wrong = {path: f"{mode:04o}" for path, mode in modes.items()
+             if mode != (0o755 if (root / path).is_dir() else 0o644)}
+    assert not wrong, wrong
+    if version == 2:
+        assert f"{layout.QWEN_DIR}/model.safetensors" in modes
