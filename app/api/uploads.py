@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import nullcontext
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -22,7 +23,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
 from app.api.context import context_of
-from app.audio.decode import AudioDecodeError, decode_audio
+from app.audio.decode import AudioDecodeError, AudioTooLong, decode_audio
 from app.engines.base import PROMPT_RATE, PromptAudio
 from app.serving.errors import BadRequest, BodyTimeout, PayloadTooLarge
 from app.serving.limits import (
@@ -117,8 +118,13 @@ async def read_audio(request: Request, upload: UploadFile | bytes | None, field:
     data = upload if isinstance(upload, bytes) else await read_file(upload, field, max_bytes)
     if not data:
         raise BadRequest("invalid_audio", f"{field} is empty; upload 1-30 s of speech", param=field)
-    try:
-        samples = await anyio.to_thread.run_sync(decode_audio, data, target_rate)
+    try:  # decoding stops at the longest prompt (before a frame, where the header gives the length)
+        samples = await anyio.to_thread.run_sync(
+            partial(decode_audio, data, target_rate, max_duration_s=PROMPT_MAX_S))
+    except AudioTooLong as exc:
+        said = f"{exc.seconds:.2f} s long" if exc.seconds is not None else f"longer than {PROMPT_MAX_S:g} s"
+        raise BadRequest("invalid_audio", f"{field} is {said}; send {PROMPT_MIN_S:g} to {PROMPT_MAX_S:g} "
+                         f"seconds of speech", param=field) from exc
     except AudioDecodeError as exc:
         log.info("request %s: %s could not be decoded: %s", context_of(request.scope).request_id, field,
                  exc.detail or exc.reason)

@@ -3,7 +3,7 @@
 No web-framework or torch imports here; everything works on numpy arrays and bytes.
 """
 
-from app.audio.decode import AudioDecodeError, decode_audio
+from app.audio.decode import AudioDecodeError, AudioTooLong, decode_audio
 from app.audio.encode import Encoder, encode_whole, make_encoder
 from app.audio.formats import (
     FORMAT_NAMES,
@@ -19,6 +19,7 @@ __all__ = [
     "FORMAT_NAMES",
     "AudioDecodeError",
     "AudioFormat",
+    "AudioTooLong",
     "Encoder",
     "StreamResampler",
     "UnsupportedFormat",

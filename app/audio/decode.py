@@ -45,6 +45,17 @@ class AudioDecodeError(ValueError):
         self.detail = detail
 
 
+class AudioTooLong(AudioDecodeError):
+    """The upload is longer than the limit: ``seconds`` as its header says, or None (decoding stopped at
+    the limit, the rest unread)."""
+
+    def __init__(self, limit_s: float, seconds: float | None) -> None:
+        said = f"{seconds:.1f} s long, " if seconds is not None else ""
+        super().__init__(f"the audio is {said}longer than {limit_s:g} s")
+        self.limit_s = limit_s
+        self.seconds = seconds
+
+
 def _fail(reason: str, detail: str | None = None) -> AudioDecodeError:
     return AudioDecodeError(f"could not decode the uploaded audio: {reason}; {ACCEPTED_HINT}", detail)
 
@@ -58,8 +69,12 @@ def decode_audio(
     """Mono float32 samples in [-1, 1] at ``target_rate``.
 
     Multi-channel audio is downmixed. Raises :class:`AudioDecodeError` for
-    empty, undecodable or silent-by-absence (zero samples) input, and for audio
-    longer than ``max_duration_s`` (``None``: no limit).
+    empty, undecodable or silent-by-absence (zero samples) input, and
+    :class:`AudioTooLong` for audio longer than ``max_duration_s`` (``None``: no
+    limit), before decoding where the header gives the length (WAV, FLAC with a
+    sample count), else as soon as decoding passes the limit. So memory while
+    decoding stays within about ``max_duration_s`` of mono float32 at the file's
+    rate (twice that while the parts are joined), whatever the compression ratio.
     """
     if target_rate <= 0:
         raise ValueError(f"target_rate must be positive, got {target_rate}")
@@ -77,11 +92,12 @@ def decode_audio(
 def _decode_native(data: bytes, max_duration_s: float | None) -> tuple[np.ndarray, int]:
     if _looks_like_wav_or_flac(data):
         try:
-            got = _decode_soundfile(data)
+            got = _decode_soundfile(data, max_duration_s)
+        except AudioTooLong:
+            raise
         except Exception:  # noqa: BLE001 - libsndfile said no; FFmpeg may still read it
             got = None
         if got is not None:
-            _check_duration(len(got[0]), got[1], max_duration_s)
             return got
     try:
         return _decode_av(data, max_duration_s)
@@ -98,13 +114,14 @@ def _looks_like_wav_or_flac(data: bytes) -> bool:
     return head[:4] == b"fLaC" or (head[:4] in (b"RIFF", b"RF64") and head[8:12] == b"WAVE")
 
 
-def _decode_soundfile(data: bytes) -> tuple[np.ndarray, int] | None:
+def _decode_soundfile(data: bytes, max_duration_s: float | None) -> tuple[np.ndarray, int] | None:
     with sf.SoundFile(io.BytesIO(data)) as f:
         # Unknown length (a streamed FLAC says total_samples=0 and libsndfile reports
-        # a huge count): let FFmpeg read it to the end instead.
+        # a huge count): let FFmpeg read it, stopping at the limit, instead.
         if f.frames <= 0 or f.samplerate <= 0 or f.frames > _MAX_PLAUSIBLE_FRAMES:
             return None
         _check_rate(int(f.samplerate))
+        _check_duration(f.frames, int(f.samplerate), max_duration_s, known=True)  # from the header, nothing decoded
         x = f.read(dtype="float32", always_2d=True)
         rate = int(f.samplerate)
     return _downmix(x.T), rate
@@ -173,6 +190,7 @@ def _check_rate(rate: int) -> int:
     return rate
 
 
-def _check_duration(samples: int, rate: int, max_duration_s: float | None) -> None:
+def _check_duration(samples: int, rate: int, max_duration_s: float | None, *, known: bool = False) -> None:
+    """Raise AudioTooLong past the limit; ``known``: ``samples`` is the whole file's length."""
     if max_duration_s is not None and rate > 0 and samples > max_duration_s * rate:
-        raise _fail(f"the audio is longer than {max_duration_s:g} s")
+        raise AudioTooLong(max_duration_s, samples / rate if known else None)

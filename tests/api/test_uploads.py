@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import gc
+import io
 import logging
 import warnings
 
+import numpy as np
 import pytest
+import soundfile as sf
 from fastapi.testclient import TestClient
 
 from app.config import Settings
 from app.engines.fake import FakeEngine
 from app.main import create_app
-from tests.support.sounds import prompt_wav
+from tests.support.sounds import flac_claiming, prompt_wav
 
 
 def make(tmp_path, raise_server_exceptions: bool = True, **server) -> TestClient:
@@ -90,3 +93,26 @@ def test_uploaded_files_are_closed_when_the_request_ends(tmp_path, path, data, f
         gc.collect()
     assert r.status_code < 500, r.text
     assert [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)] == []
+
+
+def sf_flac(seconds: float, rate: int) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros(int(seconds * rate), np.int16), rate, format="FLAC")
+    return buf.getvalue()
+
+
+def test_prompt_audio_longer_than_a_prompt_is_refused_from_its_header(tmp_path):
+    """A small FLAC whose header says 10 h: 400 naming its length, decided before a frame is decoded."""
+    data = sf_flac(2.0, 48000)
+    with make(tmp_path) as client:
+        r = client.post("/v1/tts", data={"text": "hi", "prompt_text": "p"},
+                        files={"prompt_audio": ("a.flac", flac_claiming(data, 10 * 3600 * 48000), "audio/flac")})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["code"] == "invalid_audio", err
+        assert err["message"] == "prompt_audio is 36000.00 s long; send 1 to 30 seconds of speech"
+        long_stream = sf_flac(31.0, 16000)
+        r = client.post("/v1/tts", data={"text": "hi", "prompt_text": "p"},
+                        files={"prompt_audio": ("a.flac", flac_claiming(long_stream, 0), "audio/flac")})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["message"] == "prompt_audio is longer than 30 s; send 1 to 30 seconds of speech"

@@ -34,3 +34,12 @@ def voice_wav(seconds: float = 3.0, rate: int = 22050) -> bytes:
     buf = io.BytesIO()
     sf.write(buf, x.astype(np.float32), rate, format="WAV", subtype="PCM_16")
     return buf.getvalue()
+
+
+def flac_claiming(data: bytes, total_samples: int) -> bytes:
+    """A FLAC file whose STREAMINFO says ``total_samples`` (0: unknown, as a streamed encoder writes)."""
+    b = bytearray(data)
+    assert b[:4] == b"fLaC" and b[4] & 0x7F == 0  # the first block is STREAMINFO; its sample count at byte 21
+    b[21] = (b[21] & 0xF0) | (total_samples >> 32 & 0x0F)
+    b[22:26] = (total_samples & 0xFFFFFFFF).to_bytes(4, "big")
+    return bytes(b)

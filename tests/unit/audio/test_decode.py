@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import struct
+import time
+import tracemalloc
 
 import av
 import numpy as np
@@ -13,10 +15,12 @@ import soundfile as sf
 from app.audio import (
     FORMAT_NAMES,
     AudioDecodeError,
+    AudioTooLong,
     decode_audio,
     encode_whole,
     make_encoder,
 )
+from tests.support.sounds import flac_claiming
 
 
 def tone_f(rate: int, seconds: float, freq: float = 440.0, amp: float = 0.5) -> np.ndarray:
@@ -200,6 +204,50 @@ def test_max_duration():
     with pytest.raises(AudioDecodeError, match="longer than"):
         decode_audio(data_ogg, max_duration_s=1.0)
     assert len(decode_audio(data_ogg, max_duration_s=None)) > 0
+
+
+def test_a_flac_claiming_ten_hours_is_refused_from_its_header_before_a_frame_is_decoded():
+    data, _ = encode_whole([tone_i16(48000, 0.5)], "flac", 48000)
+    ten_hours = flac_claiming(data, 10 * 3600 * 48000)
+    tracemalloc.start()
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(AudioTooLong) as err:
+            decode_audio(ten_hours, max_duration_s=30.0)
+        took = time.perf_counter() - t0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert err.value.seconds == pytest.approx(36000.0) and err.value.limit_s == 30.0
+    assert "36000.0 s long, longer than 30 s" in str(err.value)
+    assert peak < 1 << 20, peak  # nothing decoded: no sample buffer (10 h would be 6.9 GB of float32)
+    assert took < 5.0  # generous: only the header is read
+
+
+def test_a_flac_of_unknown_length_stops_decoding_at_the_limit():
+    """A streamed FLAC (sample count 0) goes through FFmpeg, which stops once past the limit: memory
+    holds about the limit's worth of samples, not the file's."""
+    rate = 48000
+    data, _ = encode_whole([tone_i16(rate, 20.0)], "flac", rate)
+    unknown = flac_claiming(data, 0)
+    assert len(decode_audio(unknown, 16000, max_duration_s=None)) == pytest.approx(20 * 16000, abs=16)
+    tracemalloc.start()
+    try:
+        with pytest.raises(AudioTooLong) as err:
+            decode_audio(unknown, 16000, max_duration_s=2.0)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert err.value.seconds is None and str(err.value) == "the audio is longer than 2 s"
+    whole = 20 * rate * 4  # the file decoded to float32: 3.8 MB
+    assert peak < whole / 2, (peak, whole)  # stopped near 2 s of 20
+
+
+def test_the_limit_is_exact_for_files_with_a_length():
+    data, _ = encode_whole([tone_i16(16000, 2.0)], "wav", 16000)
+    assert len(decode_audio(data, 16000, max_duration_s=2.0)) == 32000
+    with pytest.raises(AudioTooLong):
+        decode_audio(data, 16000, max_duration_s=1.999)
 
 
 @pytest.mark.timeout(60)
