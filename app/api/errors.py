@@ -185,7 +185,7 @@ def allowed_methods(request: Request) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     async def on_known(request: Request, exc: Exception) -> JSONResponse:
         info = classify(exc)
-        if info.status >= 500 and info.status not in (503, 504):
+        if info.status >= 500 and info.status not in (503, 504, 507):  # 507: logged once, in a line, where it arose
             log.error("request %s failed: %s", request_id_of(request), type(exc).__name__, exc_info=exc)
         return render(request, info)
 

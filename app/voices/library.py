@@ -201,10 +201,14 @@ class VoiceLibrary:
             except asyncio.CancelledError:
                 pass
 
-    def _scan(self) -> tuple[tuple | None, dict[str, Token]]:
-        self.store.ensure()
+    def _sweep(self) -> None:
+        """Remove what interrupted writes left (a crash mid-registration) once no writer can own it."""
         for leftover in self.store.clean_temp(min_age_s=STALE_TEMP_S):
             log.warning("voice library: removed %s, left by an interrupted write", leftover)
+
+    def _scan(self) -> tuple[tuple | None, dict[str, Token]]:
+        self.store.ensure()
+        self._sweep()
         self.store.entries()  # logs what is not a voice directory, once at startup
         stamp = self.store.stamp()  # before the listing: a change during it triggers another sync
         return stamp, self.store.listing()
@@ -377,6 +381,8 @@ class VoiceLibrary:
         name = meta["name"]
         async with self._changes:
             try:
+                # leftovers of a crash go at the next registration, not only at the next start
+                await asyncio.to_thread(self._sweep)
                 await asyncio.to_thread(self.store.create, meta, original, ext, prompt_wav, {family: blob})
                 token = await asyncio.to_thread(self.store.token, name)
                 self._add(name, meta, family, voice, token)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
+import os
 import time
 
 import pytest
@@ -192,10 +194,11 @@ def test_voice_registration_fields_are_bounded(make_client, tmp_path):
     assert client.get("/v1/voices").json()["voices"] == []
 
 
-def test_a_full_voices_disk_is_507_and_nothing_half_written_remains(make_client, tmp_path, monkeypatch):
+def test_a_full_voices_disk_is_507_and_nothing_half_written_remains(make_client, tmp_path, monkeypatch, caplog):
     from app.voices import store
 
     client = make_client()
+    caplog.set_level(logging.INFO)
     real = store._write_synced
     calls = []
 
@@ -215,6 +218,9 @@ def test_a_full_voices_disk_is_507_and_nothing_half_written_remains(make_client,
     voices_dir = tmp_path / "voices"
     assert [p.name for p in voices_dir.iterdir()] == []  # no voice dir, no .tmp- leftover
     assert client.get("/v1/voices/alice").status_code == 404
+    told = [rec for rec in caplog.records if rec.levelno >= logging.WARNING]
+    assert len(told) == 1 and "cannot store voice 'alice'" in told[0].getMessage(), [r.getMessage() for r in told]
+    assert not any(rec.exc_info for rec in caplog.records)  # an expected refusal: one line, no traceback
     monkeypatch.setattr(store, "_write_synced", real)
     r = client.post("/v1/voices", data={"name": "alice", "transcript": "hello there"},
                     files={"audio": ("a.wav", prompt_wav(), "audio/wav")})
@@ -230,3 +236,22 @@ def test_schema_errors_never_echo_a_giant_field_name_or_value(client, seen, body
     r = client.post("/v1/tts", data={k: str(v) for k, v in body.items()})
     refused(r, 422, sent)
     assert seen == []
+
+
+def test_a_crashed_registrations_leftovers_go_at_the_next_registration(make_client, tmp_path):
+    """What a process killed mid-write left (``.tmp-*``, megabytes) is removed once stale, without a restart;
+    a young one (maybe another replica's write in progress) stays."""
+    from app.voices.library import STALE_TEMP_S
+
+    client = make_client()
+    voices_dir = tmp_path / "voices"
+    old, young = voices_dir / ".tmp-0123abcd", voices_dir / ".tmp-4567ef01"
+    for d in (old, young):
+        (d / "features").mkdir(parents=True)
+        (d / "original.wav").write_bytes(b"\0" * (5 << 20))
+    stale = time.time() - STALE_TEMP_S - 60
+    os.utime(old, (stale, stale))
+    r = client.post("/v1/voices", data={"name": "bob", "transcript": "hello there"},
+                    files={"audio": ("a.wav", prompt_wav(), "audio/wav")})
+    assert r.status_code == 201, r.text
+    assert sorted(p.name for p in voices_dir.iterdir()) == [".tmp-4567ef01", "bob"]
