@@ -44,6 +44,7 @@ from app.engines.cosyvoice.voices import (
 )
 from app.engines.timings import bound_iter, current, instrument
 from app.text.normalize import TextNormalizer
+from app.text.segments import StreamSegments
 from app.text.stream import sentences
 
 __all__ = ["CosyVoiceConfig", "CosyVoiceEngine", "VoiceFeatures"]
@@ -335,7 +336,7 @@ class CosyVoiceEngine:
         """Text arriving over time (WebSocket sessions): v2/v3 batched at speed 1 speak it as bistream
         (audio starts mid-sentence); otherwise sentence by sentence."""
         if self.runner is not None and stream and req.mode in _BISTREAM_MODES:
-            yield from self._run_bistream(req, cancel, started)
+            yield from self._run_bistream_segments(req, cancel, started)
             return
         spoken = False
         for sentence in sentences(req.text_stream.pieces(cancel), max_len=self.config.max_segment_chars):
@@ -346,6 +347,24 @@ class CosyVoiceEngine:
                 spoken = True
                 yield from self._speak(model_input, stream, req, cancel, started)
         if not spoken and not cancel.is_set():
+            raise InvalidInput("the utterance has no text to speak")
+
+    def _run_bistream_segments(self, req: SynthesisRequest, cancel: threading.Event,
+                               started: float) -> Iterator[AudioChunk]:
+        """One bistream sequence per segment (sentences within the LLM's budget, as HTTP cuts text): a
+        long utterance costs what the same text costs over HTTP, not a context that grows with it."""
+        budget = self.config.max_segment_tokens
+        segments = StreamSegments(req.text_stream, max_chars=self.config.max_segment_chars, max_tokens=budget,
+                                  count=lambda text: self.inputs.text_tokens(self.inputs.normalized(req, text)))
+        while (segment := segments.next(cancel)) is not None:
+            index = segments.count - 1
+            chunks = self._run_bistream(replace(req, text_stream=segment), cancel, started)
+            try:
+                for chunk in chunks:
+                    yield dataclasses.replace(chunk, segment=index) if index else chunk
+            finally:
+                chunks.close()  # a consumer that stops early ends the segment's sequence at once
+        if segments.count == 0 and not cancel.is_set():
             raise InvalidInput("the utterance has no text to speak")
 
     def _run_bistream(self, req: SynthesisRequest, cancel: threading.Event, started: float) -> Iterator[AudioChunk]:

@@ -189,3 +189,37 @@ def test_streamed_text_is_normalized_word_by_word_unless_the_request_says_not(en
     assert decode(raw) == "I have 5 apples and 12 pears."
     prose = _pushed_text_ids(engine, monkeypatch, "I have five apples and twelve pears.")
     assert decode(prose) == decode(digits)
+
+
+def test_a_long_utterance_is_spoken_as_sentence_segments_each_its_own_sequence(engine, monkeypatch):
+    """4,000 characters in one piece are not one ever-growing sequence: each segment (sentences within
+    max_segment_chars / max_segment_tokens, as HTTP cuts text) is a bistream sequence of its own."""
+    sched = engine.runner.scheduler
+    fed: list = []
+    submit = sched.submit_bistream
+
+    def counting(feed, **kw):
+        pushed = [0]
+        fed.append(pushed)
+        push = feed.push
+
+        def count_push(ids):
+            pushed[0] += len(ids)
+            return push(ids)
+
+        feed.push = count_push
+        return submit(feed, **kw)
+
+    monkeypatch.setattr(sched, "submit_bistream", counting)
+    sentence = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
+    text = TextStream()
+    text.put(sentence * 12)  # 852 characters at once, then the end
+    text.end()
+    chunks = list(engine.synthesize(SynthesisRequest(mode="sft", speaker=engine.voices()[0], text_stream=text,
+                                                     stream=True), threading.Event()))
+    cfg = engine.config
+    assert len(fed) >= len(sentence * 12) // cfg.max_segment_chars + 1, len(fed)
+    assert max(c.segment for c in chunks) == len(fed) - 1  # the chunks say which segment they belong to
+    tokens = [pushed[0] for pushed in fed]  # the text tokens each sequence was fed
+    assert all(0 < n <= cfg.max_segment_tokens for n in tokens), tokens
+    assert sum(tokens) >= len(tokenize(engine, sentence * 12)) - len(fed)  # all of the text, spoken once
