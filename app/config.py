@@ -55,6 +55,10 @@ class ServerSettings(_Section):
     body_buffer_mb: float = Field(256.0, gt=0)  # bytes all bodies being read may hold together; beyond: 503
     send_timeout_s: float = Field(30.0, ge=0)  # a stream whose client reads nothing this long is closed (0: never)
     refusals_per_s: float = Field(20.0, ge=0)  # error answers sent at once per second; beyond, held (0: no pacing)
+    max_header_bytes: int = Field(65536, ge=1024, le=16 << 20)  # request line + header fields; beyond: 431
+    max_headers: int = Field(100, ge=1, le=10000)  # header fields in one request; beyond: 431
+    header_timeout_s: float = Field(10.0, gt=0)  # a request head must arrive in this (from connect or its 1st byte)
+    keep_alive_s: float = Field(5.0, gt=0)  # an idle kept-alive connection is closed after this
     # NoDecode: an env var is a comma-separated list (or a JSON list), split by _split
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)  # empty (and no file): no keys, every route open
     api_keys_file: str | None = None  # one key per line (KEY, or KEY priority=bulk); blank lines, '#' comments ignored

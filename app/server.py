@@ -13,9 +13,11 @@ forces an immediate exit.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import signal
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -24,6 +26,7 @@ from app import logredact
 from app.api.auth import exposure_warning
 from app.config import Settings
 from app.main import create_app
+from app.metrics import Metrics
 from app.runtime import running
 
 log = logging.getLogger("cosyserve")
@@ -83,6 +86,24 @@ def ws_max_size(settings: Settings) -> int:
     return max(1024 * 1024, 4 * settings.websocket.max_message_bytes)
 
 
+def http_options(settings: Settings, metrics: Metrics | None) -> dict[str, Any]:
+    """uvicorn's HTTP protocol with bounded request heads (``app/http_limits.py``), counted in ``metrics``.
+
+    Without httptools (uvicorn[standard] installs it on CPython) h11 bounds the head's size only."""
+    s = settings.server
+    if importlib.util.find_spec("httptools") is None:
+        log.warning("httptools is not installed: request heads are limited in size only (h11), "
+                    "not in fields (server.max_headers) or time (server.header_timeout_s)")
+        return {"http": "h11", "h11_max_incomplete_event_size": s.max_header_bytes}
+    from app.http_limits import HeadLimits, HeadRefusalCollector, HeadRefusals, protocol
+
+    refusals = HeadRefusals()
+    if metrics is not None:
+        metrics.registry.register(HeadRefusalCollector(refusals))
+    limits = HeadLimits(max_bytes=s.max_header_bytes, max_headers=s.max_headers, timeout_s=s.header_timeout_s)
+    return {"http": protocol(limits, refusals)}
+
+
 def run(settings: Settings) -> None:
     logredact.install(settings.server.keys)  # before uvicorn logs its first line: no key in any log
     warn_if_exposed(settings)
@@ -90,6 +111,7 @@ def run(settings: Settings) -> None:
     config = uvicorn.Config(
         app, host=settings.server.host, port=settings.server.port, log_config=None,
         access_log=False, timeout_graceful_shutdown=max(1, int(settings.server.drain_timeout_s)) or None,
-        lifespan="on", ws_max_size=ws_max_size(settings),
+        lifespan="on", ws_max_size=ws_max_size(settings), timeout_keep_alive=settings.server.keep_alive_s,
+        **http_options(settings, app.state.boot.metrics),
     )
     DrainingServer(config, app).run()

@@ -46,6 +46,31 @@ def test_cli_overrides_beat_env(tmp_path, monkeypatch):
     assert s.server.port == 7100
 
 
+def test_request_head_limits_default_bounded_and_from_env(monkeypatch):
+    s = load_settings(None).server
+    assert (s.max_header_bytes, s.max_headers, s.header_timeout_s, s.keep_alive_s) == (65536, 100, 10.0, 5.0)
+    monkeypatch.setenv("COSYSERVE_SERVER__MAX_HEADER_BYTES", "32768")
+    monkeypatch.setenv("COSYSERVE_SERVER__MAX_HEADERS", "50")
+    monkeypatch.setenv("COSYSERVE_SERVER__HEADER_TIMEOUT_S", "2.5")
+    monkeypatch.setenv("COSYSERVE_SERVER__KEEP_ALIVE_S", "1")
+    s = load_settings(None).server
+    assert (s.max_header_bytes, s.max_headers, s.header_timeout_s, s.keep_alive_s) == (32768, 50, 2.5, 1.0)
+
+
+@pytest.mark.parametrize("key, value", [
+    ("max_header_bytes", 512),  # not even a request line with a key fits
+    ("max_header_bytes", 32 << 20),
+    ("max_headers", 0),
+    ("header_timeout_s", 0),  # a head without a deadline is what these bound
+    ("keep_alive_s", -1),
+])
+def test_request_head_limits_out_of_bounds_are_clear_errors(tmp_path, key, value):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"server:\n  {key}: {value}\n")
+    with pytest.raises(ConfigError, match=f"server.{key}"):
+        load_settings(cfg)
+
+
 def test_repo_config_yaml_is_valid_and_documents_every_key():
     from pathlib import Path
 
