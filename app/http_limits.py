@@ -1,7 +1,7 @@
 """Bounded request heads: uvicorn's httptools protocol with a size, a field count and a deadline.
 
 uvicorn (httptools) takes a head of any size, any number of fields and any duration: a
-100 MB header was read whole and answered 200 (15.9 CPU-s, +200 MB RSS), and a client that
+100 MB header was read whole and answered 200 (~15 CPU-s, +200 MB RSS), and a client that
 sends a byte now and then holds its connection forever, because the keep-alive timer stops
 at the first byte and a connection that sends nothing has no timer at all.
 
