@@ -7,7 +7,8 @@ Phase after phase, the polite client (one closed-loop client, the admission suit
 streamed PCM, a 503's Retry-After honoured) runs ``--phase-s`` measured seconds: first alone, then beside
 each adversary (started ``--lead-s`` before it, in its own process: bench/lib/abuse_clients.py), and alone
 again at the end. Adversaries: 4 dribblers (a body byte a second), 4 non-readers (a long stream never
-read), 8 idle and 8 chatty WebSocket sessions (never any text), 2 clients sending 1 MB fields, a 200 MB
+read), 8 idle and 8 chatty WebSocket sessions (never any text), one long WebSocket utterance (4,000 characters) after
+another and the same text as one HTTP stream after another (their audio-s per wall second reported), 2 clients sending 1 MB fields, a 200 MB
 declared body sent flat out (and the same bytes chunked, no length declared), and retry storms of 8 and 64 clients (503 -> again at once; ``-fresh``: a new
 connection per request). Per phase: the polite client's goodput and p50/p99 against the alone phases'
 mean, its non-200 answers by status, the server's tree RSS at the start and peak, CPU of the server, this
@@ -50,7 +51,8 @@ from bench.lib.sched import realtime_client
 # phase -> (adversary kind for bench/lib/abuse_clients.py, its clients); None: the polite client alone
 PHASES: dict[str, tuple[str | None, int]] = {
     "dribblers": ("dribble", 4), "non-readers": ("nonread", 4), "ws-idle": ("ws-idle", 8),
-    "ws-chatty": ("ws-chatty", 8), "giant-fields": ("giant", 2), "huge-body": ("huge", 1),
+    "ws-chatty": ("ws-chatty", 8), "ws-long": ("ws-long", 1), "http-long": ("http-long", 1),
+    "giant-fields": ("giant", 2), "huge-body": ("huge", 1),
     "huge-chunked": ("huge-chunked", 1),
     "storm-8": ("storm", 8), "storm-64": ("storm", 64), "storm-64-fresh": ("storm-fresh", 64),
 }

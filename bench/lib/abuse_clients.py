@@ -2,7 +2,7 @@
 
     python -m bench.lib.abuse_clients KIND --url http://127.0.0.1:PORT --clients N --seconds S
 
-KIND: dribble, nonread, ws-idle, ws-chatty, giant, huge, huge-chunked, storm, storm-fresh. It prints ``ready`` once its
+KIND: dribble, nonread, ws-idle, ws-chatty, ws-long, http-long, giant, huge, huge-chunked, storm, storm-fresh. It prints ``ready`` once its
 imports are done, runs its clients for ``--seconds`` (every loop bounded in time and in attempts, loopback
 only), then prints one JSON line: the ``Tally`` (each answer counted by kind, time to each answer, bytes
 sent before it). Times are ``time.monotonic()``, which all processes of a Linux host share.
@@ -40,6 +40,7 @@ MAX_ATTEMPTS = 100_000  # per client and phase: a bound on every reconnect / ret
 MAX_SAMPLES = 20_000  # per list in the tally
 RECONNECT_S = 0.25  # pause before a raw-socket or WebSocket client reconnects
 LONG_TEXT = " ".join([TEXT] * 28)  # ~2,000 characters: a stream that lasts
+UTTERANCE = " ".join([TEXT] * 57)[:4000]  # 4,000 characters: one long utterance (WebSocket) or request (HTTP)
 GIANT = 1_000_000  # characters of a giant field
 HUGE = 200 * 1024 * 1024  # the declared body of the huge-body client
 CHUNK = 64 * 1024
@@ -61,6 +62,8 @@ class Tally:
     ok: list[list[float]] = field(default_factory=list)  # storms: [start, latency] of each 200
     rejected: dict[str, int] = field(default_factory=dict)  # storms: 503s by the tenth of a second they ended in
     errors: list[str] = field(default_factory=list)
+    audio_s: float = 0.0  # long speakers: seconds of audio received in all
+    audio_wall_s: float = 0.0  # ... and the wall seconds its finished requests took
 
     def count(self, answer: str, after_s: float | None = None, sent: int | None = None) -> None:
         self.answers[answer] = self.answers.get(answer, 0) + 1
@@ -252,6 +255,56 @@ class Adversaries:
                 tally.note(f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(min(RECONNECT_S, max(0.0, self.left())))
 
+    async def ws_long(self, tally: Tally) -> None:
+        """One WebSocket utterance of 4,000 characters (``input.text`` then ``input.done``) after another."""
+        from websockets.asyncio.client import connect as ws_connect
+        from websockets.exceptions import InvalidStatus, WebSocketException
+
+        url = f"ws://{self.host}:{self.port}/v1/audio/speech/stream"
+        for t0 in self.tries(tally):
+            try:
+                async with ws_connect(url, open_timeout=10, close_timeout=2, max_size=None) as ws:
+                    await ws.send(json.dumps({"type": "input.text", "text": UTTERANCE}))
+                    await ws.send(json.dumps({"type": "input.done"}))
+                    while True:
+                        msg = await asyncio.wait_for(ws.recv(), max(0.01, self.left() + 60))
+                        if isinstance(msg, bytes):
+                            continue
+                        event = json.loads(msg)
+                        if event["type"] == "audio.done":
+                            tally.audio_s += event["audio_seconds"]
+                            tally.audio_wall_s += time.monotonic() - t0
+                            tally.count("audio.done", time.monotonic() - t0)
+                            break
+                        if event["type"] == "error":
+                            tally.count(f"error event {event['error']['code']}", time.monotonic() - t0)
+                            break
+            except InvalidStatus as exc:
+                tally.count(f"http {exc.response.status_code}", time.monotonic() - t0)
+            except (OSError, TimeoutError, WebSocketException) as exc:
+                tally.count(f"ws error {type(exc).__name__}", time.monotonic() - t0)
+                tally.note(f"{type(exc).__name__}: {exc}")
+
+    async def http_long(self, tally: Tally) -> None:
+        """The same 4,000 characters as one streamed PCM ``/v1/tts`` request, one after another."""
+        async with httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(600.0, connect=10.0)) as client:
+            for t0 in self.tries(tally):
+                try:
+                    async with client.stream("POST", "/v1/tts", json={"text": UTTERANCE, "format": "pcm",
+                                                                       "stream": True}) as r:
+                        got = 0
+                        async for part in r.aiter_raw():
+                            got += len(part)
+                    tally.count(str(r.status_code), time.monotonic() - t0)
+                    if r.status_code == 200:
+                        tally.audio_s += got / 2 / int(r.headers["x-sample-rate"])
+                        tally.audio_wall_s += time.monotonic() - t0
+                    else:
+                        await asyncio.sleep(1.0)
+                except httpx.HTTPError as exc:
+                    tally.count(f"no answer ({type(exc).__name__})")
+                    tally.note(f"{type(exc).__name__}: {exc}")
+
     async def giant(self, tally: Tally, openai: bool) -> None:
         """A 1 MB field (``prompt_text`` on /v1/tts; ``instructions`` on /v1/audio/speech), in a closed loop."""
         if openai:
@@ -310,6 +363,8 @@ async def run(kind: str, url: str, clients: int, seconds: float, server_pid: int
         "huge-chunked": lambda i: adv.raw_attempts(tally, functools.partial(adv.huge, chunked=True)),
         "ws-idle": lambda i: adv.ws(tally, chatty=False),
         "ws-chatty": lambda i: adv.ws(tally, chatty=True),
+        "ws-long": lambda i: adv.ws_long(tally),
+        "http-long": lambda i: adv.http_long(tally),
         "giant": lambda i: adv.giant(tally, openai=i % 2 == 1),
         "storm": lambda i: adv.storm(tally, fresh=False),
         "storm-fresh": lambda i: adv.storm(tally, fresh=True),

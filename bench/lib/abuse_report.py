@@ -94,6 +94,9 @@ def answers_text(tally: dict | None) -> str:
     sent = tally.get("sent_bytes") or []
     if sent and tally["kind"] in ("dribble", "huge", "huge-chunked"):
         text += f"; sent max {sent_text(max(sent))}"
+    if tally.get("audio_wall_s"):
+        text += (f"; {tally['audio_s']:.1f} audio-s in {tally['audio_wall_s']:.1f} s: "
+                 f"{tally['audio_s'] / tally['audio_wall_s']:.2f} audio-s per s")
     got = tally.get("received_bytes") or []
     if got:
         text += f"; unread audio queued max {sent_text(max(got))}"
