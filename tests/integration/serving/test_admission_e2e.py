@@ -88,8 +88,7 @@ def test_overload_with_the_defaults_sheds_at_once_and_keeps_few_requests_in_flig
         # at once on a busy machine, so only compared with the admitted ones)
         assert statistics.median(s for s, _ in refused) < 0.5 * statistics.median(admitted)
 
-        # sustained overload: CLIENTS closed-loop clients (a refused one retries 0.1 s later), each on its own
-        # keep-alive connection, for at least SUSTAIN_S and until DONE requests started after the first 3 s
+        # sustained overload: CLIENTS closed-loop clients (a refused one retries 0.1 s later), for at least SUSTAIN_S and until DONE requests started after the first 3 s
         # have been served: a slower machine runs longer rather than judging from fewer samples (on a 2-core
         # host one request takes ~0.7 s alone and a few seconds under this load); never past MAX_SUSTAIN_S
         t0 = time.monotonic()
@@ -101,14 +100,13 @@ def test_overload_with_the_defaults_sheds_at_once_and_keeps_few_requests_in_flig
 
         def client() -> list:
             mine = []
-            with httpx.Client() as http:
-                while go_on():
-                    status, start, s, _ = stream(url, http)
-                    mine.append((status, start, s))
-                    if status == 200 and start >= t0 + 3.0:
-                        served_late.append(start)
-                    if status == 503:
-                        time.sleep(0.1)
+            while go_on():
+                status, start, s, _ = stream(url)
+                mine.append((status, start, s))
+                if status == 200 and start >= t0 + 3.0:
+                    served_late.append(start)
+                if status == 503:
+                    time.sleep(0.1)
             return mine
 
         seen = [r for mine in concurrently(CLIENTS, client) for r in mine]
