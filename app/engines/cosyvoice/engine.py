@@ -353,12 +353,15 @@ class CosyVoiceEngine:
                                started: float) -> Iterator[AudioChunk]:
         """One bistream sequence per segment (sentences within the LLM's budget, as HTTP cuts text): a
         long utterance costs what the same text costs over HTTP, not a context that grows with it."""
-        budget = self.config.max_segment_tokens
-        segments = StreamSegments(req.text_stream, max_chars=self.config.max_segment_chars, max_tokens=budget,
+        segments = StreamSegments(req.text_stream, max_chars=self.config.max_segment_chars,
+                                  max_tokens=self.config.max_segment_tokens,
                                   count=lambda text: self.inputs.text_tokens(self.inputs.normalized(req, text)))
+        prompt = None  # the voice's inputs, computed once for all segments (as HTTP's prompt_inputs)
         while (segment := segments.next(cancel)) is not None:
             index = segments.count - 1
-            chunks = self._run_bistream(replace(req, text_stream=segment), cancel, started)
+            if prompt is None:
+                prompt = self.inputs.bistream_prompt(req)
+            chunks = self._run_bistream(replace(req, text_stream=segment), prompt, cancel, started)
             try:
                 for chunk in chunks:
                     yield dataclasses.replace(chunk, segment=index) if index else chunk
@@ -367,8 +370,9 @@ class CosyVoiceEngine:
         if segments.count == 0 and not cancel.is_set():
             raise InvalidInput("the utterance has no text to speak")
 
-    def _run_bistream(self, req: SynthesisRequest, cancel: threading.Event, started: float) -> Iterator[AudioChunk]:
-        speech_out = self.runner.run_bistream(self.inputs.bistream_prompt(req), req.text_stream, self.inputs.tokenize,
+    def _run_bistream(self, req: SynthesisRequest, prompt: dict, cancel: threading.Event,
+                      started: float) -> Iterator[AudioChunk]:
+        speech_out = self.runner.run_bistream(prompt, req.text_stream, self.inputs.tokenize,
                                               cancel=cancel, seed=req.seed, request_id=req.request_id,
                                               system_prompt=prompts.V3_SYSTEM_PROMPT,
                                               normalize=lambda text: self.inputs.normalized(req, text),
