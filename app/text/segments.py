@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from app.text.scripts import CLAUSE_MARKS, FULLWIDTH_CLAUSE_MARKS, SENTENCE_END
-from app.text.stream import POLL_S, TextStream
+from app.text.stream import TextStream
 
 _TAIL = 8  # characters of the segment kept to find a sentence end that spans two pieces ("end." + " Next")
 _MARK = re.compile(rf"[{re.escape(CLAUSE_MARKS + FULLWIDTH_CLAUSE_MARKS)}]\s*")  # a clause ends
@@ -62,15 +62,9 @@ class StreamSegments:
 
     def _get(self, cancel: threading.Event) -> str | None:
         """The stream's next piece, waiting for it; None at its end (then remembered) or on cancel."""
-        while not cancel.is_set():
-            try:
-                piece = self._text.get(POLL_S)
-            except TimeoutError:
-                continue
-            if piece is None:
-                self._ended = True
-            return piece
-        return None
+        piece = self._text.next_piece(cancel)
+        self._ended = piece is None and not cancel.is_set()
+        return piece
 
     def _fits(self, text: str) -> bool:
         return (len(text) <= self.max_chars

@@ -68,15 +68,18 @@ class TextStream:
                 return None
             raise TimeoutError
 
-    def pieces(self, cancel: threading.Event) -> Iterator[str]:
-        """Every piece in order, blocking for the next; stops at the end or when ``cancel`` is set."""
+    def next_piece(self, cancel: threading.Event) -> str | None:
+        """The next piece, blocking for it; None at the end or once ``cancel`` is set."""
         while not cancel.is_set():
             try:
-                piece = self.get(POLL_S)
+                return self.get(POLL_S)
             except TimeoutError:
                 continue
-            if piece is None:
-                return
+        return None
+
+    def pieces(self, cancel: threading.Event) -> Iterator[str]:
+        """Every piece in order, blocking for the next; stops at the end or when ``cancel`` is set."""
+        while (piece := self.next_piece(cancel)) is not None:
             yield piece
 
 
