@@ -33,12 +33,11 @@ BURST = 6 * CPU_START_PER_CORE * max(2, os.cpu_count() or 1)  # at once: 12 on 2
 SUSTAIN_S, MAX_SUSTAIN_S, DONE = 15.0, 120.0, 8  # the sustained phase: its least and most seconds, the served it needs
 
 
-def stream(url: str, client: httpx.Client | None = None) -> tuple[int, float, float, str | None]:
-    """One streamed PCM request: (status, start, seconds to the last byte, Retry-After); a new
-    connection each time unless a ``client`` (its connections kept alive) is given."""
+def stream(url: str) -> tuple[int, float, float, str | None]:
+    """One streamed PCM request: (status, start, seconds to the last byte, Retry-After)."""
     t0 = time.monotonic()
-    with (client or httpx).stream("POST", url + "/v1/tts", json={"text": TEXT, "format": "pcm", "stream": True},
-                                  timeout=300) as r:
+    with httpx.stream("POST", url + "/v1/tts", json={"text": TEXT, "format": "pcm", "stream": True},
+                      timeout=300) as r:
         for _ in r.iter_raw():
             pass
         return r.status_code, t0, time.monotonic() - t0, r.headers.get("retry-after")
@@ -88,9 +87,10 @@ def test_overload_with_the_defaults_sheds_at_once_and_keeps_few_requests_in_flig
         # at once on a busy machine, so only compared with the admitted ones)
         assert statistics.median(s for s, _ in refused) < 0.5 * statistics.median(admitted)
 
-        # sustained overload: CLIENTS closed-loop clients (a refused one retries 0.1 s later), for at least SUSTAIN_S and until DONE requests started after the first 3 s
-        # have been served: a slower machine runs longer rather than judging from fewer samples (on a 2-core
-        # host one request takes ~0.7 s alone and a few seconds under this load); never past MAX_SUSTAIN_S
+        # sustained overload: CLIENTS closed-loop clients (a refused one retries 0.1 s later), for at least
+        # SUSTAIN_S and until DONE requests started after the first 3 s have been served: a slower machine runs
+        # longer rather than judging from fewer samples (on a 2-core host one request takes ~0.7 s alone and a
+        # few seconds under this load); never past MAX_SUSTAIN_S
         t0 = time.monotonic()
         served_late = []  # requests started after the first 3 s and served (one entry each)
 
