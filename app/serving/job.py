@@ -30,6 +30,7 @@ from app.serving.bridge import BlockingStream, GeneratorFactory
 from app.serving.buffers import StreamBudget
 from app.serving.errors import DeadlineExceeded
 from app.serving.slots import Lease
+from app.text.stream import TextStream
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class Job(Generic[T]):
         deadline_s: float,
         buffer_bytes: int | None = None,
         budget: StreamBudget | None = None,
+        text: TextStream | None = None,
         on_thread_done: Callable[[Job], None],
     ) -> None:
         if not (ticket.held and lease.held):
@@ -69,6 +71,7 @@ class Job(Generic[T]):
         self.outcome = "running"  # then ok | cancelled | error | timeout
         self.service_s: float | None = None
         self._deadline_s = deadline_s
+        self._text = text  # text still arriving (a WebSocket utterance): the deadline counts from its last piece
         self._on_thread_done_cb = on_thread_done
         self._timed_out = False
         self._consumer_done = False
@@ -159,8 +162,14 @@ class Job(Generic[T]):
 
     @property
     def deadline_s(self) -> float:
-        """Seconds it may run before it is cancelled with 504 (0: no deadline)."""
-        return self._deadline_s
+        """Seconds from ``started_at`` it may run before it is cancelled with 504 (0: no deadline).
+
+        A job whose text arrives while it runs may run ``request_timeout_s`` past its last text, so a
+        client that types slowly is not cut off, and the time it takes to speak is what that text costs.
+        """
+        if self._deadline_s <= 0 or self._text is None:
+            return self._deadline_s
+        return max(self._deadline_s, self._text.last_at - self._started_at + self._deadline_s)
 
     @property
     def started_at(self) -> float:
@@ -208,9 +217,14 @@ class Job(Generic[T]):
         return chunk
 
     def _on_deadline(self) -> None:
+        left = self._started_at + self.deadline_s - time.monotonic()
+        if left > 0.001 and not self._thread_done.done():  # text came since it was armed: follow it
+            self._timer = self._loop.call_later(left, self._on_deadline)
+            return
         if not self._thread_done.done():
             self._timed_out = True
-            self._stream.abort(DeadlineExceeded(f"the request did not finish within {self._deadline_s:g} s"))
+            since = "" if self._text is None else " of its last text"
+            self._stream.abort(DeadlineExceeded(f"the request did not finish within {self._deadline_s:g} s{since}"))
 
     def _on_thread_done(self, fut: asyncio.Future[None]) -> None:
         if not fut.cancelled() and fut.exception() is not None:  # run() catches everything

@@ -55,6 +55,7 @@ from app.serving.job import Job
 from app.serving.priority import Priority, parse_priority
 from app.serving.slots import Slot, Slots
 from app.serving.stats import NullObserver, PoolObserver, SafeObserver
+from app.text.stream import TextStream
 
 __all__ = ["EnginePool", "Job", "NullObserver", "PoolConfig", "PoolObserver", "Ticket"]
 
@@ -443,9 +444,10 @@ class EnginePool:
         goes back before this raises.
         """
         if transform is None:
-            return await self._submit(ticket, lambda engine, cancel: engine.synthesize(req, cancel), req.request_id)
+            return await self._submit(ticket, lambda engine, cancel: engine.synthesize(req, cancel), req.request_id,
+                                      req.text_stream)
         return await self._submit(ticket, lambda engine, cancel: transform(engine.synthesize(req, cancel), cancel),
-                                  req.request_id)
+                                  req.request_id, req.text_stream)
 
     async def call(self, fn: Callable[[Engine], Any], request_id: str = "") -> Any:
         """Run ``fn(engine)`` once in a slot's thread, under the same admission, queue and deadline.
@@ -462,7 +464,8 @@ class EnginePool:
             result, _ = await job.first_chunk()
             return result
 
-    async def _submit(self, ticket: Ticket, open_gen: Callable[[Engine, Any], Iterator[Any]], request_id: str) -> Job:
+    async def _submit(self, ticket: Ticket, open_gen: Callable[[Engine, Any], Iterator[Any]], request_id: str,
+                      text: TextStream | None = None) -> Job:
         bulk = ticket.issued_by(self._bulk_account)
         if not bulk and not ticket.issued_by(self._admission):
             raise PermitError("run() needs a ticket from this pool's admit() or admit_for()")
@@ -495,7 +498,7 @@ class EnginePool:
                           request_id=request_id or uuid.uuid4().hex, queue_wait_s=wait,
                           buffer_chunks=self.config.stream_buffer_chunks,
                           buffer_bytes=self.config.stream_buffer_bytes, budget=self.stream_budget,
-                          deadline_s=self._deadline_s(bulk), on_thread_done=self._job_ended)
+                          deadline_s=self._deadline_s(bulk), text=text, on_thread_done=self._job_ended)
             except BaseException:
                 lease.release()
                 raise

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 
@@ -38,6 +39,7 @@ class TextStream:
         self._cond = threading.Condition()
         self._ended = False
         self.chars = 0  # characters put so far
+        self.last_at = time.monotonic()  # when text last came (or the end): a job's deadline counts from here
 
     def put(self, text: str) -> None:
         with self._cond:
@@ -45,11 +47,14 @@ class TextStream:
                 raise RuntimeError("text stream already ended")
             self._pieces.append(text)
             self.chars += len(text)
+            self.last_at = time.monotonic()
             self._cond.notify_all()
 
     def end(self) -> None:
         """No more text (idempotent)."""
         with self._cond:
+            if not self._ended:
+                self.last_at = time.monotonic()
             self._ended = True
             self._cond.notify_all()
 

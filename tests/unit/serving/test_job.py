@@ -13,6 +13,7 @@ import pytest
 from app.engines.base import AudioChunk, EngineFailure, InvalidInput, SynthesisRequest
 from app.engines.fake import FakeBehaviour, FakeEngine
 from app.serving import DeadlineExceeded, EnginePool, PoolConfig
+from app.text.stream import TextStream
 from tests.support.pool import synthesize
 from tests.support.waiting import await_until, run
 
@@ -243,6 +244,41 @@ def test_deadline_with_a_cooperative_engine_and_a_late_reader() -> None:
             assert_idle(pool)
         finally:
             gate.set()
+            await pool.close()
+
+    run(main())
+
+
+def test_a_job_whose_text_still_arrives_has_its_deadline_from_the_last_text() -> None:
+    """A WebSocket utterance: a client that types for longer than request_timeout_s is not cut off;
+    one that stops typing is, request_timeout_s after its last text."""
+
+    async def main():
+        pool = await started_pool(FakeBehaviour(), workers=1, request_timeout_s=0.3)
+        try:
+            typed = TextStream()
+            async with await synthesize(pool, req("typed", text_stream=typed)) as job:
+                for _ in range(8):  # 0.8 s of typing, well past the 0.3 s deadline
+                    typed.put("One sentence. ")
+                    await asyncio.sleep(0.1)
+                typed.end()
+                assert len([c async for c in job]) >= 8
+            assert job.outcome == "ok"
+            stalled = TextStream()
+            stalled.put("Half a sen")
+            t0 = time.monotonic()
+            async with await synthesize(pool, req("stalled", text_stream=stalled)) as job:
+                await asyncio.sleep(0.2)
+                stalled.put("tence")  # the last text: the deadline is 0.3 s from here
+                last = time.monotonic()
+                with pytest.raises(DeadlineExceeded, match="of its last text"):
+                    async for _ in job:
+                        pass
+                assert time.monotonic() - last >= 0.29 and time.monotonic() - t0 < 3.0
+                assert job.deadline_s >= 0.49  # started_at + deadline_s = the last text + 0.3 s
+            assert job.outcome == "timeout"
+            assert_idle(pool)
+        finally:
             await pool.close()
 
     run(main())
