@@ -232,7 +232,6 @@ class SpeechSession:
                 utt.bytes_sent += len(data)
                 await self.sink.audio(utt, data)
             utt.audio_s = result.audio_s
-            self.audio_s += utt.audio_s
             if not started:
                 await self.sink.audio_start(utt)
             await self.sink.audio_done(utt)
@@ -242,6 +241,7 @@ class SpeechSession:
             log.warning("session %s utterance %d failed mid-stream: %r", self.request_id, utt.index, exc)
             await self.sink.utterance_failed(utt, exc)
         finally:
+            self.audio_s += result.audio_s  # what was sent, whole or not: the access line reports it
             await result.aclose()
 
 

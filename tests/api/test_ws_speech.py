@@ -146,6 +146,25 @@ def test_client_disconnect_cancels_the_engine_job(open_client, behaviour):
     wait_until(lambda: in_flight(client) == 0)
 
 
+def test_audio_sent_before_a_failure_counts_in_the_session_and_its_access_line(open_client, behaviour, caplog):
+    behaviour.fail_at_chunk = 2  # two 0.2 s chunks, then the engine fails mid-utterance
+    client = open_client()
+    with caplog.at_level("INFO", logger="cosyserve.ws"), client.websocket_connect(PATH) as ws:
+        send(ws, "input.text", text="Cut short.")
+        send(ws, "input.done")
+        assert ws.receive_json()["type"] == "audio.start"
+        got = [ws.receive_bytes(), ws.receive_bytes()]
+        assert error(ws)["code"] == "engine_failure"
+        send(ws, "session.close")
+        done = ws.receive_json()
+        assert closed(ws) == 1000
+    assert sum(map(len, got)) == 2 * 2 * int(0.2 * 24000)
+    assert done == {"type": "session.done", "utterances": 1, "audio_seconds": 0.4}
+    wait_until(lambda: any(" WS " in r.getMessage() for r in caplog.records))
+    line = next(r.getMessage() for r in caplog.records if " WS " in r.getMessage())
+    assert "audio=0.40s" in line
+
+
 def test_drain_closes_idle_sessions_at_once_and_busy_ones_after_their_utterance(open_client, behaviour):
     behaviour.chunks, behaviour.chunk_delay_s = 10, 0.05  # 0.5 s per sentence
     client = open_client()
