@@ -169,6 +169,8 @@ def _admission_metrics(adm: dict) -> Iterator[Metric]:
                             "pool.max_queue)", value=float(adm.get("ceiling", 0)))
     yield GaugeMetricFamily("tts_admission_load", "Admitted requests in flight, weighted by their size "
                             "(1 = an average request)", value=float(adm.get("load", 0.0)))
+    yield GaugeMetricFamily("tts_admission_lanes", "Long jobs running in lanes beside the limit (a slot each, "
+                            "none of the limit's load)", value=float(adm.get("lanes", 0)))
     yield GaugeMetricFamily("tts_admission_predicted_wait_seconds", "How long a request arriving now would "
                             "wait before it could start (0: at once; else it is refused with this Retry-After)",
                             value=float(adm.get("predicted_wait_s") or 0.0))

@@ -15,6 +15,17 @@ waits, so a refusal costs next to nothing (TEI's ``try_acquire_permit``). Two mo
   nothing about capacity (text that arrives over time, voice registration) is
   ``exclude()``d from the latency samples.
 
+Long jobs ride in lanes beside the limit (issue 47): a permit charged at least ``LONG_WEIGHT``
+average requests and ``LONG_MIN_UNITS`` characters, or held open while its text arrives
+(``open_ended()``: a WebSocket utterance), is one stream of work that runs for tens of seconds:
+it occupies one place of a batched engine for all that time, not ``weight`` places for an
+average request's time. Counted by its weight against the limit it would turn every short
+request away (503 ``over_budget``) or make it wait behind it; so up to ``limit`` such jobs
+instead run in lanes of their own: each takes one slot beyond the limit's and nothing of the
+gate's load, and short requests keep the limit's places. A long job beyond the lanes counts
+against the gate as before. Lane jobs are no latency samples (they do not run in the limit's
+places). Docs: docs/concurrency.md ("Long jobs").
+
 A ticket is an owned handle on one permit (TEI's ``OwnedSemaphorePermit``):
 exactly one holder has it at a time. ``take()`` moves the permit to a new
 handle for the next holder and leaves the old one empty; ``release()`` gives
@@ -46,6 +57,9 @@ from app.serving.stats import PoolObserver, ServiceTimeEstimator
 
 log = logging.getLogger(__name__)
 
+LONG_WEIGHT = 4.0  # a job charged this many average requests (about 6x the mean size) ...
+LONG_MIN_UNITS = 256  # ... and this many characters (several sentences: many engine segments) runs in a lane
+
 
 class _Others(Protocol):
     """Permits counted apart from this gate (the bulk class): how many run, how many ever started."""
@@ -66,7 +80,8 @@ class PermitError(RuntimeError):
 class _Permit:
     """One admitted request. ``queued`` until its holder gets a slot; ``weight`` in average requests."""
 
-    __slots__ = ("admission", "admitted_at", "first_alone", "others_at", "queued", "sampled", "serial", "weight")
+    __slots__ = ("admission", "admitted_at", "first_alone", "in_lane", "others_at", "queued", "sampled", "serial",
+                 "weight")
 
     def __init__(self, admission: Admission) -> None:
         self.admission = admission
@@ -77,6 +92,7 @@ class _Permit:
         self.first_alone = False  # nothing else was running when it started
         self.sampled = True  # its latency is a capacity sample (exclude() turns it off)
         self.others_at = 0  # the other class's start count when it started (alone: unchanged at its end)
+        self.in_lane = False  # a long job in a lane beside the limit (Admission.lanes)
 
 
 class Ticket:
@@ -115,6 +131,15 @@ class Ticket:
         """Its latency says nothing about capacity (text arriving over time, other engine work)."""
         self._check("exclude")
         self._permit.sampled = False
+
+    def open_ended(self) -> None:
+        """Its text arrives over time (a WebSocket utterance): no latency sample, and a long job (a lane)."""
+        self._check("open_ended")
+        self._permit.admission._open_ended(self._permit)
+
+    @property
+    def in_lane(self) -> bool:
+        return self._permit.in_lane
 
     @property
     def weight(self) -> float:
@@ -161,6 +186,9 @@ class Admission:
         self.in_flight = 0  # permits out: queued, running or still being consumed
         self.queued = 0  # permits whose holder waits for a slot
         self.load = 0.0  # the permits out, in average requests (their weights)
+        self.lanes = 0  # long jobs in lanes beside the limit (their weight is not the gate's)
+        self.lane_load = 0.0  # ... their weights
+        self.lanes_running = 0  # ... of them holding a slot (or still being consumed)
         self.admitted = 0
         self.starts = 0  # permits that got a slot (a request ran alone if no other started meanwhile)
         self.rejected: dict[str, int] = {}
@@ -194,6 +222,16 @@ class Admission:
         """Requests (of average size) admitted at once now: the capacity, or the adaptive limit."""
         return self.limiter.value
 
+    @property
+    def gate_load(self) -> float:
+        """The load the limit governs: every permit's weight but the long jobs' in lanes."""
+        return max(0.0, self.load - self.lane_load)
+
+    @property
+    def slot_cap(self) -> int:
+        """Slots that may be leased at once: the limit's places, and one per long job in a lane."""
+        return self.limiter.value + self.lanes
+
     # -- the gate -----------------------------------------------------------------------------
     def check(self) -> None:
         """Raise Overloaded (counted) if ``admit()`` would refuse now; take nothing.
@@ -220,7 +258,7 @@ class Admission:
             self.reject("queue_full")
             raise Overloaded(f"all {self.workers} workers are busy and {self.max_queue} requests are waiting",
                              self.retry_after_s())
-        if not self.limiter.allows(self.load):
+        if not self.limiter.allows(self.gate_load):
             self.limiter.note_refused()
             self.reject("over_budget")
             raise Overloaded(f"{self.limiter.value} requests are running and the wait for a place would take "
@@ -233,7 +271,7 @@ class Admission:
 
     def predicted_wait_s(self) -> float:
         """How long a request arriving now would wait before it could start (0: at once)."""
-        wait = self.limiter.predicted_wait_s(self.load)
+        wait = self.limiter.predicted_wait_s(self.gate_load)
         if not self.ceiling.allows(self.load):  # at the ceiling: behind every busy worker, too
             wait = max(wait, self.ceiling.predicted_wait_s(self.load))
         return wait
@@ -248,7 +286,7 @@ class Admission:
     def observe_latency(self, ticket: Ticket, latency_s: float) -> None:
         """A finished request's latency (queue wait + engine time, without time blocked on its client)."""
         permit = ticket._permit
-        if not permit.sampled:
+        if not permit.sampled or permit.in_lane:  # a lane job did not run in the limit's places
             return
         alone = (permit.first_alone and self.starts == permit.serial  # ran with nothing else running,
                  and self.others.starts == permit.others_at)  # bulk included
@@ -267,6 +305,7 @@ class Admission:
             "limit": self.limit,
             "ceiling": self.capacity,
             "load": round(self.load, 3),
+            "lanes": self.lanes,
             "predicted_wait_s": self.predicted_wait_s(),
             "target_s": lim.target_s,
             "unloaded_s": lim.unloaded_s,
@@ -291,7 +330,28 @@ class Admission:
             units - self._mean_units)
         weight = units / mean
         self.load += weight - permit.weight
+        if permit.in_lane:
+            self.lane_load += weight - permit.weight
         permit.weight = weight
+        if weight >= LONG_WEIGHT and units >= LONG_MIN_UNITS:
+            self._to_lane(permit)
+        self._note_load()
+        self.on_change()
+
+    def _to_lane(self, permit: _Permit) -> None:
+        """A long job: into a lane beside the limit while fewer than ``limit`` are taken, else it stays
+        in the gate (counted by its weight, as any request)."""
+        if permit.in_lane or self.lanes >= self.limit:
+            return
+        permit.in_lane = True
+        self.lanes += 1
+        self.lane_load += permit.weight
+        if not permit.queued:
+            self.lanes_running += 1
+
+    def _open_ended(self, permit: _Permit) -> None:
+        permit.sampled = False
+        self._to_lane(permit)
         self._note_load()
         self.on_change()
 
@@ -303,13 +363,15 @@ class Admission:
     def _note_load(self) -> None:
         """Tell the limits the load and the counts after any change to them."""
         self.ceiling.note_load(self.load, self.running, self.queued)
-        self.limiter.note_load(self.load, self.running, self.queued)
+        self.limiter.note_load(self.gate_load, self.running - self.lanes_running, self.queued)
 
     def _started(self, permit: _Permit) -> None:
         self.starts += 1
         permit.serial = self.starts
         permit.first_alone = self.running == 0 and self.others.running == 0  # before it counts as running
         permit.others_at = self.others.starts
+        if permit.in_lane:
+            self.lanes_running += 1
         self._left_queue()
 
     def _left_queue(self) -> None:
@@ -320,6 +382,11 @@ class Admission:
     def _give_back(self, permit: _Permit) -> None:
         self.in_flight -= 1
         self.load = max(0.0, self.load - permit.weight) if self.in_flight else 0.0
+        if permit.in_lane:
+            self.lanes -= 1
+            self.lane_load = max(0.0, self.lane_load - permit.weight) if self.lanes else 0.0
+            if not permit.queued:
+                self.lanes_running -= 1
         if permit.queued:
             permit.queued = False
             self._left_queue()

@@ -65,6 +65,9 @@ class BulkAccount:
     def _charge(self, permit: _Permit, units: float) -> None:
         pass  # bulk carries no weight in the admission load
 
+    def _open_ended(self, permit: _Permit) -> None:
+        pass  # nor takes a lane: it runs only in the room interactive work leaves
+
     def _started(self, permit: _Permit) -> None:
         self.running += 1
         self.starts += 1

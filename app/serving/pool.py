@@ -96,13 +96,13 @@ class EnginePool:
         self._observer = SafeObserver(observer if observer is not None else NullObserver())
         self._admission = Admission.for_pool(config, self._observer)
         self.stream_budget = StreamBudget(config.stream_buffer_total_bytes)  # all streams' unread audio
-        limiter = self._admission.limiter  # lease no more slots than the limit (fixed: capacity); the rest wait FIFO
-        self._slots = Slots(cap=lambda: limiter.value)
+        admission = self._admission  # lease no more slots than the limit (fixed: capacity) and one per long job
+        self._slots = Slots(cap=lambda: admission.slot_cap)  # in a lane; the rest wait FIFO
         self._bulk_account = BulkAccount(self._admission.clock, on_release=self._pump_bulk)
         self._bulk = BulkQueue(self._bulk_account, max_queue=config.bulk_max_queue,
                                timeout_s=config.bulk_queue_timeout_s, can_grant=self._bulk_fits,
                                reject=self._admission.reject, retry_after_s=self._bulk_retry_after_s)
-        self._admission.on_change = self._pump_bulk  # a permit back, a size known, the limit moved
+        self._admission.on_change = self._admission_changed  # a permit back, a size known, the limit moved
         self._admission.others = self._bulk_account  # a request beside bulk work did not run alone
         self._completed = dict.fromkeys(Priority, 0)  # jobs that ended ok, per class (throughput)
         self._slot_list: list[Slot] = []
@@ -416,6 +416,10 @@ class EnginePool:
         return out < self.bulk_room() and out + self._admission.in_flight < self._admission.capacity
 
     def _pump_bulk(self) -> None:
+        self._bulk.pump()
+
+    def _admission_changed(self) -> None:
+        self._slots.refill()  # a long job took a lane: the cap rose
         self._bulk.pump()
 
     def _bulk_retry_after_s(self, depth: int) -> float:

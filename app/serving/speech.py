@@ -109,7 +109,9 @@ class SpeechService:
         """Admit (unless given a ``ticket``, which it takes), run, encode; ClientGone if ``gone`` fires first."""
         ticket = ticket.take() if ticket is not None else self.pool.admit()
         size = request_size(plan.request)
-        if size is None:
+        if plan.request.text_stream is not None:  # text arriving over time: a long job, no latency sample
+            ticket.open_ended()
+        elif size is None:
             ticket.exclude()
         else:
             ticket.charge(size)

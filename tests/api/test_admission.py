@@ -105,6 +105,7 @@ def test_adaptive_overload_is_an_immediate_503_with_retry_after_and_counted_as_o
     assert value(busy, "tts_admission_limit", mode="adaptive") == 1
     assert value(busy, "tts_admission_ceiling") == 4
     assert value(busy, "tts_admission_load") == pytest.approx(1.0)
+    assert value(busy, "tts_admission_lanes") == 0
     assert value(busy, "tts_admission_predicted_wait_seconds") > 0
     gate.set()
     held.join(10)
@@ -135,26 +136,40 @@ def test_fixed_keeps_todays_behaviour_a_queue_then_503_queue_full(client_factory
     assert status == [200] and queued == [200]
 
 
-def test_a_websocket_utterance_takes_the_same_adaptive_permit(client_factory, behaviour):
+def test_a_websocket_utterance_rides_in_a_lane_and_the_next_takes_the_gates_place(client_factory, behaviour):
+    """At limit 1: an open utterance (text arriving over time) is a long job in a lane beside the limit;
+    a second utterance, the lane taken, holds the limit's one place; a third and a short request are
+    then refused at once; once the second is done, a short request runs beside the lane."""
     from tests.support.ws import PATH, send, utterance
 
     client = client_factory(workers=4, max_queue=0)
     pool = client.app.state.runtime.pool
     pool.start_admission_at(1)
-    with client.websocket_connect(PATH) as first:  # its utterance holds the only place
-        send(first, "input.text", text="Holding the only place.")
-        with client.websocket_connect(PATH) as second:  # connecting takes no place; its text is refused
-            send(second, "input.text", text="No place.")
-            event = second.receive_json()
-            assert event["type"] == "error" and event["utterance"] == 1
-            assert event["error"]["code"] == "overloaded" and event["error"]["retry_after_s"] >= 1
-        r = client.post("/v1/tts", json={"text": "hi"})
-        assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+    with client.websocket_connect(PATH) as first:
+        send(first, "input.text", text="Riding in the lane.")
+        wait_for(lambda: pool.stats()["admission"]["lanes"] == 1)
+        with client.websocket_connect(PATH) as second:  # connecting takes no place
+            send(second, "input.text", text="Holding the only place.")
+            wait_for(lambda: pool.stats()["in_flight"] == 2)
+            assert pool.stats()["admission"]["lanes"] == 1  # one lane per place of the limit
+            with client.websocket_connect(PATH) as third:
+                send(third, "input.text", text="No place.")
+                event = third.receive_json()
+                assert event["type"] == "error" and event["utterance"] == 1
+                assert event["error"]["code"] == "overloaded" and event["error"]["retry_after_s"] >= 1
+            r = client.post("/v1/tts", json={"text": "hi"})
+            assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+            send(second, "input.done")
+            utterance(second)
+        wait_for(lambda: pool.stats()["in_flight"] == 1)  # the lane is still held ...
+        assert client.post("/v1/tts", json={"text": "hi"}).status_code == 200  # ... and the place is free
         send(first, "input.done")
         utterance(first)
     wait_for(lambda: pool.stats()["in_flight"] == 0)
+    assert pool.stats()["admission"]["lanes"] == 0
     assert pool.stats()["rejected"] == {"over_budget": 2}
-    assert pool.stats()["admission"]["average_s"] is None  # text that arrived over time: not a latency sample
+    assert pool.stats()["admission"]["average_s"] is not None  # the short request: a sample
+    assert pool.stats()["admission"]["load"] == 0
 
 
 def test_measured_latency_brings_the_limit_down_and_503s_follow(client_factory, behaviour):

@@ -25,6 +25,7 @@ from app.serving.limits import SpeechLimits
 from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
 from app.serving.stats import NullObserver
+from app.text.stream import TextStream
 from tests.support.pool import assert_released, synthesize
 from tests.support.waiting import await_until, run
 
@@ -273,6 +274,112 @@ def test_a_long_request_takes_more_of_the_limit_once_charged_and_is_read_per_uni
     long.release()
     short.release()
     assert adm.load == 0.0
+
+
+def test_a_long_job_rides_in_a_lane_and_short_requests_keep_the_limits_places() -> None:
+    adm, clock = adaptive(limit=2)
+    short = adm.admit()
+    short.charge(10)  # the average size: 10 characters
+    long = adm.admit()
+    long.charge(4000)  # average 10 -> 409: weight 9.8, and 4,000 characters: a long job
+    assert long.in_lane and long.weight == pytest.approx(4000 / 409)
+    assert adm.gate_load == pytest.approx(1.0) and adm.load == pytest.approx(1 + 4000 / 409)
+    assert (adm.lanes, adm.slot_cap) == (1, 3)  # one slot beyond the limit's two
+    other = adm.admit()  # the gate holds one average request: a second fits the limit of 2
+    with pytest.raises(Overloaded):
+        adm.admit()
+    long.started()
+    clock.t += 1
+    adm.observe_latency(long, 30.0)  # it ran beside the limit's places: no sample
+    assert adm.limiter.average_s is None
+    long.release()
+    assert (adm.lanes, adm.lane_load, adm.slot_cap) == (0, 0.0, 2)
+    assert adm.snapshot()["lanes"] == 0
+    short.release()
+    other.release()
+    assert adm.load == 0.0
+
+
+def test_lanes_are_bounded_by_the_limit_and_a_long_job_beyond_them_counts_by_its_weight() -> None:
+    adm, _ = adaptive(limit=1)
+    for _ in range(2):  # sizes: an average of 10 characters
+        t = adm.admit()
+        t.charge(10)
+        t.release()
+    lane = adm.admit()
+    lane.charge(4000)  # into the one lane: the gate is empty again
+    gated = adm.admit()
+    gated.charge(4000)  # no lane left: it stays in the gate
+    assert lane.in_lane and not gated.in_lane and adm.lanes == 1
+    assert adm.gate_load == pytest.approx(gated.weight) and gated.weight >= 4
+    with pytest.raises(Overloaded):
+        adm.admit()  # the gate is full of the second long job, as before lanes
+    lane.release()
+    gated.release()
+
+
+def test_a_request_several_times_the_average_but_short_stays_in_the_gate() -> None:
+    adm, _ = adaptive(limit=4)
+    for _ in range(3):
+        t = adm.admit()
+        t.charge(10)
+        t.release()
+    medium = adm.admit()
+    medium.charge(200)  # weight 200 / 29 = 6.9, yet a sentence or two: seconds of work, no lane
+    assert medium.weight >= 4 and not medium.in_lane and adm.lanes == 0
+    medium.release()
+
+
+def test_an_open_ended_job_rides_in_a_lane_and_is_no_sample() -> None:
+    adm, clock = adaptive(limit=1)
+    utterance = adm.admit()
+    utterance.open_ended()  # a WebSocket utterance: text arriving over time
+    assert utterance.in_lane and adm.gate_load == 0.0 and adm.slot_cap == 2
+    short = adm.admit()  # the limit's one place is free
+    short.started()
+    utterance.started()
+    assert adm.lanes_running == 1
+    clock.t += 1
+    adm.observe_latency(utterance, 60.0)
+    assert adm.limiter.average_s is None
+    utterance.release()
+    short.release()
+    assert (adm.lanes, adm.lanes_running, adm.load) == (0, 0, 0.0)
+
+
+def test_a_short_request_runs_beside_a_long_job_at_limit_one() -> None:
+    """Through the pool: the long job's lane is a slot beyond the limit, so the short one is not queued
+    behind it (without the lane it would wait for that slot until its queue timeout)."""
+
+    async def main():
+        pool = await started(FakeBehaviour(), workers=2, max_queue=2, admission="adaptive",
+                             admission_budget_s=5.0, queue_timeout_s=2.0)
+        pool.start_admission_at(1)
+        try:
+            adm = pool.admission
+            for _ in range(3):  # sizes: an average of about 10 characters
+                t = adm.admit()
+                t.charge(10)
+                t.release()
+            long_ticket = pool.admit()
+            long_ticket.charge(4000)
+            assert long_ticket.in_lane and adm.slot_cap == 2
+            text = TextStream()  # the long job holds its slot until its text comes
+            long_job = await pool.run(long_ticket, SynthesisRequest(text_stream=text, mode="sft",
+                                                                    speaker="fake_female", request_id="long"))
+            async with await synthesize(pool, req("short")) as short_job:
+                assert len([c async for c in short_job]) == 3
+            assert short_job.queue_wait_s < 1.0
+            text.put("At last.")
+            text.end()
+            async with long_job:
+                assert len([c async for c in long_job]) == 3
+            assert_released(pool)
+            assert adm.lanes == 0 and adm.slot_cap == 1
+        finally:
+            await pool.close()
+
+    run(main())
 
 
 def test_only_lone_requests_teach_the_unloaded_latency_and_excluded_ones_teach_nothing() -> None:
