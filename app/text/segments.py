@@ -60,6 +60,17 @@ class StreamSegments:
             return piece
         return None if self._ended else self._get(cancel)
 
+    def _piece_now(self) -> str | None:
+        """Like ``_piece`` without waiting: TimeoutError when no text is there yet."""
+        if self._carry:
+            piece, self._carry = self._carry, ""
+            return piece
+        if self._ended:
+            return None
+        piece = self._text.get(0)  # TimeoutError: nothing has come yet
+        self._ended = piece is None
+        return piece
+
     def _get(self, cancel: threading.Event) -> str | None:
         """The stream's next piece, waiting for it; None at its end (then remembered) or on cancel."""
         piece = self._text.next_piece(cancel)
@@ -115,20 +126,39 @@ class Segment:
     def __init__(self, owner: StreamSegments) -> None:
         self._owner = owner
         self.text = ""  # what this segment got so far
+        self._ahead: list[str] = []  # read by ready_text, not yet handed out by pieces
+        self._complete = False  # its end was found
+
+    def ready_text(self) -> str | None:
+        """The whole segment if its text has all come already (then an engine speaks it as HTTP does, its
+        text prefilled at once), else None; reads only what has come, and ``pieces`` still hands it out."""
+        while not self._complete:
+            try:
+                piece = self._owner._piece_now()
+            except TimeoutError:
+                return None
+            head = self._take(piece)
+            if head:
+                self._ahead.append(head)
+        return self.text
 
     def pieces(self, cancel: threading.Event) -> Iterator[str]:
-        owner = self._owner
-        while True:
-            piece = owner._piece(cancel)
-            if piece is None:
-                return
-            at = owner._cut(self.text, piece)
-            if at is None:
-                self.text += piece
-                yield piece
-                continue
-            head, owner._carry = piece[:at], piece[at:]
+        ahead, self._ahead = self._ahead, []
+        yield from ahead
+        while not self._complete:
+            head = self._take(self._owner._piece(cancel))
             if head:
-                self.text += head
                 yield head
-            return
+
+    def _take(self, piece: str | None) -> str:
+        """Add ``piece`` (None: the stream ended) up to the segment's end; what of it is the segment's."""
+        owner = self._owner
+        if piece is None:
+            self._complete = True
+            return ""
+        at = owner._cut(self.text, piece)
+        if at is not None:
+            piece, owner._carry = piece[:at], piece[at:]
+            self._complete = True
+        self.text += piece
+        return piece

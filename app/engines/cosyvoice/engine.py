@@ -351,8 +351,10 @@ class CosyVoiceEngine:
 
     def _run_bistream_segments(self, req: SynthesisRequest, cancel: threading.Event,
                                started: float) -> Iterator[AudioChunk]:
-        """One bistream sequence per segment (sentences within the LLM's budget, as HTTP cuts text): a
-        long utterance costs what the same text costs over HTTP, not a context that grows with it."""
+        """One LLM sequence per segment (sentences within the LLM's budget, as HTTP cuts text): a long
+        utterance costs what the same text costs over HTTP, not a context that grows with it. A segment
+        whose text has all come when it starts is prefilled whole, as over HTTP; one still being written
+        is spoken bistream (its audio starts before its sentence is complete)."""
         segments = StreamSegments(req.text_stream, max_chars=self.config.max_segment_chars,
                                   max_tokens=self.config.max_segment_tokens,
                                   count=lambda text: self.inputs.text_tokens(self.inputs.normalized(req, text)))
@@ -361,7 +363,11 @@ class CosyVoiceEngine:
             index = segments.count - 1
             if prompt is None:
                 prompt = self.inputs.bistream_prompt(req)
-            chunks = self._run_bistream(replace(req, text_stream=segment), prompt, cancel, started)
+            whole = segment.ready_text()
+            if whole is not None and any(ch.isalnum() for ch in whole):
+                chunks = self._run_batched(self.inputs.with_text(req, prompt, whole), True, req, cancel, started)
+            else:
+                chunks = self._run_bistream(replace(req, text_stream=segment), prompt, cancel, started)
             try:
                 for chunk in chunks:
                     yield dataclasses.replace(chunk, segment=index) if index else chunk

@@ -101,6 +101,13 @@ class ModelInputs:
                 text, text_len = fe._extract_text_token(seg)
                 yield dict(base, text=text, text_len=text_len)
 
+    def with_text(self, req: SynthesisRequest, prompt: dict, text: str) -> dict:
+        """``prompt`` (``bistream_prompt``'s) with one whole segment's text: the input ``for_request`` makes
+        for that segment, so a streamed segment whose text has all come costs what it costs over HTTP."""
+        seg = prompts.speech_text(self.version, req.mode, self.normalized(req, text))
+        tokens, length = self.frontend._extract_text_token(seg)
+        return dict(prompt, text=tokens, text_len=length)
+
     def bistream_prompt(self, req: SynthesisRequest) -> dict:
         """The prompt part of a bistream request's input (no text: the text arrives while it is spoken)."""
         model_input = self.frontend.frontend_sft("", req.speaker) if req.mode == "sft" else self.prompt_inputs(req)

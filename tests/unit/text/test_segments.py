@@ -96,6 +96,50 @@ def test_the_first_segment_streams_before_its_sentence_is_complete():
     text.end()
 
 
+def ready_segments(text: TextStream, **kw) -> list[tuple[str | None, str]]:
+    """Each segment's ready_text (asked first), then what its pieces hand out."""
+    segs = StreamSegments(text, **kw)
+    out = []
+    while (seg := segs.next(GO)) is not None:
+        ready = seg.ready_text()
+        out.append((ready, "".join(seg.pieces(GO))))
+    return out
+
+
+def test_a_segment_whose_text_has_all_come_is_ready_whole_and_still_handed_out():
+    text = essay(1200)
+    got = ready_segments(stream_of(*[text[i:i + 7] for i in range(0, len(text), 7)]), min_chars=30, max_chars=240)
+    assert all(ready == pieces for ready, pieces in got)  # every segment complete: the text sent at once
+    assert [p for _, p in got] == segments(stream_of(text), min_chars=30, max_chars=240)
+
+
+def test_a_segment_still_being_written_is_not_ready_and_loses_nothing():
+    text = stream_of("Hello there, this sentence is still being", end=False)
+    segs = StreamSegments(text)
+    seg = segs.next(GO)
+    assert seg is not None and seg.ready_text() is None  # its end has not come
+    text.put(" written. And the next one")
+    text.end()
+    assert "".join(seg.pieces(GO)) == "Hello there, this sentence is still being written. "
+    rest = segs.next(GO)  # the stream's remainder is the next segment's, ready now
+    assert rest is not None and rest.ready_text() == "And the next one"
+
+
+def test_ready_text_then_pieces_keep_the_next_segment_intact():
+    text = stream_of("First sentence is here and long enough. Second one", end=False)
+    segs = StreamSegments(text, min_chars=10)
+    first = segs.next(GO)
+    assert first is not None and first.ready_text() == "First sentence is here and long enough. "
+    assert "".join(first.pieces(GO)) == "First sentence is here and long enough. "
+    second = segs.next(GO)
+    assert second is not None and second.ready_text() is None  # "Second one": not ended yet
+    text.put(" follows.")
+    text.end()
+    assert second.ready_text() == "Second one follows."
+    assert "".join(second.pieces(GO)) == "Second one follows."
+    assert segs.next(GO) is None
+
+
 def test_nothing_to_speak_gives_no_segment():
     assert segments(stream_of()) == []
     assert segments(stream_of(" ", "...", " ")) == []

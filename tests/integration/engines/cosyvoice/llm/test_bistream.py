@@ -16,6 +16,7 @@ import pytest
 
 from app.engines.base import SynthesisRequest
 from app.engines.cosyvoice.llm.bistream import BistreamFeed
+from app.text.segments import Segment
 from app.text.stream import TextStream
 from tests.support.waiting import wait_until
 
@@ -168,6 +169,7 @@ def _pushed_text_ids(engine, monkeypatch, text: str, **req) -> list[int]:
         return original(self, ids)
 
     monkeypatch.setattr(bistream.BistreamFeed, "push", record)
+    monkeypatch.setattr(Segment, "ready_text", lambda self: None)  # as if still being written: bistream
     stream = TextStream()
     for i, word in enumerate(text.split(" ")):  # a word a piece, as an LLM streams them
         stream.put(word if i == 0 else " " + word)
@@ -176,6 +178,7 @@ def _pushed_text_ids(engine, monkeypatch, text: str, **req) -> list[int]:
                                                      stream=True, seed=3, **req), threading.Event()))
     assert chunks
     monkeypatch.setattr(bistream.BistreamFeed, "push", original)
+    monkeypatch.undo()
     return pushed
 
 
@@ -211,6 +214,7 @@ def test_a_long_utterance_is_spoken_as_sentence_segments_each_its_own_sequence(e
         return submit(feed, **kw)
 
     monkeypatch.setattr(sched, "submit_bistream", counting)
+    monkeypatch.setattr(Segment, "ready_text", lambda self: None)  # as if each were still being written
     sentence = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
     text = TextStream()
     text.put(sentence * 12)  # 852 characters at once, then the end
@@ -223,3 +227,31 @@ def test_a_long_utterance_is_spoken_as_sentence_segments_each_its_own_sequence(e
     tokens = [pushed[0] for pushed in fed]  # the text tokens each sequence was fed
     assert all(0 < n <= cfg.max_segment_tokens for n in tokens), tokens
     assert sum(tokens) >= len(tokenize(engine, sentence * 12)) - len(fed)  # all of the text, spoken once
+
+
+def test_a_segment_whose_text_has_all_come_is_prefilled_whole_as_over_http(engine, monkeypatch):
+    """Text sent faster than it is spoken (all of it here): each segment's text is complete when it starts,
+    so it runs as HTTP runs it (its text in the prefill) and no bistream sequence is made; the same
+    segments, the same inputs, the same tokens as the HTTP request for that text."""
+    runner, sched = engine.runner, engine.runner.scheduler
+    bistream_calls: list = []
+    monkeypatch.setattr(sched, "submit_bistream", lambda *a, **kw: bistream_calls.append(1))
+    inputs: list = []
+    run = runner.run
+
+    def recording(model_input, **kw):
+        inputs.append(model_input["text"].flatten().tolist())
+        return run(model_input, **kw)
+
+    monkeypatch.setattr(runner, "run", recording)
+    sentence = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
+    text = TextStream()
+    text.put(sentence * 6)
+    text.end()
+    req = SynthesisRequest(mode="sft", speaker=engine.voices()[0], text_stream=text, stream=True, seed=5)
+    streamed = list(engine.synthesize(req, threading.Event()))
+    assert bistream_calls == [] and len(inputs) >= 2 and streamed
+    assert max(c.segment for c in streamed) == len(inputs) - 1
+    whole = SynthesisRequest(mode="sft", speaker=engine.voices()[0], text=sentence * 6, stream=True, seed=5)
+    http_inputs = [m["text"].flatten().tolist() for m in engine.inputs.for_request(whole, engine.sample_rate)]
+    assert sum(map(len, inputs)) == pytest.approx(sum(map(len, http_inputs)), rel=0.05)  # the same text tokens
