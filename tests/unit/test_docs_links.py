@@ -60,3 +60,16 @@ def test_the_readme_links_the_index():
 def test_doc_names_are_lowercase_with_hyphens():
     bad = [str(md.relative_to(DOCS)) for md in docs() if not NAME.match(md.name)]
     assert not bad, "rename (git mv) to lowercase-with-hyphens.md and fix the links:\n" + "\n".join(bad)
+
+
+def test_the_readme_front_door_reaches_the_two_commands_within_40_lines():
+    """What cosyserve is, in short bullets, then the two commands: the first `make run` by line 40, and no
+    bullet of the front door longer than one line (details live in docs/features.md)."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    first_run = next(i for i, line in enumerate(lines, 1) if line.startswith("make run"))
+    assert first_run <= 40, f"the first `make run` is on README line {first_run}"
+    front = lines[:lines.index("## Two commands")]
+    bullets = [line for line in front if line.startswith("- ")]
+    assert 5 <= len(bullets) <= 12 and all(len(b) <= 120 for b in bullets), bullets
+    assert not [line for line in front if line.startswith("  ")], "a front-door bullet runs over one line"
+    assert "docs/features.md" in "\n".join(front)
