@@ -66,7 +66,7 @@ for mode in modes:
         print(mode, stream, len(chunks), round(seconds, 2))
 if batching:  # upstream's own llm.inference alone == our batched decoding, token for token
     import torch
-    from tests.integration.engines.cosyvoice.llm.test_scheduler import llm_inputs, make_scheduler, reference, submit
+    from tests.support.llm_reference import llm_inputs, make_scheduler, reference, submit
     reqs = [SynthesisRequest(text=t, mode="zero_shot", **kw["zero_shot"]) for t in ("Hello there.", "A longer sentence to decode here.")]
     inputs = [llm_inputs(eng, r) for r in reqs]
     lm, sched = make_scheduler(eng)
@@ -208,8 +208,8 @@ for batch in ("off", "on"):
 import cosyvoice
 assert cosyvoice.__file__.startswith(upstream), cosyvoice.__file__
 from app.engines.cosyvoice.flow.batch import BatchedFlow
-from tests.integration.engines.cosyvoice.flow.test_batch import (MIX, assert_exact, assert_same_audio, deterministic_hift, every_mode,
-                                               item, pcm, reference)
+from tests.support.flow_batches import (MIX, assert_exact, assert_same_audio, deterministic_hift, every_mode,
+                                        item, pcm, reference)
 flow = engines["off"].loaded.model.flow
 items = [item(n, p, streaming=s, finalize=f, seed=i) for i, (n, p, s, f) in enumerate(MIX)]
 with torch.inference_mode():

@@ -15,6 +15,7 @@ import pytest
 
 from app.engines.base import PromptAudio, SynthesisRequest
 from tests.support.engine_requests import mixed_requests
+from tests.support.llm_reference import llm_inputs, make_scheduler, reference, submit
 from tests.support.sounds import speechlike
 from tests.support.waiting import wait_until
 
@@ -57,51 +58,6 @@ def batched_long(tiny_models):
     eng = _batched_engine(tiny_models(2, long=True))
     yield eng
     eng.close()
-
-
-def llm_inputs(engine, req: SynthesisRequest) -> dict:
-    (model_input,) = list(engine.inputs.for_request(req, engine.sample_rate))
-    return model_input
-
-
-def reference(engine, model_input: dict) -> tuple[list[int], list]:
-    """CosyVoice's own llm.inference alone: its tokens and every step's log-probs."""
-    llm = engine.loaded.model.llm
-    steps: list = []
-    hook = llm.llm_decoder.register_forward_hook(lambda m, i, o: steps.append(o.log_softmax(-1)[0].clone()))
-    empty = torch.zeros(1, 0, dtype=torch.int32)
-    prompt_text = model_input.get("prompt_text", empty)
-    speech = model_input.get("llm_prompt_speech_token", empty)
-    try:
-        with torch.inference_mode():
-            tokens = [int(t) for t in llm.inference(
-                text=model_input["text"], text_len=torch.tensor([model_input["text"].shape[1]], dtype=torch.int32),
-                prompt_text=prompt_text, prompt_text_len=torch.tensor([prompt_text.shape[1]], dtype=torch.int32),
-                prompt_speech_token=speech, prompt_speech_token_len=torch.tensor([speech.shape[1]], dtype=torch.int32),
-                embedding=model_input.get("llm_embedding", torch.zeros(0, 192)))]
-    finally:
-        hook.remove()
-    return tokens, steps
-
-
-def make_scheduler(engine, greedy: bool = True, max_batch_size: int = 16, observer=None):
-    from app.engines.cosyvoice.llm.forward import BatchedLM
-    from app.engines.cosyvoice.llm.sampling import SamplingRules
-    from app.engines.cosyvoice.llm.scheduler import LLMScheduler
-
-    lm = BatchedLM(engine.loaded.model.llm)
-    sched = LLMScheduler(lm, max_batch_size=max_batch_size, trace_logp=True, observer=observer,
-                         rules=SamplingRules.from_llm(lm.llm, greedy=greedy))
-    sched.start()
-    return lm, sched
-
-
-def submit(lm, sched, model_input: dict, **kw):
-    empty = torch.zeros(1, 0, dtype=torch.int32)
-    with torch.inference_mode():
-        x, lo, hi = lm.prefix(model_input["text"], model_input.get("prompt_text", empty),
-                              model_input.get("llm_prompt_speech_token", empty))
-    return sched.submit(x, lo, hi, **kw)
 
 
 def assert_logp_close(got, want) -> None:
