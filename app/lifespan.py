@@ -22,8 +22,8 @@ from app import gcpolicy
 from app.config import Settings
 from app.engines import threads
 from app.runtime import Boot, EngineFactory, Runtime
+from app.serving.bounds import SpeechLimits
 from app.serving.config import PoolConfig
-from app.serving.limits import SpeechLimits
 from app.serving.pool import EnginePool
 from app.serving.session import SessionLimits
 from app.serving.speech import SpeechService

@@ -36,8 +36,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from app.serving.bounds import size_text
 from app.serving.errors import BodyTimeout, Overloaded, PayloadTooLarge
-from app.serving.limits import size_text
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 

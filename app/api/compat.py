@@ -31,12 +31,12 @@ from app.api.route_docs import UPSTREAM_MEDIA_TYPE, upstream_doc
 from app.api.routes import register
 from app.api.schemas import PRIORITY_DOC, PriorityName
 from app.api.uploads import close_uploads, is_form, read_audio, read_body
-from app.serving.errors import MissingField
-from app.serving.limits import (
+from app.serving.bounds import (
     INSTRUCTIONS_MAX_CHARS,
     NAME_MAX_CHARS,
     PROMPT_TEXT_MAX_CHARS,
 )
+from app.serving.errors import MissingField
 from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
 

@@ -25,6 +25,7 @@ from app.api.context import context_of
 from app.api.routes import is_openai_path
 from app.audio.formats import UnsupportedFormat
 from app.engines.base import EngineFailure, InvalidInput
+from app.serving.bounds import QUOTE_CHARS
 from app.serving.errors import (
     BadRequest,
     BodyTimeout,
@@ -41,7 +42,6 @@ from app.serving.errors import (
     ServingError,
     Unauthorized,
 )
-from app.serving.limits import QUOTE_CHARS
 from app.serving.session import TooManySessions
 from app.voices.library import (
     VoiceComputeFailed,

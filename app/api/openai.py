@@ -46,8 +46,8 @@ from app.api.sse import (
     speech_tokens_per_second,
 )
 from app.api.uploads import close_uploads, read_body
+from app.serving.bounds import quoted
 from app.serving.errors import NotFound
-from app.serving.limits import quoted
 from app.serving.plan import SpeechFields, alias_speaker
 from app.serving.speech import SpeechService
 

@@ -14,8 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.api.schemas import PRIORITY_DOC, PriorityName
 from app.audio.formats import FORMAT_NAMES
-from app.serving.errors import BadRequest
-from app.serving.limits import (
+from app.serving.bounds import (
     INSTRUCTIONS_MAX_CHARS,
     NAME_MAX_CHARS,
     OPENAI_MAX_INPUT_CHARS,
@@ -23,6 +22,7 @@ from app.serving.limits import (
     SPEED_MIN,
     quoted,
 )
+from app.serving.errors import BadRequest
 from app.serving.plan import OPENAI_VOICES
 
 # Model names accepted besides the served model's own name, so OpenAI apps work unchanged.

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.audio.formats import FORMAT_NAMES
-from app.serving.limits import (
+from app.serving.bounds import (
     ALL_MODES,
     FIRST_CHUNK_TOKENS_MAX,
     INSTRUCTIONS_MAX_CHARS,

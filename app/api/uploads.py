@@ -25,13 +25,13 @@ from starlette.exceptions import HTTPException
 from app.api.context import context_of
 from app.audio.decode import AudioDecodeError, AudioTooLong, decode_audio
 from app.engines.base import PROMPT_RATE, PromptAudio
-from app.serving.errors import BadRequest, BodyTimeout, PayloadTooLarge
-from app.serving.limits import (
+from app.serving.bounds import (
     PROMPT_MAX_S,
     PROMPT_MIN_S,
     SpeechLimits,
     size_text,
 )
+from app.serving.errors import BadRequest, BodyTimeout, PayloadTooLarge
 
 M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger("cosyserve.api")

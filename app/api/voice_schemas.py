@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.serving.errors import BadRequest
-from app.serving.limits import (
+from app.serving.bounds import (
     DESCRIPTION_MAX_CHARS,
     PROMPT_TEXT_MAX_CHARS,
     check_unicode,
     quoted,
 )
+from app.serving.errors import BadRequest
 from app.voices.store import valid_name
 
 MAX_DESCRIPTION_CHARS = DESCRIPTION_MAX_CHARS

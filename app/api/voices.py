@@ -15,8 +15,8 @@ from app.api.openapi import errors
 from app.api.route_docs import VOICE_DOC
 from app.api.uploads import close_uploads, read_audio, read_body, read_file
 from app.api.voice_schemas import VoiceCard, VoiceForm, VoiceList, check_voice_form
+from app.serving.bounds import PROMPT_TEXT_MAX_CHARS, quoted
 from app.serving.errors import BadRequest
-from app.serving.limits import PROMPT_TEXT_MAX_CHARS, quoted
 from app.voices import VoiceNotFound
 from app.voices.store import safe_ext
 

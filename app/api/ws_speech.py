@@ -48,14 +48,7 @@ from app.api.openai import check_model
 from app.api.priority import client_of, header_priority
 from app.api.schemas import PriorityName
 from app.runtime import Runtime
-from app.serving.errors import (
-    BadRequest,
-    ClientGone,
-    Draining,
-    RequestError,
-    ServingError,
-)
-from app.serving.limits import (
+from app.serving.bounds import (
     INSTRUCTIONS_MAX_CHARS,
     NAME_MAX_CHARS,
     OUTPUT_RATE_MAX,
@@ -64,6 +57,13 @@ from app.serving.limits import (
     SPEED_MAX,
     SPEED_MIN,
     quoted,
+)
+from app.serving.errors import (
+    BadRequest,
+    ClientGone,
+    Draining,
+    RequestError,
+    ServingError,
 )
 from app.serving.plan import SpeechFields
 from app.serving.priority import Priority, parse_priority

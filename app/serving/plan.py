@@ -26,8 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engines.base import EngineInfo, PromptAudio, SynthesisRequest
-from app.serving.errors import BadRequest
-from app.serving.limits import (
+from app.serving.bounds import (
     INSTRUCTIONS_MAX_CHARS,
     NAME_MAX_CHARS,
     PROMPT_TEXT_MAX_CHARS,
@@ -37,6 +36,7 @@ from app.serving.limits import (
     check_length,
     quoted,
 )
+from app.serving.errors import BadRequest
 
 # OpenAI's built-in voice names. When the model has preset speakers, the i-th name here
 # speaks with preset ``i % len(presets)`` (the engine's order): deterministic and stable.

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from app.engines.base import EngineError
+from app.serving.bounds import check_unicode
 from app.serving.encoded import OutputSpec
 from app.serving.errors import (
     BadRequest,
@@ -40,7 +41,6 @@ from app.serving.errors import (
     RequestError,
     ServingError,
 )
-from app.serving.limits import check_unicode
 from app.serving.plan import Plan, SpeechFields
 from app.serving.priority import Priority
 from app.serving.speech import SpeechService

@@ -34,10 +34,10 @@ from app.audio.encode import make_encoder
 from app.engines.base import EngineInfo, SynthesisRequest
 from app.engines.timings import StageTimings
 from app.serving.admission import Ticket
+from app.serving.bounds import SpeechLimits
 from app.serving.encoded import EncoderFactory, OutputSpec, Piece, pieces
 from app.serving.errors import ClientGone
 from app.serving.job import Job
-from app.serving.limits import SpeechLimits
 from app.serving.plan import Plan, SpeechFields, plan
 from app.serving.pool import EnginePool
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from app.engines.base import SynthesisRequest
-from app.serving.limits import (
+from app.serving.bounds import (
     INSTRUCTIONS_MAX_CHARS,
     NAME_MAX_CHARS,
     PROMPT_TEXT_MAX_CHARS,

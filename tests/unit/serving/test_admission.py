@@ -19,9 +19,9 @@ from app.serving import (
     QueueTimeout,
 )
 from app.serving.admission import Admission
+from app.serving.bounds import SpeechLimits
 from app.serving.errors import ClientGone
 from app.serving.limit import AdaptiveConfig, AdaptiveLimit
-from app.serving.limits import SpeechLimits
 from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
 from app.serving.stats import NullObserver

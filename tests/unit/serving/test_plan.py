@@ -17,9 +17,9 @@ from app.engines.base import (
     SynthesisRequest,
     check_mode_inputs,
 )
-from app.serving import limits
+from app.serving import bounds
+from app.serving.bounds import SpeechLimits
 from app.serving.errors import BadRequest
-from app.serving.limits import SpeechLimits
 from app.serving.plan import OPENAI_VOICES, SpeechFields, alias_speaker, plan
 
 PRESETS = ("anna", "bob")
@@ -117,7 +117,7 @@ def test_the_planner_and_the_engine_contract_share_one_speed_range(speed, ok):
         return
     req = make(fields).request
     check_mode_inputs(req, MODES, PRESETS)  # accepted by both
-    assert (limits.SPEED_MIN, limits.SPEED_MAX, limits.PROMPT_MIN_S, limits.PROMPT_MAX_S) == (
+    assert (bounds.SPEED_MIN, bounds.SPEED_MAX, bounds.PROMPT_MIN_S, bounds.PROMPT_MAX_S) == (
         SPEED_MIN, SPEED_MAX, PROMPT_MIN_S, PROMPT_MAX_S)
 
 

@@ -11,8 +11,8 @@ import pytest
 from app.audio.encode import make_encoder
 from app.engines.fake import FakeBehaviour, FakeEngine
 from app.serving import EnginePool, PoolConfig
+from app.serving.bounds import SpeechLimits
 from app.serving.errors import ClientGone
-from app.serving.limits import SpeechLimits
 from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
 from tests.support.waiting import await_until, run

@@ -1,4 +1,4 @@
-"""Request limits: written once here, read by the schemas, the planner and the uploads.
+"""Request bounds (the caps on request fields): written once here, read by the schemas, the planner and the uploads.
 
 ``SpeechLimits`` carries the configurable ones (built by the lifespan from
 settings); the module constants are fixed by the model or by the APIs we follow.
