@@ -87,13 +87,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         print(f"cosyserve: {exc}", file=sys.stderr)
         return 2
     from app.engines.base import EngineFailure
-    from app.engines.cosyvoice.compat import TrainingOnlyModule, prepare_imports
     from app.engines.cosyvoice.layout import CONFIG_FILES, detect_version
     from app.engines.cosyvoice.model_config import (
         named_objects,
         served_objects,
         unresolved_names,
     )
+    from app.engines.cosyvoice.shims import TrainingOnlyModule, prepare_imports
 
     sources: list[tuple[str, str]] = []
     try:

@@ -8,7 +8,16 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from app.api import compat, health, openai, openapi, playground, tts, voices, ws_speech
+from app.api import (
+    health,
+    openai,
+    openapi,
+    playground,
+    tts,
+    upstream,
+    voices,
+    ws_speech,
+)
 from app.api import metrics as metrics_api
 from app.api.admission import AdmissionMiddleware
 from app.api.auth import APIKeyMiddleware, document_keys
@@ -44,7 +53,7 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
     if metrics is not None:
         metrics.registry.register(EdgeCollector(bodies, pacer, lambda: (p.stats().get("stream_buffers")
                                                                          if (p := pool()) is not None else None)))
-    for module in (health, tts, openai, compat, voices, ws_speech, playground):
+    for module in (health, tts, openai, upstream, voices, ws_speech, playground):
         app.include_router(module.router)
     playground.mount(app)
     if metrics is not None:

@@ -110,7 +110,7 @@ class FrameCounter:
     in torch (a forward hook) and on ONNX Runtime (the session's own tally)."""
 
     def __init__(self, flow: Any) -> None:
-        from app.engines.cosyvoice.flow.runtime import MODEL_STEPS, onnx_of, options_of
+        from app.engines.cosyvoice.flow.solver import MODEL_STEPS, onnx_of, options_of
 
         self.frames = 0
         self.steps = options_of(flow.decoder).steps or MODEL_STEPS

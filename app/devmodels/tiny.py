@@ -38,8 +38,8 @@ from typing import Any
 from app.devmodels import blanken, configs, fullsize, onnx_stubs
 from app.devmodels.stop import StopPlan
 from app.engines.cosyvoice import layout
-from app.engines.cosyvoice.compat import prepare_imports
 from app.engines.cosyvoice.model_config import read_model_config
+from app.engines.cosyvoice.shims import prepare_imports
 
 log = logging.getLogger("cosyserve.engine.tiny")
 

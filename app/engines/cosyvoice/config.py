@@ -28,7 +28,7 @@ class CosyVoiceConfig:
     flow_prompt_cache_mb: float = 0  # flow_cache or token2wav_batch: voices' prompt flow state, LRU by bytes (0: off)
     flow_cache_budget_mb: float | None = None  # with flow_cache: all streams' caches together (None: no limit)
     llm_quantization: str = "none"  # none | int8: dynamic int8 Qwen2 backbone on a CPU (quantize.py)
-    flow_runtime: str = "torch"  # auto | torch | onnxruntime: what runs the flow estimator (flow/runtime.py)
+    flow_runtime: str = "torch"  # auto | torch | onnxruntime: what runs the flow estimator (flow/solver.py)
     flow_steps: int | None = None  # the flow ODE's Euler steps (None: the model's, 10); fewer changes the audio
     flow_cfg: bool = True  # classifier-free guidance in the flow; false halves its work and changes the audio
     onnx_cache_dir: str | None = None  # where exported ONNX graphs are kept, keyed by weights (None: memory only)

@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from app.engines.cosyvoice.flow.runtime import (
+from app.engines.cosyvoice.flow.solver import (
     FlowOptions,
     FlowRuntimeRefused,
     install,

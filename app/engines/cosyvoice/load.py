@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from app.engines.base import EngineFailure
-from app.engines.cosyvoice.compat import SafeMelExtractor, attach_llm, prepare_imports
 from app.engines.cosyvoice.device import describe_device, resolve_device
 from app.engines.cosyvoice.layout import (
     CAMPPLUS,
@@ -43,6 +42,7 @@ from app.engines.cosyvoice.precision import (
     apply_precision,
     resolve_precision,
 )
+from app.engines.cosyvoice.shims import SafeMelExtractor, attach_llm, prepare_imports
 
 log = logging.getLogger("cosyserve.engine")
 

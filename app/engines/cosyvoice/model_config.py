@@ -3,7 +3,7 @@
 A released dir's config is upstream's training config. Besides what inference reads (``llm``,
 ``flow``, ``hift``, ``get_tokenizer``, ``feat_extractor``, ``allowed_special``,
 ``sample_rate``) it holds the training data pipeline (``!name:cosyvoice.dataset.processor.*``,
-which ``compat.prepare_imports`` makes importable), the optimiser settings, and the GAN wrapper
+which ``shims.prepare_imports`` makes importable), the optimiser settings, and the GAN wrapper
 used to train HiFT (``hifigan: !new:...HiFiGan`` around a ~41 M-parameter discriminator).
 :func:`read_model_config` loads it as CosyVoice does, except that the entries of
 ``layout.TRAINING_ONLY_ENTRIES`` are replaced by ``null`` before anything is built (HyperPyYAML
@@ -39,7 +39,7 @@ def config_overrides(model_dir: Path, version: int) -> dict[str, Any]:
 def read_model_config(source: str | IO[str], *, model_dir: Path, version: int, name: str) -> dict[str, Any]:
     """Build the config ``source`` (its text, or an open file) of the CosyVoice ``version`` dir ``model_dir``.
 
-    ``name`` says which config it is in errors (its path). Needs ``compat.prepare_imports`` first.
+    ``name`` says which config it is in errors (its path). Needs ``shims.prepare_imports`` first.
     """
     from hyperpyyaml import load_hyperpyyaml
 

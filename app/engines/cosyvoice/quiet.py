@@ -6,7 +6,7 @@ silenced by its message and the module it is attributed to, nothing broader, so 
 warning (ours included) still shows. pyproject.toml's pytest ``filterwarnings`` lists the
 same ones (pytest resets the filters for every test).
 
-Installed once, from :func:`app.engines.cosyvoice.compat.prepare_imports`, before CosyVoice
+Installed once, from :func:`app.engines.cosyvoice.shims.prepare_imports`, before CosyVoice
 is imported.
 """
 

@@ -20,8 +20,8 @@ import torch
 
 from app.devmodels import configs, fullsize, tiny
 from app.engines.cosyvoice import layout
-from app.engines.cosyvoice.compat import prepare_imports
 from app.engines.cosyvoice.model_config import read_model_config
+from app.engines.cosyvoice.shims import prepare_imports
 
 TEXTS = ("Hello there, how are you?", "The quick brown fox jumps over the lazy dog near the quiet river bank today.")
 

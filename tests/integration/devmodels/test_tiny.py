@@ -25,12 +25,12 @@ import torch
 
 from app.devmodels import tiny
 from app.engines.cosyvoice import layout
-from app.engines.cosyvoice.compat import (
+from app.engines.cosyvoice.model_config import read_model_config
+from app.engines.cosyvoice.shims import (
     TrainingOnlyError,
     TrainingOnlyModule,
     prepare_imports,
 )
-from app.engines.cosyvoice.model_config import read_model_config
 
 ROOT = Path(__file__).resolve().parents[3]  # the repo root: the subprocesses run this checkout's app, not the installed one
 

@@ -51,7 +51,7 @@ import logging, sys
 logging.basicConfig(level=logging.INFO)
 from pathlib import Path
 import torch
-from app.engines.cosyvoice.compat import prepare_imports
+from app.engines.cosyvoice.shims import prepare_imports
 from app.engines.cosyvoice.layout import CONFIG_FILES, WEIGHT_FILES
 from app.engines.cosyvoice.model_config import read_model_config
 model_dir, upstream, version = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])

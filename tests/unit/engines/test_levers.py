@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from app.config import EngineSettings, Settings
 from app.engines.cosyvoice.config import CosyVoiceConfig
-from app.engines.cosyvoice.flow.runtime import (
+from app.engines.cosyvoice.flow.solver import (
     FlowOptions,
     FlowRuntimeRefused,
     options_of,

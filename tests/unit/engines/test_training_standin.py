@@ -1,4 +1,4 @@
-"""The training-only stand-in for ``cosyvoice.dataset.processor`` (app/engines/cosyvoice/compat.py), no torch.
+"""The training-only stand-in for ``cosyvoice.dataset.processor`` (app/engines/cosyvoice/shims.py), no torch.
 
 Fake packages on a temporary ``sys.path`` play the three cases: a processor whose top-level
 imports are missing (gets the stand-in), one that imports (kept as it is), and one that does
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from hyperpyyaml import load_hyperpyyaml
 
-from app.engines.cosyvoice.compat import (
+from app.engines.cosyvoice.shims import (
     TRAINING_ONLY_MODULES,
     TrainingOnlyError,
     TrainingOnlyModule,

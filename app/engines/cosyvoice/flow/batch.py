@@ -65,7 +65,7 @@ def unsupported_reason(flow: Any) -> str | None:
     """Why ``flow`` cannot be batched here, or None when it can (CosyVoice2/3's causal flows)."""
     import torch
 
-    from app.engines.cosyvoice.flow import runtime as flow_runtime
+    from app.engines.cosyvoice.flow import solver as flow_solver
 
     decoder = getattr(flow, "decoder", None)
     estimator = getattr(decoder, "estimator", None)
@@ -75,7 +75,7 @@ def unsupported_reason(flow: Any) -> str | None:
         return "the flow estimator is not a torch module (a TensorRT engine runs one request at a time)"
     if type(estimator).__name__ not in ("CausalConditionalDecoder", "DiT"):
         return f"unknown flow estimator {type(estimator).__name__}"
-    if not flow_runtime.options_of(decoder).cfg:
+    if not flow_solver.options_of(decoder).cfg:
         return "engine.flow_cfg is false (a batched round runs guided rows only)"
     if hasattr(flow, "encoder"):
         encoder = flow.encoder
@@ -247,7 +247,7 @@ class BatchedFlow:
         import torch
 
         from app.engines.cosyvoice.flow import prefix as flow_prefix
-        from app.engines.cosyvoice.flow import runtime as flow_runtime
+        from app.engines.cosyvoice.flow import solver as flow_solver
 
         cfm = self.cfm
         b, channels, _ = mu.shape
@@ -266,8 +266,8 @@ class BatchedFlow:
         lengths = torch.tensor(lengths_list, device=device)
         mask = (torch.arange(f_max, device=device)[None, :] < lengths[:, None]).unsqueeze(1).to(dtype)  # [B, 1, F]
         prefix = flow_prefix.PrefixRows(list(states)) if states is not None and any(states) else None
-        steps = flow_runtime.options_of(cfm).steps or ODE_STEPS  # engine.flow_steps, as the per-request path
-        t_span = flow_runtime.time_grid(cfm, steps, device, mu.dtype)
+        steps = flow_solver.options_of(cfm).steps or ODE_STEPS  # engine.flow_steps, as the per-request path
+        t_span = flow_solver.time_grid(cfm, steps, device, mu.dtype)
         rate = float(cfm.inference_cfg_rate)
         rows = list(range(b))  # which item each batch row is
         x_in = torch.zeros(2 * b, channels, f_max, device=device, dtype=dtype)

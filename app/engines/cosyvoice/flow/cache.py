@@ -46,7 +46,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.engines.cosyvoice.flow.runtime import MODEL_STEPS, options_of, time_grid
+from app.engines.cosyvoice.flow.solver import MODEL_STEPS, options_of, time_grid
 
 _local = threading.local()
 
@@ -406,7 +406,7 @@ def _compact(t: Any) -> Any:
 
 def _solve(cfm: Any, mu: Any, cond: Any, spks: Any, start: int, stream: FlowStream) -> Any:
     """CosyVoice's CFM Euler solve, over frames ``start:`` only, with the engine's steps and CFG
-    (``engine.flow_steps`` / ``engine.flow_cfg``, read from ``flow_runtime.options_of``)."""
+    (``engine.flow_steps`` / ``engine.flow_cfg``, read from ``flow_solver.options_of``)."""
     import torch
 
     options = options_of(cfm)

@@ -1,4 +1,4 @@
-"""``engine.flow_steps`` and ``engine.flow_cfg`` (flow/runtime.py) on tiny CosyVoice2, real classes.
+"""``engine.flow_steps`` and ``engine.flow_cfg`` (flow/solver.py) on tiny CosyVoice2, real classes.
 
 Our Euler solver must be CosyVoice's at the model's settings (10 steps, guided): checked to
 float rounding against upstream's ``solve_euler`` on the same inputs. Fewer steps and no
@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from app.engines.base import SynthesisRequest
 from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
 from app.engines.cosyvoice.flow import cache as flow_cache
-from app.engines.cosyvoice.flow.runtime import options_of, solve, time_grid
+from app.engines.cosyvoice.flow.solver import options_of, solve, time_grid
 from app.engines.cosyvoice.levers import Levers
 from app.engines.cosyvoice.load import load_model_dir
 from tests.support.flow_streams import (

@@ -30,7 +30,7 @@ from app.engines.cosyvoice.flow.onnx import (
     load_onnx_estimator,
     weights_key,
 )
-from app.engines.cosyvoice.flow.runtime import onnx_of
+from app.engines.cosyvoice.flow.solver import onnx_of
 from app.engines.cosyvoice.levers import Levers
 from app.engines.cosyvoice.load import load_model_dir
 
