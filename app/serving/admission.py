@@ -145,6 +145,11 @@ class Ticket:
     def weight(self) -> float:
         return self._permit.weight
 
+    @property
+    def enqueued_at(self) -> float | None:
+        """When a bulk permit's request joined its queue (its wait counts from there); None for others."""
+        return getattr(self._permit, "enqueued_at", None)
+
     def started(self) -> None:
         """The holder got a slot: the permit leaves the queue (and counts as running)."""
         self._check("start")

@@ -491,7 +491,7 @@ class EnginePool:
             ticket.started()
             self._observer.on_queue_wait(wait)
             if bulk:  # its wait: from joining the bulk queue to a slot
-                since = getattr(ticket._permit, "enqueued_at", asked_at)
+                since = asked_at if ticket.enqueued_at is None else ticket.enqueued_at
                 self._observer.on_class_wait(Priority.BULK.value, self._admission.clock() - since)
             else:
                 self._observer.on_class_wait(Priority.INTERACTIVE.value, wait)
