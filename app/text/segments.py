@@ -54,25 +54,20 @@ class StreamSegments:
         return Segment(self)
 
     # -- used by Segment -----------------------------------------------------------------------------
-    def _piece(self, cancel: threading.Event) -> str | None:
+    def _piece(self, cancel: threading.Event | None) -> str | None:
+        """The carry, else the stream's next piece (``cancel`` None: without waiting, see ``_get``)."""
         if self._carry:
             piece, self._carry = self._carry, ""
             return piece
         return None if self._ended else self._get(cancel)
 
-    def _piece_now(self) -> str | None:
-        """Like ``_piece`` without waiting: TimeoutError when no text is there yet."""
-        if self._carry:
-            piece, self._carry = self._carry, ""
+    def _get(self, cancel: threading.Event | None) -> str | None:
+        """The stream's next piece, waiting for it; None at its end (then remembered) or on cancel. ``cancel``
+        None: no wait, TimeoutError when nothing has come yet."""
+        if cancel is None:
+            piece = self._text.get(0)
+            self._ended = piece is None
             return piece
-        if self._ended:
-            return None
-        piece = self._text.get(0)  # TimeoutError: nothing has come yet
-        self._ended = piece is None
-        return piece
-
-    def _get(self, cancel: threading.Event) -> str | None:
-        """The stream's next piece, waiting for it; None at its end (then remembered) or on cancel."""
         piece = self._text.next_piece(cancel)
         self._ended = piece is None and not cancel.is_set()
         return piece
@@ -134,7 +129,7 @@ class Segment:
         text prefilled at once), else None; reads only what has come, and ``pieces`` still hands it out."""
         while not self._complete:
             try:
-                piece = self._owner._piece_now()
+                piece = self._owner._piece(None)  # only what has come
             except TimeoutError:
                 return None
             head = self._take(piece)
