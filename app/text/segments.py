@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from app.text.scripts import CLAUSE_MARKS, FULLWIDTH_CLAUSE_MARKS, SENTENCE_END
+from app.text.split import speakable
 from app.text.stream import TextStream
 
 _TAIL = 8  # characters of the segment kept to find a sentence end that spans two pieces ("end." + " Next")
@@ -44,7 +45,7 @@ class StreamSegments:
     def next(self, cancel: threading.Event) -> Segment | None:
         """The next segment, once text for it has come (read it to its end before asking again); None when
         the stream has ended (or ``cancel`` is set) with nothing more to speak (only spaces or marks)."""
-        while not any(ch.isalnum() for ch in self._carry):
+        while not speakable(self._carry):
             piece = None if self._ended else self._get(cancel)
             if piece is None:
                 self._carry = ""

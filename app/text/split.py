@@ -15,6 +15,11 @@ from app.text.scripts import CLAUSE_MARKS, FULLWIDTH_CLAUSE_MARKS, cut_sentences
 _SOFT_BREAK = re.compile(rf"(?<=[{re.escape(CLAUSE_MARKS + FULLWIDTH_CLAUSE_MARKS)}])\s*")
 
 
+def speakable(text: str) -> bool:
+    """It has something to say (a letter or a digit), not only spaces and marks."""
+    return any(ch.isalnum() for ch in text)
+
+
 def _length(text: str) -> int:
     """A length that treats one CJK character like one short word."""
     return len(text) if not is_cjk(text) else len(text) * 3
@@ -73,7 +78,7 @@ def split_sentences(text: str, max_len: int = 240, min_len: int = 30) -> list[st
     if len(merged) > 1 and _length(merged[-1]) < min_len and _length(merged[-2]) + _length(merged[-1]) <= max_len:
         last = merged.pop()
         merged[-1] = merged[-1] + ("" if is_cjk(last) else " ") + last
-    return [m for m in merged if any(ch.isalnum() for ch in m)]
+    return [m for m in merged if speakable(m)]
 
 
 def fit_token_budget(segments: list[str], count: Callable[[str], int], max_tokens: int) -> list[str]:
@@ -86,7 +91,7 @@ def fit_token_budget(segments: list[str], count: Callable[[str], int], max_token
     out: list[str] = []
     for seg in segments:
         out.extend(_fit(seg, count, max_tokens))
-    return [s for s in out if any(ch.isalnum() for ch in s)]
+    return [s for s in out if speakable(s)]
 
 
 def _fit(seg: str, count: Callable[[str], int], max_tokens: int) -> list[str]:

@@ -45,6 +45,7 @@ from app.engines.cosyvoice.voices import (
 from app.engines.timings import bound_iter, current, instrument
 from app.text.normalize import TextNormalizer
 from app.text.segments import StreamSegments
+from app.text.split import speakable
 from app.text.stream import sentences
 
 __all__ = ["CosyVoiceConfig", "CosyVoiceEngine", "VoiceFeatures"]
@@ -364,7 +365,7 @@ class CosyVoiceEngine:
             if prompt is None:
                 prompt = self.inputs.bistream_prompt(req)
             whole = segment.ready_text()
-            if whole is not None and any(ch.isalnum() for ch in whole):
+            if whole is not None and speakable(whole):
                 chunks = self._run_batched(self.inputs.with_text(req, prompt, whole), True, req, cancel, started)
             else:
                 chunks = self._run_bistream(replace(req, text_stream=segment), prompt, cancel, started)
