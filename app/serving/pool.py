@@ -355,8 +355,7 @@ class EnginePool:
 
     def start_admission_at(self, limit: int) -> None:
         """Adaptive: the limit to start from (the lifespan picks it from the machine); waiters get slots."""
-        self._admission.start_at(limit)
-        self._slots.refill()
+        self._admission.start_at(limit)  # its on_change hands idle slots to waiters (_admission_changed)
 
     def check_admit(self) -> None:
         """Raise Overloaded / Draining / NotReady (counted) if ``admit()`` would refuse now; take nothing."""
@@ -419,7 +418,7 @@ class EnginePool:
         self._bulk.pump()
 
     def _admission_changed(self) -> None:
-        self._slots.refill()  # a long job took a lane: the cap rose
+        self._slots.refill()  # the cap (limit + lanes) may have risen: waiters get idle slots
         self._bulk.pump()
 
     def _bulk_retry_after_s(self, depth: int) -> float:
@@ -525,7 +524,6 @@ class EnginePool:
         if job.outcome == "ok":
             self._completed[Priority.BULK if bulk else Priority.INTERACTIVE] += 1
             self._admission.observe_latency(job.ticket, job.busy_s)  # the queue wait is the waiting room's
-            self._slots.refill()  # the limit may have risen: waiters get idle slots
         self._observer.on_job_end(job.outcome, seconds)
 
     def _require_loop(self) -> asyncio.AbstractEventLoop:
