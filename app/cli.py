@@ -1,8 +1,9 @@
-"""The ``cosyserve`` command: serve, make-tiny-model, check-config."""
+"""The ``cosyserve`` command: serve, config, make-tiny-model, check-config."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ def _setup_logging(level: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from app.config import ConfigError, load_settings
+    from app.settings import ConfigError, load_settings
 
     server: dict = {}
     if args.host:
@@ -30,14 +31,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"cosyserve: {exc}", file=sys.stderr)
         return 2
     _setup_logging(settings.server.log_level)
-    if settings.engine.kind == "cosyvoice" and settings.engine.model_dir:
+    if not settings.dev.fake_engine and settings.engine.model_dir:
         from app.engines.cosyvoice.layout import unreadable
 
         denied = unreadable(Path(settings.engine.model_dir).expanduser())
         if denied:  # before the server starts, in one line: not a FileNotFoundError from deep in a loader
             print(f"cosyserve: {denied}", file=sys.stderr)
             return 2
-    if settings.engine.kind == "cosyvoice" and settings.engine.device != "auto":
+    if not settings.dev.fake_engine and settings.engine.device != "auto":
         from app.engines.cosyvoice.device import DeviceUnavailable, resolve_device
 
         try:  # before the server starts: a GPU that is not there is an operator's error, said in one line
@@ -51,10 +52,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    """Print the effective settings and where each value came from (default, the file, the environment)."""
+    from app.settings import ConfigError
+    from app.settings.explain import explain, render
+
+    try:
+        rows = explain(args.config)
+    except ConfigError as exc:
+        print(f"cosyserve: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({r.key: {"value": r.value, "source": r.source} for r in rows}, indent=2))
+    else:
+        print(render(rows))
+    return 0
+
+
 def cmd_make_tiny_model(args: argparse.Namespace) -> int:
     _setup_logging("info")
-    from app.config import ConfigError, load_settings
     from app.devmodels.tiny import build_tiny_model, tiny_version_available
+    from app.settings import ConfigError, load_settings
 
     cosyvoice_path = args.cosyvoice_path
     if not cosyvoice_path:  # engine.cosyvoice_path from --config / $COSYSERVE_CONFIG / COSYSERVE_ENGINE__COSYVOICE_PATH
@@ -79,7 +97,7 @@ def cmd_make_tiny_model(args: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     """Import every name the given configs refer to, as loading them would (the images run it at build)."""
-    from app.config import ConfigError, load_settings
+    from app.settings import ConfigError, load_settings
 
     try:
         cosyvoice_path = args.cosyvoice_path or load_settings(args.config).engine.cosyvoice_path
@@ -145,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int)
     p.add_argument("--workers", type=int, help="engine slots (pool.workers)")
     p.set_defaults(func=cmd_serve)
+    g = sub.add_parser("config", help="print the effective settings and where each value came from")
+    g.add_argument("--config", help="config.yaml (default: $COSYSERVE_CONFIG, else built-in defaults)")
+    g.add_argument("--json", action="store_true", help="as one JSON object: key -> {value, source}")
+    g.set_defaults(func=cmd_config)
     t = sub.add_parser("make-tiny-model", help="write a tiny random-weight CosyVoice model dir (for tests)")
     t.add_argument("--version", type=int, choices=(1, 2, 3), default=2)
     t.add_argument("--long", action="store_true", help="generate many speech tokens (streaming yields several chunks)")

@@ -19,17 +19,18 @@ import anyio
 from fastapi import FastAPI
 
 from app import gcpolicy
-from app.config import Settings
 from app.engines import threads
 from app.runtime import Boot, EngineFactory, Runtime
-from app.serving.bounds import SpeechLimits
-from app.serving.config import PoolConfig
 from app.serving.pool import EnginePool
-from app.serving.session import SessionLimits
 from app.serving.speech import SpeechService
+from app.settings import Settings
+from app.settings.runtime import (
+    engine_config,
+    pool_config,
+    session_limits,
+    speech_limits,
+)
 from app.voices.library import VoiceLibrary
-
-MB = 1024 * 1024
 
 log = logging.getLogger("cosyserve")
 
@@ -43,13 +44,13 @@ def resolve_model_dir(settings: Settings) -> str:
         return str(Path(settings.engine.model_dir).expanduser().resolve())
     from app.devmodels.tiny import ensure_tiny_model
 
-    path = ensure_tiny_model(settings.engine.tiny_cache_dir, settings.engine.tiny_version,
-                             cosyvoice_path=settings.engine.cosyvoice_path)
+    dev = settings.dev
+    path = ensure_tiny_model(dev.tiny_cache_dir, dev.tiny_version, cosyvoice_path=settings.engine.cosyvoice_path)
     log.warning(
         "no engine.model_dir configured: serving the embedded TINY RANDOM-WEIGHT CosyVoice%d test model at %s. "
         "It produces noise, not speech. Point engine.model_dir (env COSYSERVE_ENGINE__MODEL_DIR) at real "
         "CosyVoice weights, e.g. a downloaded CosyVoice2-0.5B dir.",
-        settings.engine.tiny_version, path,
+        dev.tiny_version, path,
     )
     return str(path)
 
@@ -57,31 +58,18 @@ def resolve_model_dir(settings: Settings) -> str:
 def engine_factory(settings: Settings, llm_observer: Any = None) -> EngineFactory:
     """Build the factory that creates one engine per slot (not loaded yet)."""
     eng = settings.engine
-    if eng.kind == "fake":
+    if settings.dev.fake_engine:
         from app.engines.fake import FakeBehaviour, FakeEngine
 
-        delay = eng.fake_chunk_delay_s  # sleeping, not computing: a latency-bound engine for cluster tests
+        delay = settings.dev.fake_chunk_delay_s  # sleeping, not computing: a latency-bound engine for cluster tests
         behaviour = FakeBehaviour(first_chunk_delay_s=delay, chunk_delay_s=delay)
         return lambda index: FakeEngine(behaviour, name=eng.name or "fake")
     from app.engines.cosyvoice.device import resolve_device
-    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceEngine
 
     resolve_device(eng.device)  # engine.device: cuda without a usable GPU fails now, before any model work
-    cfg = CosyVoiceConfig.from_settings(eng, resolve_model_dir(settings))
+    cfg = engine_config(settings, resolve_model_dir(settings))
     return lambda index: CosyVoiceEngine(cfg, name=eng.name, llm_observer=llm_observer)
-
-
-def pool_config(settings: Settings, batching: bool = False) -> PoolConfig:
-    """With batching every slot is a handle onto one shared instance (and its LLM scheduler)."""
-    p = settings.pool
-    return PoolConfig(workers=p.workers, max_queue=p.queue_limit, queue_timeout_s=p.queue_timeout_s,
-                      request_timeout_s=p.request_timeout_s, share_engine=p.share_engine or batching,
-                      stream_buffer_chunks=p.stream_buffer_chunks or PoolConfig.stream_buffer_chunks,
-                      stream_buffer_bytes=int(p.stream_buffer_mb * MB),
-                      stream_buffer_total_bytes=int(p.stream_buffer_total_mb * MB), health_timeout_s=p.health_timeout_s,
-                      stuck_grace_s=p.stuck_grace_s, admission=p.admission,
-                      admission_budget_s=p.admission_budget_s, admission_tolerance=p.admission_tolerance,
-                      bulk_max_queue=p.bulk_max_queue, bulk_queue_timeout_s=p.bulk_queue_timeout_s)
 
 
 def admission_start(settings: Settings, device: str, ceiling: int) -> tuple[int, str]:
@@ -118,18 +106,6 @@ def log_admission(settings: Settings, pool: EnginePool) -> None:
              p.queue_limit, why)
 
 
-def session_limits(settings: Settings) -> SessionLimits:
-    w = settings.websocket
-    return SessionLimits(idle_timeout_s=w.idle_timeout_s, max_session_chars=w.max_session_chars,
-                         max_utterance_chars=settings.server.max_text_chars, max_sessions=w.max_sessions,
-                         max_session_s=w.max_session_s, max_message_bytes=w.max_message_bytes)
-
-
-def speech_limits(settings: Settings) -> SpeechLimits:
-    s = settings.server
-    return SpeechLimits.from_mb(s.max_text_chars, s.max_upload_mb, s.body_timeout_s)
-
-
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
     boot: Boot = app.state.boot
@@ -143,7 +119,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
         if factory is None:
             llm_observer = metrics.llm_observer() if metrics is not None else None
             factory = await anyio.to_thread.run_sync(engine_factory, settings, llm_observer)
-            if metrics is not None and settings.engine.kind == "cosyvoice":
+            if metrics is not None and not settings.dev.fake_engine:
                 from app.engines.cosyvoice.device import cuda_memory
 
                 metrics.watch_gpu_memory(cuda_memory)  # no series on a CPU server

@@ -27,12 +27,12 @@ from app.api.errors import install_error_handlers
 from app.api.refusals import RefusalPacer
 from app.api.respond import install_quiet_cut
 from app.api.routes import ENDPOINTS
-from app.config import Settings
 from app.lifespan import lifespan
 from app.metrics import Metrics
 from app.middleware import RequestContextMiddleware
 from app.runtime import Boot, running
 from app.serving.pool import EnginePool
+from app.settings import Settings
 
 
 def create_app(settings: Settings | None = None, engine_factory: Callable[[int], Any] | None = None) -> FastAPI:

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from app.config import Settings
 from app.serving.session import SessionLimits, SessionRegistry
+from app.settings import Settings
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette

@@ -24,10 +24,10 @@ from starlette.applications import Starlette
 
 from app import logredact
 from app.api.auth import exposure_warning
-from app.config import Settings
 from app.main import create_app
 from app.metrics import Metrics
 from app.runtime import running
+from app.settings import Settings
 
 log = logging.getLogger("cosyserve")
 

@@ -89,7 +89,7 @@ LEVER_PLAN: dict[tuple[str, str], list[tuple[str, str, bool, int, int]]] = {
 PLANS = {"cost": PLAN, "levers": LEVER_PLAN}
 OUTPUTS = {"cost": "cost", "levers": "cost-cpu"}
 
-# variant -> engine settings (CosyVoiceConfig fields); "-voice": requests use a registered voice
+# variant -> engine settings (over runtime.BARE_ENGINE); "-voice": requests use a registered voice
 VARIANTS: dict[str, dict[str, Any]] = {
     "fp32": {}, "bf16": {"dtype": "bf16"},
     "fp32-cache": {"flow_cache": True}, "fp32-cache-voice": {"flow_cache": True, "flow_prompt_cache_mb": 1024},
@@ -204,14 +204,15 @@ def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | No
 
     import torch
 
-    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceEngine
+    from app.settings.runtime import engine_config_of
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     by_voice = variant.endswith("-voice")
     onnx_dir = tempfile.mkdtemp(prefix="cosyserve-bench-onnx-")  # a fresh export: load_s includes it
-    engine = CosyVoiceEngine(CosyVoiceConfig(model_dir=model_dir, torch_threads=1, batching=True, max_batch_size=16,
-                                             onnx_cache_dir=onnx_dir, **VARIANTS[variant]))
+    engine = CosyVoiceEngine(engine_config_of(model_dir, torch_threads=1, batching=True, max_batch_size=16,
+                                              onnx_cache_dir=onnx_dir, **VARIANTS[variant]))
     engine.load()
     load_s = time.perf_counter() - t0
     counter = FrameCounter(engine.loaded.model.flow)

@@ -138,10 +138,11 @@ def model_dir(args: argparse.Namespace) -> tuple[str, float]:
 
 
 def load_engine(mdir: str, device: str, observer: Steps, threads: int) -> Any:
-    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceEngine
+    from app.settings.runtime import engine_config_of
 
-    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=mdir, device=device, batching=True, max_batch_size=16,
-                                          torch_threads=threads, text_normalization="off"), llm_observer=observer)
+    eng = CosyVoiceEngine(engine_config_of(mdir, device=device, batching=True, max_batch_size=16,
+                                           torch_threads=threads, text_normalization="off"), llm_observer=observer)
     eng.load()
     return eng
 

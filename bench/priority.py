@@ -86,7 +86,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def bulk_timeout_s() -> float:
     """The class timeout the server runs with on the defaults (``pool.bulk_queue_timeout_s``)."""
-    from app.config import PoolSettings
+    from app.settings import PoolSettings
 
     field = PoolSettings.model_fields.get("bulk_queue_timeout_s")
     default = getattr(field, "default", None)

@@ -169,10 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from app.devmodels.tiny import ensure_tiny_model
-    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceEngine
+    from app.settings.runtime import engine_config_of
 
     model_dir = args.model_dir or str(ensure_tiny_model(ROOT / ".cache" / "models", 2))
-    engine = CosyVoiceEngine(CosyVoiceConfig(model_dir=model_dir, torch_threads=args.threads))
+    engine = CosyVoiceEngine(engine_config_of(model_dir, torch_threads=args.threads))
     engine.load()
     audio = prompt_audio()
     t0 = time.perf_counter()

@@ -102,7 +102,7 @@ def post_run(base: str, text: str, rate: float, seed: int) -> tuple[float, float
 
 
 def start_server(tmp: Path, port: int) -> subprocess.Popen:
-    cfg = {"engine": {"tiny_version": 2, "tiny_cache_dir": str(ROOT / ".cache" / "models"), "torch_threads": 1},
+    cfg = {"engine": {"torch_threads": 1}, "dev": {"tiny_version": 2, "tiny_cache_dir": str(ROOT / ".cache" / "models")},
            "pool": {"workers": 2}, "server": {"access_log": False}, "voices": {"dir": str(tmp / "voices")}}
     (tmp / "config.yaml").write_text(yaml.safe_dump(cfg))
     with open(tmp / "server.log", "wb") as log:  # the child keeps its own handle

@@ -52,7 +52,7 @@ from typing import Protocol
 
 from app.serving.config import PoolConfig
 from app.serving.errors import Overloaded
-from app.serving.limit import AdaptiveConfig, AdaptiveLimit, FixedLimit, Limit
+from app.serving.limit import AdaptiveLimit, FixedLimit, Limit
 from app.serving.stats import PoolObserver, ServiceTimeEstimator
 
 log = logging.getLogger(__name__)
@@ -207,10 +207,7 @@ class Admission:
     @classmethod
     def for_pool(cls, config: PoolConfig, observer: PoolObserver) -> Admission:
         """Fixed, or adaptive with a limit bounded by the fixed capacity (``workers + max_queue``)."""
-        limiter = AdaptiveLimit(AdaptiveConfig(
-            ceiling=config.ceiling, initial=config.ceiling, budget_s=config.admission_budget_s,
-            tolerance=config.admission_tolerance, max_wait_s=config.queue_timeout_s,
-        )) if config.admission == "adaptive" else None
+        limiter = AdaptiveLimit(config.adaptive) if config.adaptive is not None else None
         return cls(config.workers, config.max_queue, observer, limiter=limiter)
 
     def start_at(self, limit: int) -> None:

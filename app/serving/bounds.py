@@ -36,13 +36,9 @@ QUOTE_CHARS = 40  # an error message quotes at most this much of what was sent
 
 @dataclass(frozen=True)
 class SpeechLimits:
-    max_text_chars: int = 4096
-    max_upload_bytes: int = 20 * 1024 * 1024
-    body_timeout_s: float = 30.0  # 0: no deadline for reading a request body
-
-    @classmethod
-    def from_mb(cls, max_text_chars: int, max_upload_mb: float, body_timeout_s: float) -> SpeechLimits:
-        return cls(max_text_chars, int(max_upload_mb * 1024 * 1024), body_timeout_s)
+    max_text_chars: int
+    max_upload_bytes: int
+    body_timeout_s: float  # 0: no deadline for reading a request body
 
 
 def size_text(limit: int) -> str:

@@ -51,12 +51,12 @@ log = logging.getLogger("cosyserve.session")
 
 @dataclass(frozen=True)
 class SessionLimits:
-    idle_timeout_s: float = 30.0  # no client text and no audio produced for this long: the session ends
-    max_session_chars: int = 100_000  # text one session may send in all
-    max_utterance_chars: int = 4096  # text of one utterance (server.max_text_chars)
-    max_sessions: int = 64  # open sessions at once; the next is refused (error, close 1013)
-    max_session_s: float = 3600.0  # a session's whole life, busy or not; then it is closed
-    max_message_bytes: int = 65536  # one client message; a bigger one is refused (invalid_message)
+    idle_timeout_s: float  # no client text and no audio produced for this long: the session ends
+    max_session_chars: int  # text one session may send in all
+    max_utterance_chars: int  # text of one utterance (server.max_text_chars)
+    max_sessions: int  # open sessions at once; the next is refused (error, close 1013)
+    max_session_s: float  # a session's whole life, busy or not; then it is closed
+    max_message_bytes: int  # one client message; a bigger one is refused (invalid_message)
 
 
 class TooManySessions(Overloaded):

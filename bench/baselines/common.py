@@ -19,9 +19,9 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
 
 
 def engine_config(args: argparse.Namespace) -> Any:
-    from app.engines.cosyvoice.engine import CosyVoiceConfig
+    from app.settings.runtime import engine_config_of
 
-    return CosyVoiceConfig(model_dir=args.model_dir, torch_threads=args.torch_threads)
+    return engine_config_of(args.model_dir, torch_threads=args.torch_threads)
 
 
 def serve(app: FastAPI, port: int) -> None:

@@ -31,9 +31,10 @@ SPEAKER_ENV = "COSYSERVE_BENCH_SPEAKER"
 
 
 def _engine(model_dir: str) -> Any:
-    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceEngine
+    from app.settings.runtime import engine_config_of
 
-    return CosyVoiceEngine(CosyVoiceConfig(model_dir=model_dir, torch_threads=1))
+    return CosyVoiceEngine(engine_config_of(model_dir, torch_threads=1))
 
 
 def _request(engine: Any, text: str, stream: bool) -> Any:

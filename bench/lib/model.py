@@ -23,8 +23,8 @@ def ensure_model(version: int = 2) -> str:
 
 
 def main() -> None:
-    from app.config import DEFAULT_CACHE
     from app.devmodels.tiny import ensure_tiny_model
+    from app.settings import DEFAULT_CACHE
 
     version = int(sys.argv[1]) if len(sys.argv) > 1 else 2
     print(ensure_tiny_model(DEFAULT_CACHE / "models", version))

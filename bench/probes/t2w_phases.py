@@ -68,17 +68,17 @@ def load_engine(model_dir: str, token2wav_batch: str = "auto", *, max_batch_size
     ``token2wav_batch="default"`` leaves the setting out: the engine's default, also on builds that
     predate it (for before/after runs of the same phases).
     """
-    from dataclasses import fields
-
-    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceEngine
+    from app.settings import EngineSettings
+    from app.settings.runtime import engine_config_of
 
     recorder = Recorder()
     if token2wav_batch != "default":
-        if "token2wav_batch" not in {f.name for f in fields(CosyVoiceConfig)}:
+        if "token2wav_batch" not in EngineSettings.model_fields:
             raise ValueError("this build has no engine.token2wav_batch; use token2wav_batch='default'")
         engine_kw["token2wav_batch"] = token2wav_batch
-    cfg = CosyVoiceConfig(model_dir=str(model_dir), batching=True, max_batch_size=max_batch_size,
-                          torch_threads=torch_threads, **engine_kw)
+    cfg = engine_config_of(str(model_dir), batching=True, max_batch_size=max_batch_size,
+                           torch_threads=torch_threads, **engine_kw)
     engine = CosyVoiceEngine(cfg, llm_observer=recorder)
     engine.load()
     engine.warmup()

@@ -8,9 +8,9 @@ from contextlib import ExitStack
 import pytest
 from fastapi.testclient import TestClient
 
-from app.config import Settings
 from app.engines.fake import FakeBehaviour, FakeEngine
 from app.main import create_app
+from app.settings import Settings
 from tests.support.fake_app import client_maker, make_settings
 
 
@@ -42,7 +42,7 @@ def open_client(tmp_path, start_app) -> Callable[..., TestClient]:
     """``make(pool=None, server=None, websocket=None)``: a started TestClient over FakeEngines, sections overridden."""
     def make(pool=None, server=None, websocket=None) -> TestClient:
         return start_app(Settings(
-            engine={"kind": "fake"},
+            dev={"fake_engine": True},
             pool={"workers": 2, "max_queue": 2, "queue_timeout_s": 5.0, "request_timeout_s": 30.0, **(pool or {})},
             server={"access_log": False, "drain_timeout_s": 5, **(server or {})},
             voices={"dir": str(tmp_path / "voices")},

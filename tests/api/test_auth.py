@@ -13,9 +13,9 @@ from starlette.testclient import WebSocketDenialResponse
 from starlette.websockets import WebSocketDisconnect
 
 from app.api.auth import KeyChecker, exposure_warning, is_loopback
-from app.config import Settings
 from app.engines.fake import FakeEngine
 from app.main import create_app
+from app.settings import Settings
 from tests.support.fake_app import hold, wait_queued
 
 KEY = "sk-test-Zq7pX2vLr9"
@@ -25,7 +25,7 @@ WRONG = "sk-wrong-key-abcdef"
 
 def keyed_settings(tmp_path, keys=(KEY, OTHER), require_metrics_key=False, **pool) -> Settings:
     return Settings(
-        engine={"kind": "fake"},
+        dev={"fake_engine": True},
         pool={"workers": 2, "max_queue": 2, "queue_timeout_s": 5.0, "request_timeout_s": 30.0, **pool},
         server={"access_log": True, "drain_timeout_s": 5, "api_keys": list(keys)},
         voices={"dir": str(tmp_path / "voices")},
@@ -288,7 +288,7 @@ def test_server_logs_the_warning_at_startup(caplog):
     from app.server import warn_if_exposed
 
     with caplog.at_level(logging.WARNING, logger="cosyserve"):
-        warn_if_exposed(Settings(engine={"kind": "fake"}, server={"host": "0.0.0.0"}))
-        warn_if_exposed(Settings(engine={"kind": "fake"}, server={"host": "0.0.0.0", "api_keys": [KEY]}))
-        warn_if_exposed(Settings(engine={"kind": "fake"}, server={"host": "127.0.0.1"}))
+        warn_if_exposed(Settings(dev={"fake_engine": True}, server={"host": "0.0.0.0"}))
+        warn_if_exposed(Settings(dev={"fake_engine": True}, server={"host": "0.0.0.0", "api_keys": [KEY]}))
+        warn_if_exposed(Settings(dev={"fake_engine": True}, server={"host": "127.0.0.1"}))
     assert [r.getMessage().split(",")[0] for r in caplog.records] == ["listening on 0.0.0.0"]

@@ -8,9 +8,9 @@ from contextlib import ExitStack
 import pytest
 from fastapi.testclient import TestClient
 
-from app.config import Settings
 from app.engines.fake import FakeEngine
 from app.main import create_app
+from app.settings import Settings
 
 ORIGIN = "https://app.example.com"
 KEY = "sk-cors-test-key"
@@ -20,7 +20,7 @@ KEY = "sk-cors-test-key"
 def make(tmp_path, behaviour) -> Iterator[Callable[..., TestClient]]:
     with ExitStack() as stack:
         def build(origins: list[str], keys: list[str] | None = None) -> TestClient:
-            settings = Settings(engine={"kind": "fake"}, pool={"workers": 1, "max_queue": 1},
+            settings = Settings(dev={"fake_engine": True}, pool={"workers": 1, "max_queue": 1},
                                 server={"cors_origins": origins, "api_keys": keys or []},
                                 voices={"dir": str(tmp_path / "voices")})
             return stack.enter_context(TestClient(create_app(settings, engine_factory=lambda i: FakeEngine(behaviour))))

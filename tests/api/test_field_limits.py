@@ -20,11 +20,11 @@ from app.serving.bounds import (
     INSTRUCTIONS_MAX_CHARS,
     NAME_MAX_CHARS,
     PROMPT_TEXT_MAX_CHARS,
-    SpeechLimits,
     quoted,
 )
 from app.serving.plan import SpeechFields, check_fields
 from app.serving.speech import OVERHEAD_CHARS, request_size
+from tests.support import configs
 from tests.support.sounds import prompt_wav
 
 MB = 1024 * 1024
@@ -148,7 +148,7 @@ def test_a_lone_surrogate_is_invalid_input_on_every_http_surface(client, seen):
 
 
 def test_the_planner_bounds_every_field_whatever_the_surface_schema_says():
-    limits = SpeechLimits(max_text_chars=50)
+    limits = configs.speech_limits(max_text_chars=50)
     for fields, param in ((SpeechFields(text="t" * 51), "text"),
                           (SpeechFields(text="ok", prompt_text="p" * (PROMPT_TEXT_MAX_CHARS + 1)), "prompt_text"),
                           (SpeechFields(text="ok", instructions="i" * (INSTRUCTIONS_MAX_CHARS + 1),

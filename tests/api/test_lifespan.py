@@ -47,7 +47,7 @@ def test_a_failed_library_start_closes_the_loaded_slots(tmp_path, behaviour):
 
 # -- admission defaults that fit the machine ----------------------------------------------------------
 def _batched_settings(tmp_path, **pool):
-    from app.config import load_settings
+    from app.settings import load_settings
 
     v2 = tmp_path / "v2"
     v2.mkdir(exist_ok=True)

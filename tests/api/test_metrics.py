@@ -12,10 +12,10 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.api.context import RequestContext
-from app.config import Settings
 from app.engines.fake import FakeEngine
 from app.main import create_app
 from app.metrics import Metrics, outcome_of
+from app.settings import Settings
 from tests.support.fake_app import hold, make_settings
 from tests.support.metrics import scrape, value
 

@@ -12,9 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.api.auth import key_id
-from app.config import Settings
 from app.main import create_app
 from app.serving.priority import Priority
+from app.settings import Settings
 from tests.support.fake_app import RecordingEngine
 from tests.support.sounds import prompt_wav
 from tests.support.sse import parse_sse
@@ -136,7 +136,7 @@ def test_openapi_documents_the_field_and_the_header(client):
 def keyed(tmp_path, behaviour, seen):
     keys = tmp_path / "keys"
     keys.write_text(f"# live and bulk\n{KEY}\n{BULK_KEY}   priority=bulk\n")
-    settings = Settings(engine={"kind": "fake"}, voices={"dir": str(tmp_path / "voices")},
+    settings = Settings(dev={"fake_engine": True}, voices={"dir": str(tmp_path / "voices")},
                         server={"access_log": True, "drain_timeout_s": 5, "api_keys_file": str(keys)})
     with TestClient(create_app(settings, engine_factory=lambda i: RecordingEngine(behaviour, seen))) as client:
         yield client

@@ -12,14 +12,14 @@ import pytest
 import soundfile as sf
 from fastapi.testclient import TestClient
 
-from app.config import Settings
 from app.engines.fake import FakeEngine
 from app.main import create_app
+from app.settings import Settings
 from tests.support.sounds import flac_claiming, prompt_wav
 
 
 def make(tmp_path, raise_server_exceptions: bool = True, **server) -> TestClient:
-    settings = Settings(engine={"kind": "fake"}, pool={"workers": 1, "max_queue": 1},
+    settings = Settings(dev={"fake_engine": True}, pool={"workers": 1, "max_queue": 1},
                         server={"access_log": False, **server}, voices={"dir": str(tmp_path / "voices")})
     return TestClient(create_app(settings, engine_factory=lambda i: FakeEngine()),
                       raise_server_exceptions=raise_server_exceptions)

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from app.config import Settings
 from app.engines.fake import FakeVoice
 from app.main import create_app
+from app.settings import Settings
 from tests.support.fake_app import RecordingEngine, hold
 from tests.support.sounds import prompt_wav
 
@@ -65,7 +65,7 @@ def make(tmp_path, voices_dir, behaviour, seen) -> Iterator[Callable[..., TestCl
     with ExitStack() as stack:
         def build(server: dict | None = None, pool: dict | None = None, voices: dict | None = None) -> TestClient:
             settings = Settings(
-                engine={"kind": "fake"},
+                dev={"fake_engine": True},
                 pool={"workers": 2, "max_queue": 8, "queue_timeout_s": 5.0, "request_timeout_s": 30.0, **(pool or {})},
                 server={"drain_timeout_s": 5, **(server or {})},
                 voices={"dir": str(voices_dir), **(voices or {})},

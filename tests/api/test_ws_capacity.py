@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from tests.support import configs
 from tests.support.waiting import wait_until
 from tests.support.ws import PATH, closed, error, in_flight, send, utterance
 
@@ -221,7 +222,6 @@ def test_a_client_that_reads_no_audio_is_dropped_after_the_idle_timeout():
 
     from app.api.ws_speech import Connection
     from app.serving.errors import ClientGone
-    from app.serving.session import SessionLimits
 
     class NeverReads:  # the socket's send buffer is full: a send never completes
         def __init__(self) -> None:
@@ -230,7 +230,7 @@ def test_a_client_that_reads_no_audio_is_dropped_after_the_idle_timeout():
         async def send_bytes(self, data: bytes) -> None:
             await asyncio.Event().wait()
 
-    conn = Connection(NeverReads(), SimpleNamespace(session_limits=SessionLimits(idle_timeout_s=0.3)))
+    conn = Connection(NeverReads(), SimpleNamespace(session_limits=configs.session_limits(idle_timeout_s=0.3)))
 
     async def send() -> float:
         started = time.monotonic()

@@ -1,6 +1,6 @@
 """Three cosyserve replicas behind a real nginx running the shipped deploy/nginx/cosyserve.conf.
 
-The replicas run the fake engine in its sleeping mode (engine.fake_chunk_delay_s): each
+The replicas run the fake engine in its sleeping mode (dev.fake_chunk_delay_s): each
 request holds a slot for 3 x DELAY_S without burning CPU, so capacity is set by the slots
 and not by the two cores of a CI machine. Steady open-loop load from httpx throughout.
 
@@ -40,7 +40,7 @@ REPLICA_RPS = WORKERS / SERVICE_S  # what one replica can complete per second (1
 
 def replica_config(voices: Path) -> dict:
     return {
-        "engine": {"kind": "fake", "fake_chunk_delay_s": DELAY_S},
+        "dev": {"fake_engine": True, "fake_chunk_delay_s": DELAY_S},
         "pool": {"workers": WORKERS, "max_queue": QUEUE},
         "server": {"drain_delay_s": 1.0, "drain_timeout_s": 10, "access_log": False, "log_level": "warning"},
         "voices": {"dir": str(voices)},

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.engines.base import PromptAudio
+from tests.support import configs
 from tests.support.paths import CACHE
 from tests.support.sounds import speechlike
 
@@ -37,14 +38,14 @@ def tiny_models():
 @pytest.fixture(scope="session")
 def engines(tiny_models):
     """``get(version, long=False, instruct=False)``: a loaded CosyVoiceEngine, one per kind per session."""
-    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceEngine
 
     loaded: dict = {}
 
     def get(version: int, long: bool = False, instruct: bool = False):
         key = (version, long, instruct)
         if key not in loaded:
-            eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(version, long, instruct)), torch_threads=1))
+            eng = CosyVoiceEngine(configs.engine(model_dir=str(tiny_models(version, long, instruct)), torch_threads=1))
             eng.load()
             loaded[key] = eng
         return loaded[key]

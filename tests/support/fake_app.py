@@ -10,16 +10,16 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from app.config import Settings
 from app.engines.fake import FakeBehaviour, FakeEngine
 from app.main import create_app
+from app.settings import Settings
 
 
 def make_settings(tmp_path, **pool) -> Settings:
     pool_cfg = {"workers": 2, "max_queue": 2, "queue_timeout_s": 5.0, "request_timeout_s": 30.0}
     pool_cfg.update(pool)
     return Settings(
-        engine={"kind": "fake"},
+        dev={"fake_engine": True},
         pool=pool_cfg,
         server={"access_log": True, "drain_timeout_s": 5},
         voices={"dir": str(tmp_path / "voices")},

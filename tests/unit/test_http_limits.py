@@ -98,8 +98,8 @@ def test_the_deadline_stops_when_the_head_is_in_and_restarts_at_the_next_request
 
 
 def test_the_server_builds_the_protocol_from_its_settings():
-    from app.config import load_settings
     from app.server import http_options
+    from app.settings import load_settings
 
     settings = load_settings(None, server={"max_header_bytes": 8192, "max_headers": 20, "header_timeout_s": 3})
     factory = http_options(settings, None)["http"]

@@ -1,13 +1,13 @@
-"""The edge's class sniffing (app/api/priority.py) and the keys file's ``priority=`` option (app/config.py)."""
+"""The edge's class sniffing (app/api/priority.py) and the keys file's ``priority=`` option (app/settings/keys.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from app.api.priority import body_priority, client_of, header_priority
-from app.config import read_keys_file
 from app.serving.errors import BadRequest
 from app.serving.priority import Priority
+from app.settings import read_keys_file
 
 
 def scope(ctype: str = "application/json", query: bytes = b"", **headers: str) -> dict:

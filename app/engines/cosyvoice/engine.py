@@ -97,7 +97,7 @@ class CosyVoiceEngine:
         self.normalizer.load()
         lm = load_model_dir(self.config.model_dir, dtype=self.config.dtype,
                             dtype_stages=tuple(self.config.dtype_stages), cosyvoice_path=self.config.cosyvoice_path,
-                            device=self.config.device, levers=self.config.levers(),
+                            device=self.config.device, levers=self.config.levers,
                             llm_weights=self.config.llm_weights)
         if self.config.batching and lm.version < 2:
             raise EngineFailure(f"engine.batching needs a CosyVoice2/3 model; {lm.model_dir} is CosyVoice1")

@@ -34,14 +34,15 @@ class LeverRefused(ValueError):
 
 @dataclass(frozen=True)
 class Levers:
-    """The settings (``engine.llm_quantization``, ``flow_runtime``, ``flow_steps``, ``flow_cfg``)."""
+    """The settings ``engine.llm_quantization``, ``flow_runtime``, ``flow_steps``, ``flow_cfg``, ``onnx_cache_dir``
+    (built by app/settings/runtime.py)."""
 
-    llm_quantization: str = "none"  # none | int8
-    flow_runtime: str = "torch"  # auto | torch | onnxruntime
-    flow_steps: int | None = None  # None: the model's (10)
-    flow_cfg: bool = True
-    onnx_cache_dir: str | None = None  # where exported ONNX graphs are kept (None: in memory only)
-    threads: int = 1  # ONNX Runtime intra-op threads (engine.torch_threads)
+    llm_quantization: str  # none | int8
+    flow_runtime: str  # auto | torch | onnxruntime
+    flow_steps: int | None  # None: the model's (10)
+    flow_cfg: bool
+    onnx_cache_dir: str | None  # where exported ONNX graphs are kept (None: in memory only)
+    threads: int  # ONNX Runtime intra-op threads (engine.torch_threads)
 
 
 @dataclass(frozen=True)

@@ -22,28 +22,23 @@ EMA_ALPHA = 0.2  # the moving average latency, for the predicted wait before any
 MAX_RETRY_AFTER_S = 600.0  # a client told to come back later than 10 minutes should go elsewhere
 
 
+LEVEL_SAMPLES = 24  # requests a level's throughput needs before the knee search trusts it
+LATENCY_WEIGHT = 0.125  # levels are scored by throughput / n ** latency_weight
+PAIR_S = 3.0  # another level compares with this one's windows measured within this of it
+
+
 @dataclass(frozen=True)
 class AdaptiveConfig:
-    ceiling: int  # the limit never goes above (pool.workers + pool.max_queue)
-    initial: float  # where the limit starts (the lifespan picks it from the machine)
-    budget_s: float | None = None  # target latency of an average request; None: tolerance x unloaded latency
-    tolerance: float = 2.5  # the automatic target, in unloaded latencies
-    max_wait_s: float | None = None  # no request waits to run if its predicted wait is longer (queue timeout)
-    level_samples: int = 24  # requests a level's throughput needs before the knee search trusts it
-    latency_weight: float = 0.125  # levels are scored by throughput / n ** latency_weight
-    pair_s: float = 3.0  # another level compares with this one's windows measured within this of it
+    """Built from ``pool.*`` by app/settings/runtime.py (checked there); the tuning from the constants above."""
 
-    def __post_init__(self) -> None:
-        if self.ceiling < 1:
-            raise ValueError("ceiling must be at least 1")
-        if self.budget_s is not None and self.budget_s <= 0:
-            raise ValueError("budget_s must be positive (or None: automatic)")
-        if self.max_wait_s is not None and self.max_wait_s <= 0:
-            raise ValueError("max_wait_s must be positive (or None: no bound beyond the budget)")
-        if self.tolerance <= 1:
-            raise ValueError("tolerance must be above 1")
-        if self.level_samples < 1 or self.latency_weight < 0 or self.pair_s < 0:
-            raise ValueError("level_samples must be at least 1, latency_weight and pair_s 0 or more")
+    ceiling: int  # the limit never goes above (pool.workers + pool.max_queue)
+    initial: float  # where the limit starts (the lifespan moves it for the machine)
+    budget_s: float | None  # target latency of an average request; None: tolerance x unloaded latency
+    tolerance: float  # the automatic target, in unloaded latencies
+    max_wait_s: float | None  # no request waits to run if its predicted wait is longer (queue timeout)
+    level_samples: int
+    latency_weight: float
+    pair_s: float
 
 
 class AdaptiveLimit:

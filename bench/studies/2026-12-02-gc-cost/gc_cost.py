@@ -22,8 +22,8 @@ import time
 
 def one(model_dir: str | None, paused: bool) -> dict[str, float]:
     from app import gcpolicy
-    from app.config import Settings
     from app.lifespan import engine_factory
+    from app.settings import Settings
 
     overrides = {"engine": {"model_dir": model_dir}} if model_dir else {}
     settings = Settings(**overrides)

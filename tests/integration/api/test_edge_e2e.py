@@ -20,9 +20,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 TEXT = "The quick brown fox jumps over the lazy dog while the sun sets slowly behind the quiet green hills."
 
 
-def config(tmp_path, engine: dict | None = None, pool: dict | None = None, **server) -> dict:
+def config(tmp_path, engine: dict | None = None, pool: dict | None = None, dev: dict | None = None,
+           **server) -> dict:
     return {
-        "engine": engine or {"kind": "fake"},
+        **({"engine": engine} if engine else {}),
+        "dev": dev if dev is not None else ({} if engine else {"fake_engine": True}),
         "pool": {"workers": 1, "max_queue": 0, "queue_timeout_s": 30, "request_timeout_s": 120, **(pool or {})},
         "server": {"drain_timeout_s": 5, **server},
         "voices": {"dir": str(tmp_path / "voices")},
@@ -123,7 +125,7 @@ def test_a_stream_whose_client_reads_nothing_is_cut_after_the_send_timeout(tiny_
 
 
 def test_a_retry_storm_gets_paced_refusals(tmp_path):
-    cfg = config(tmp_path, {"kind": "fake", "fake_chunk_delay_s": 2.0}, refusals_per_s=5)
+    cfg = config(tmp_path, dev={"fake_engine": True, "fake_chunk_delay_s": 2.0}, refusals_per_s=5)
     with ServerProcess(tmp_path, cfg) as srv:
         busy = threading.Thread(target=lambda: httpx.post(srv.base_url + "/v1/tts", json={"text": "x"}, timeout=30))
         busy.start()

@@ -32,7 +32,7 @@ SLACK_S = 1.0  # a 2-core machine running the test beside the server
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("heads")
-    cfg = {"engine": {"kind": "fake"},
+    cfg = {"dev": {"fake_engine": True},
            "pool": {"workers": 1, "max_queue": 0, "queue_timeout_s": 30, "request_timeout_s": 30},
            "server": {"drain_timeout_s": 5, "header_timeout_s": HEADER_TIMEOUT_S, "keep_alive_s": KEEP_ALIVE_S},
            "voices": {"dir": str(tmp / "voices")}}

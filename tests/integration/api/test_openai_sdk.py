@@ -31,7 +31,7 @@ MODEL = "gpt-4o-mini-tts"
 def server(tmp_path_factory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("openai-sdk")
     config = {
-        "engine": {"kind": "fake"},
+        "dev": {"fake_engine": True},
         "pool": {"workers": 2, "max_queue": 8, "request_timeout_s": 30},
         "server": {"log_level": "warning", "drain_timeout_s": 5},
         "voices": {"dir": str(tmp / "voices")},

@@ -28,7 +28,7 @@ MAX_EXAMPLES = os.environ.get("COSYSERVE_SCHEMATHESIS_EXAMPLES", "8")
 
 def test_schemathesis_checks_all_find_nothing(tmp_path):
     config = {
-        "engine": {"kind": "fake"},
+        "dev": {"fake_engine": True},
         "pool": {"workers": 2, "max_queue": 8, "queue_timeout_s": 30, "request_timeout_s": 30},
         "server": {"drain_timeout_s": 5, "access_log": False},
         "voices": {"dir": str(tmp_path / "voices"), "max_voices": 1000},

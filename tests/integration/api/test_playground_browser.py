@@ -213,7 +213,7 @@ FAKE_SAMPLES = 3 * 4800  # FakeBehaviour: 3 chunks of 0.2 s at 24 kHz
 
 
 def fake_server(tmp, server: dict) -> ServerProcess:
-    return ServerProcess(tmp, {"engine": {"kind": "fake"}, "pool": {"workers": 1, "max_queue": 1},
+    return ServerProcess(tmp, {"dev": {"fake_engine": True}, "pool": {"workers": 1, "max_queue": 1},
                                "server": {"drain_timeout_s": 5, **server}, "voices": {"dir": str(tmp / "voices")}})
 
 

@@ -87,7 +87,7 @@ def test_a_client_gone_while_its_whole_file_runs_cancels_the_engine_job(tiny_mod
 
 def fake(tmp_path, **server) -> dict:
     return {
-        "engine": {"kind": "fake"},
+        "dev": {"fake_engine": True},
         "pool": {"workers": 1, "max_queue": 0, "queue_timeout_s": 30, "request_timeout_s": 30},
         "server": {"drain_timeout_s": 5, "body_timeout_s": 1.0, **server},
         "voices": {"dir": str(tmp_path / "voices")},

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from app.config import EngineSettings, batches_llm
 from app.engines.base import EngineFailure
 from app.engines.cosyvoice.layout import detect_version
 from app.engines.cosyvoice.load import load_model_dir
+from app.settings import EngineSettings, batches_llm
 from tests.support.paths import PUBLISHED_V3
 
 pytestmark = pytest.mark.integration

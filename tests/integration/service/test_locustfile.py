@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 
 def test_locustfile_runs_the_mix_without_failures(tmp_path: Path):
     config = {
-        "engine": {"kind": "fake"},
+        "dev": {"fake_engine": True},
         "pool": {"workers": 2, "max_queue": 16, "request_timeout_s": 30},
         "server": {"log_level": "warning", "drain_timeout_s": 5},
         "voices": {"dir": str(tmp_path / "voices")},

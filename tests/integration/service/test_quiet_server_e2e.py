@@ -23,7 +23,7 @@ TRANSFORMERS_DEPRECATION = re.compile(r"is deprecated|are deprecated")
 def test_the_default_server_prints_no_warning(tmp_path):
     config = yaml.safe_load((ROOT / "config.yaml").read_text())  # `make run`: model_dir null, the tiny model
     assert config["engine"]["model_dir"] is None
-    config["engine"]["tiny_cache_dir"] = str(CACHE)  # the tests' model cache instead of ~/.cache
+    config["dev"] = {"tiny_cache_dir": str(CACHE)}  # the tests' model cache instead of ~/.cache
     config["voices"]["dir"] = str(tmp_path / "voices")
     with ServerProcess(tmp_path, config) as srv:
         whole = httpx.post(srv.base_url + "/v1/tts", json={"text": "hello"}, timeout=120)

@@ -8,16 +8,17 @@ import asyncio
 import pytest
 
 from app.engines.base import SynthesisRequest
-from app.serving import EnginePool, PoolConfig
+from app.serving import EnginePool
+from tests.support import configs
 from tests.support.waiting import run
 
 pytestmark = [pytest.mark.integration]
 
 
 def test_bulk_and_interactive_share_a_batched_engine(tiny_models) -> None:
-    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceEngine
 
-    cfg = CosyVoiceConfig(model_dir=str(tiny_models(2)), torch_threads=1, batching=True, max_batch_size=4)
+    cfg = configs.engine(model_dir=str(tiny_models(2)), torch_threads=1, batching=True, max_batch_size=4)
 
     async def one(pool: EnginePool, ticket, rid: str) -> int:
         req = SynthesisRequest(text="Hello there, a short test.", mode="sft", speaker=pool.presets[0],
@@ -26,7 +27,7 @@ def test_bulk_and_interactive_share_a_batched_engine(tiny_models) -> None:
             return sum([len(chunk.pcm) async for chunk in job])
 
     async def main():
-        pool = EnginePool(lambda i: CosyVoiceEngine(cfg), PoolConfig(workers=2, max_queue=0, share_engine=True,
+        pool = EnginePool(lambda i: CosyVoiceEngine(cfg), configs.pool(workers=2, max_queue=0, share_engine=True,
                                                                      admission="fixed"))
         await pool.start()
         try:

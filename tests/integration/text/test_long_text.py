@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from app.engines.base import SynthesisRequest
+from tests.support import configs
 
 pytestmark = pytest.mark.integration
 
@@ -50,9 +51,9 @@ TOKEN_SECONDS = {1: 0.02, 2: 0.04}  # audio per speech token: v1 50 Hz, v2 25 Hz
 
 @pytest.fixture(scope="module")
 def engine(tiny_models):
-    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceEngine
 
-    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), batching=True))
+    eng = CosyVoiceEngine(configs.engine(model_dir=str(tiny_models(2)), batching=True))
     eng.load()
     yield eng
     eng.close()

@@ -38,10 +38,11 @@ MODES = {1: "sft,zero_shot,cross_lingual,vc", 2: "sft,zero_shot,cross_lingual,in
 SCRIPT = r"""
 import sys, threading
 from app.engines.base import PromptAudio, SynthesisRequest
-from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+from app.engines.cosyvoice.engine import CosyVoiceEngine
+from tests.support import configs
 from tests.support.sounds import speechlike
 model_dir, upstream, modes, batching = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4] == "1"
-eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=model_dir, cosyvoice_path=upstream, batching=batching, llm_greedy=batching))
+eng = CosyVoiceEngine(configs.engine(model_dir=model_dir, cosyvoice_path=upstream, batching=batching, llm_greedy=batching))
 eng.load()
 eng.warmup()  # a v3 dir with preset speakers warms up with sft (needs the system prompt)
 assert eng.batching == batching
@@ -197,11 +198,12 @@ def test_every_mode_through_a_live_server(model_dirs, upstream, tmp_path, versio
 T2W_SCRIPT = r"""
 import sys
 import torch
-from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+from app.engines.cosyvoice.engine import CosyVoiceEngine
+from tests.support import configs
 model_dir, upstream = sys.argv[1], sys.argv[2]
 engines = {}
 for batch in ("off", "on"):
-    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=model_dir, cosyvoice_path=upstream, batching=True, llm_greedy=True,
+    eng = CosyVoiceEngine(configs.engine(model_dir=model_dir, cosyvoice_path=upstream, batching=True, llm_greedy=True,
                                           token2wav_batch=batch))
     eng.load()
     engines[batch] = eng

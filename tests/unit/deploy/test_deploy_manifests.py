@@ -25,8 +25,8 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from app.config import Settings, load_settings
 from app.main import create_app
+from app.settings import Settings, load_settings
 from tests.support.paths import ROOT
 
 KUBE = ROOT / "deploy" / "kubernetes"
@@ -213,7 +213,7 @@ def test_non_root_read_only_root_and_the_volumes(overlay):
     env = container_env(c)
     assert env["HOME"].startswith("/tmp") and env["XDG_CACHE_HOME"].startswith("/tmp")
     assert all(env[k].startswith(env["HOME"] + "/") for k in ("XDG_CACHE_HOME", "NUMBA_CACHE_DIR",
-                                                              "COSYSERVE_ENGINE__TINY_CACHE_DIR"))
+                                                              "COSYSERVE_DEV__TINY_CACHE_DIR"))
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -255,7 +255,7 @@ def test_gpu_resources_only_in_the_gpu_overlays(overlay):
 @pytest.fixture(scope="module")
 def metric_names(tmp_path_factory) -> set[str]:
     voices = tmp_path_factory.mktemp("voices")  # an empty library for this scrape
-    settings = Settings(engine={"kind": "fake"}, pool={"workers": 2}, voices={"dir": str(voices)})
+    settings = Settings(dev={"fake_engine": True}, pool={"workers": 2}, voices={"dir": str(voices)})
     app = create_app(settings)
     with TestClient(app) as client:
         text = client.get("/metrics").text

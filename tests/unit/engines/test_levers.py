@@ -5,8 +5,6 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from app.config import EngineSettings, Settings
-from app.engines.cosyvoice.config import CosyVoiceConfig
 from app.engines.cosyvoice.flow.solver import (
     FlowOptions,
     FlowRuntimeRefused,
@@ -16,10 +14,12 @@ from app.engines.cosyvoice.flow.solver import (
 from app.engines.cosyvoice.levers import (
     AppliedLevers,
     LeverRefused,
-    Levers,
     apply_levers,
 )
 from app.engines.cosyvoice.quantize import QuantizationRefused, check_llm_quantization
+from app.settings import EngineSettings, Settings
+from app.settings.runtime import engine_config
+from tests.support import configs
 
 
 def test_defaults_are_todays_behaviour_except_the_exact_cpu_runtime(monkeypatch):
@@ -44,9 +44,8 @@ def test_env_overrides_reach_the_adapter(monkeypatch):
     monkeypatch.setenv("COSYSERVE_ENGINE__FLOW_STEPS", "6")
     monkeypatch.setenv("COSYSERVE_ENGINE__FLOW_CFG", "false")
     monkeypatch.setenv("COSYSERVE_ENGINE__ONNX_CACHE_DIR", "~/graphs")
-    cfg = CosyVoiceConfig.from_settings(Settings().engine, "dir")
-    levers = cfg.levers()
-    assert levers == Levers(llm_quantization="int8", flow_runtime="onnxruntime", flow_steps=6, flow_cfg=False,
+    levers = engine_config(Settings(), "dir").levers
+    assert levers == configs.levers(llm_quantization="int8", flow_runtime="onnxruntime", flow_steps=6, flow_cfg=False,
                             onnx_cache_dir=levers.onnx_cache_dir, threads=1)
     assert levers.onnx_cache_dir.endswith("/graphs") and not levers.onnx_cache_dir.startswith("~")
 
@@ -88,10 +87,10 @@ def test_refusals_reach_the_loader_as_one_kind_before_any_work():
             raise AssertionError("nothing may be touched before the settings are checked")
 
     with pytest.raises(LeverRefused, match="engine.llm_quantization=int8 is for CPUs"):
-        apply_levers(Levers(llm_quantization="int8"), llm=Untouchable(), flow=Untouchable(), version=2,
+        apply_levers(configs.levers(llm_quantization="int8"), llm=Untouchable(), flow=Untouchable(), version=2,
                      device_type="cuda")
     with pytest.raises(LeverRefused, match="engine.flow_runtime=onnxruntime"):
-        apply_levers(Levers(flow_runtime="onnxruntime"), llm=Untouchable(), flow=Untouchable(), version=2,
+        apply_levers(configs.levers(flow_runtime="onnxruntime"), llm=Untouchable(), flow=Untouchable(), version=2,
                      device_type="cuda")
 
 

@@ -7,7 +7,6 @@ import logging
 import pytest
 from pydantic import ValidationError
 
-from app.config import EngineSettings
 from app.engines.cosyvoice.precision import (
     DEFAULT_STAGES,
     Precision,
@@ -15,6 +14,7 @@ from app.engines.cosyvoice.precision import (
     cpu_has_native_bf16,
     resolve_precision,
 )
+from app.settings import EngineSettings
 
 
 def test_auto_and_fp32_run_fp32_everywhere():
@@ -79,12 +79,10 @@ def test_bf16_detection_reads_the_cpu_flags(tmp_path):
     assert cpu_flags(tmp_path / "missing") == frozenset()
 
 
-def test_engine_fp16_is_an_alias_of_dtype_fp16():
+def test_engine_fp16_was_removed_and_says_what_to_write_instead():
     assert EngineSettings().dtype == "auto" and EngineSettings().dtype_stages == ["llm", "flow"]
-    assert EngineSettings(fp16=True).dtype == "fp16"
-    assert EngineSettings(fp16=True, dtype="fp16").dtype == "fp16"
-    with pytest.raises(ValidationError, match="old name of engine.dtype"):
-        EngineSettings(fp16=True, dtype="bf16")
+    with pytest.raises(ValidationError, match="write engine.dtype: fp16 instead"):
+        EngineSettings(fp16=True)
     with pytest.raises(ValidationError):
         EngineSettings(dtype="int8")
     with pytest.raises(ValidationError):

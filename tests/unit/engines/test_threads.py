@@ -9,7 +9,8 @@ import pytest
 
 from app.engines import threads
 from app.engines.fake import FakeBehaviour, FakeEngine
-from app.serving import EnginePool, PoolConfig
+from app.serving import EnginePool
+from tests.support import configs
 from tests.support.waiting import run
 
 pytestmark = pytest.mark.skipif(not threads.supported(), reason="per-thread nice values are Linux's")
@@ -77,7 +78,7 @@ def test_the_pool_slot_threads_run_below_the_thread_that_started_them(offset):
     offset(2)
 
     async def main() -> list[int]:
-        pool = EnginePool(lambda i: FakeEngine(FakeBehaviour(), name=f"fake-{i}"), PoolConfig(workers=2))
+        pool = EnginePool(lambda i: FakeEngine(FakeBehaviour(), name=f"fake-{i}"), configs.pool(workers=2))
         await pool.start()
         try:
             return [os.getpriority(os.PRIO_PROCESS, t.native_id) for t in threading.enumerate()

@@ -15,17 +15,16 @@ from app.serving import (
     EnginePool,
     Overloaded,
     PermitError,
-    PoolConfig,
     QueueTimeout,
 )
 from app.serving.admission import Admission
-from app.serving.bounds import SpeechLimits
 from app.serving.errors import ClientGone
-from app.serving.limit import AdaptiveConfig, AdaptiveLimit
+from app.serving.limit import AdaptiveLimit
 from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
 from app.serving.stats import NullObserver
 from app.text.stream import TextStream
+from tests.support import configs
 from tests.support.pool import assert_released, synthesize
 from tests.support.waiting import await_until, run
 
@@ -35,7 +34,7 @@ def req(rid: str = "r") -> SynthesisRequest:
 
 
 async def started(b: FakeBehaviour, **cfg) -> EnginePool:
-    pool = EnginePool(lambda i: FakeEngine(b), PoolConfig(**{"workers": 1, "max_queue": 2, **cfg}))
+    pool = EnginePool(lambda i: FakeEngine(b), configs.pool(**{"workers": 1, "max_queue": 2, **cfg}))
     await pool.start()
     return pool
 
@@ -164,7 +163,7 @@ def test_released_once_when_the_service_is_cancelled_before_its_task_took_the_ti
     async def main():
         b = FakeBehaviour()
         pool = await started(b)
-        service = SpeechService(pool, SpeechLimits())
+        service = SpeechService(pool, configs.speech_limits())
         try:
             plan, out = service.plan(SpeechFields(text="hi")), service.output("wav", stream=False)
             outer = asyncio.create_task(service.run(plan, out))
@@ -186,7 +185,7 @@ def test_released_once_when_the_client_leaves_while_queued_or_running() -> None:
     async def main():
         b = FakeBehaviour(gate=threading.Event())
         pool = await started(b)
-        service = SpeechService(pool, SpeechLimits())
+        service = SpeechService(pool, configs.speech_limits())
         try:
             out = service.output("wav", stream=False)
             held = asyncio.create_task(service.run(service.plan(SpeechFields(text="a"), "held"), out))
@@ -226,7 +225,7 @@ class FakeClock:
 
 def adaptive(limit: int, ceiling: int = 8, budget_s: float = 10.0) -> tuple[Admission, FakeClock]:
     clock = FakeClock()
-    lim = AdaptiveLimit(AdaptiveConfig(ceiling=ceiling, initial=limit, budget_s=budget_s), clock=clock)
+    lim = AdaptiveLimit(configs.adaptive(ceiling=ceiling, initial=limit, budget_s=budget_s), clock=clock)
     return Admission(workers=ceiling, max_queue=0, observer=NullObserver(), limiter=lim, clock=clock), clock
 
 

@@ -12,8 +12,9 @@ import pytest
 
 from app.engines.base import AudioChunk, EngineFailure, InvalidInput, SynthesisRequest
 from app.engines.fake import FakeBehaviour, FakeEngine
-from app.serving import DeadlineExceeded, EnginePool, PoolConfig
+from app.serving import DeadlineExceeded, EnginePool
 from app.text.stream import TextStream
+from tests.support import configs
 from tests.support.pool import synthesize
 from tests.support.waiting import await_until, run
 
@@ -33,9 +34,9 @@ def assert_idle(pool: EnginePool) -> None:
 async def started_pool(engine_or_behaviour, **cfg) -> EnginePool:
     if isinstance(engine_or_behaviour, FakeBehaviour):
         b = engine_or_behaviour
-        pool = EnginePool(lambda i: FakeEngine(b), PoolConfig(**cfg))
+        pool = EnginePool(lambda i: FakeEngine(b), configs.pool(**cfg))
     else:
-        pool = EnginePool(lambda i: engine_or_behaviour, PoolConfig(**cfg))
+        pool = EnginePool(lambda i: engine_or_behaviour, configs.pool(**cfg))
     await pool.start()
     return pool
 
@@ -362,10 +363,10 @@ def test_call_runs_a_function_in_a_slot_thread_and_frees_the_slot():
     import threading
 
     from app.engines.fake import FakeBehaviour, FakeEngine
-    from app.serving.pool import EnginePool, PoolConfig
+    from app.serving.pool import EnginePool
 
     async def main():
-        pool = EnginePool(lambda i: FakeEngine(FakeBehaviour()), PoolConfig(workers=1, max_queue=0))
+        pool = EnginePool(lambda i: FakeEngine(FakeBehaviour()), configs.pool(workers=1, max_queue=0))
         await pool.start()
         try:
             name = await pool.call(lambda engine: (threading.current_thread().name, engine.sample_rate))

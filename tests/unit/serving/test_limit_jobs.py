@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from app.serving.admission import Admission
-from app.serving.limit import AdaptiveConfig, AdaptiveLimit, FixedLimit, Limit
+from app.serving.limit import AdaptiveLimit, FixedLimit, Limit
 from app.serving.limit.baseline import UNLOADED_HORIZON_S, Baseline
 from app.serving.limit.knee import KneeSearch
 from app.serving.limit.levels import Levels, Window
 from app.serving.limit.waiting import WaitingRoom
 from app.serving.stats import NullObserver, ServiceTimeEstimator
+from tests.support import configs
 from tests.support.limiter import Clock
 
 
@@ -18,7 +19,7 @@ from tests.support.limiter import Clock
 def test_admission_always_holds_a_limit_and_its_mode_is_the_limits_name() -> None:
     fixed = Admission(workers=2, max_queue=1, observer=NullObserver())
     assert isinstance(fixed.limiter, FixedLimit) and fixed.mode == "fixed" and fixed.limit == 3
-    adaptive = AdaptiveLimit(AdaptiveConfig(ceiling=3, initial=2))
+    adaptive = AdaptiveLimit(configs.adaptive(ceiling=3, initial=2))
     adm = Admission(workers=2, max_queue=1, observer=NullObserver(), limiter=adaptive)
     assert adm.limiter is adaptive and adm.mode == "adaptive" and adm.limit == 2
     for lim in (fixed.limiter, adaptive):
@@ -155,8 +156,8 @@ def test_the_knee_search_grows_by_the_headroom_only_when_crowded_and_far_under_b
 # -- the settings ------------------------------------------------------------------------------------
 def test_every_admission_setting_a_user_may_have_still_loads_and_reaches_the_limit(tmp_path, monkeypatch) -> None:
     # the limit's other knobs were never user settings (Settings forbids unknown keys): these are all of them
-    from app.config import load_settings
-    from app.lifespan import pool_config
+    from app.settings import load_settings
+    from app.settings.runtime import pool_config
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text("pool:\n  admission: adaptive\n  admission_budget_s: 4\n  queue_timeout_s: 12\n"

@@ -17,8 +17,9 @@ import statistics
 
 import pytest
 
-from app.serving.limit import AdaptiveConfig, AdaptiveLimit
+from app.serving.limit import AdaptiveLimit
 from app.serving.limit.waiting import WaitingRoom
+from tests.support import configs
 from tests.support.limiter import Clock, changes
 
 
@@ -75,7 +76,7 @@ class Server:
 def make(initial: float, ceiling: int = 16, server: dict | None = None, **kw) -> tuple[AdaptiveLimit, Server]:
     kw.setdefault("level_samples", 1)  # noise-free: one window tells a level (the noisy tests pool them)
     clock = Clock()
-    lim = AdaptiveLimit(AdaptiveConfig(ceiling=ceiling, initial=initial, **kw), clock=clock)
+    lim = AdaptiveLimit(configs.adaptive(ceiling=ceiling, initial=initial, **kw), clock=clock)
     return lim, Server(lim, clock, **(server or {}))
 
 
@@ -137,7 +138,7 @@ def test_it_settles_after_a_load_step_at_the_knee_within_the_budget():
 
 def test_samples_of_requests_admitted_before_a_change_do_not_move_it_again():
     clock = Clock()
-    lim = AdaptiveLimit(AdaptiveConfig(ceiling=16, initial=16, budget_s=1.0), clock=clock)
+    lim = AdaptiveLimit(configs.adaptive(ceiling=16, initial=16, budget_s=1.0), clock=clock)
     for _ in range(3):
         lim.observe(8.0, admitted_at=0.0)
     clock.t = 1.0
@@ -154,7 +155,7 @@ def test_samples_of_requests_admitted_before_a_change_do_not_move_it_again():
 
 
 def test_the_unloaded_latency_is_the_median_of_lone_requests_else_the_lowest_seen():
-    lim = AdaptiveLimit(AdaptiveConfig(ceiling=8, initial=8), clock=Clock())
+    lim = AdaptiveLimit(configs.adaptive(ceiling=8, initial=8), clock=Clock())
     assert lim.unloaded_s is None and lim.target_s is None
     lim.observe(3.0, admitted_at=0.0)
     lim.observe(2.0, admitted_at=0.0)
@@ -166,7 +167,7 @@ def test_the_unloaded_latency_is_the_median_of_lone_requests_else_the_lowest_see
 
 def test_the_waiting_room_admits_while_the_predicted_latency_is_within_the_budget():
     clock = Clock()
-    lim = AdaptiveLimit(AdaptiveConfig(ceiling=16, initial=8, budget_s=2.1, level_samples=3), clock=clock)
+    lim = AdaptiveLimit(configs.adaptive(ceiling=16, initial=8, budget_s=2.1, level_samples=3), clock=clock)
     assert lim.allows(7.0) and lim.predicted_wait_s(7.0) == 0.0  # runs at once
     assert not lim.allows(8.0)  # nothing measured yet: no waiting room
     assert lim.allows(0.0, weight=20.0)  # an empty server takes even a very long request
@@ -198,7 +199,7 @@ def test_with_the_automatic_budget_a_request_may_always_wait_one_round_of_the_ru
 def test_no_request_waits_past_max_wait_even_within_the_budget():
     def measured(max_wait_s: float) -> AdaptiveLimit:
         clock = Clock()
-        lim = AdaptiveLimit(AdaptiveConfig(ceiling=16, initial=8, budget_s=2.1, max_wait_s=max_wait_s,
+        lim = AdaptiveLimit(configs.adaptive(ceiling=16, initial=8, budget_s=2.1, max_wait_s=max_wait_s,
                                          level_samples=3), clock=clock)
         lim.note_load(8.0)
         clock.t = 2.0
@@ -211,18 +212,20 @@ def test_no_request_waits_past_max_wait_even_within_the_budget():
     assert not measured(max_wait_s=0.2).allows(7.0)  # the same, but the queue timeout would end the wait first
 
 
-@pytest.mark.parametrize("kw", [{"ceiling": 0, "initial": 1}, {"ceiling": 4, "initial": 1, "budget_s": 0},
-                                {"ceiling": 4, "initial": 1, "tolerance": 1.0},
-                                {"ceiling": 4, "initial": 1, "max_wait_s": 0},
-                                {"ceiling": 4, "initial": 1, "level_samples": 0}])
-def test_config_is_validated(kw):
-    with pytest.raises(ValueError):
-        AdaptiveConfig(**kw)
+@pytest.mark.parametrize("pool", [{"workers": 0}, {"admission_budget_s": 0}, {"admission_tolerance": 1.0},
+                                  {"queue_timeout_s": 0}])
+def test_its_settings_are_validated_where_they_are_declared(pool):
+    from pydantic import ValidationError
+
+    from app.settings import PoolSettings
+
+    with pytest.raises(ValidationError):
+        PoolSettings(**pool)
 
 
 def test_the_initial_limit_is_clamped_into_range():
-    assert AdaptiveLimit(AdaptiveConfig(ceiling=4, initial=10)).value == 4
-    assert AdaptiveLimit(AdaptiveConfig(ceiling=4, initial=0)).value == 1
+    assert AdaptiveLimit(configs.adaptive(ceiling=4, initial=10)).value == 4
+    assert AdaptiveLimit(configs.adaptive(ceiling=4, initial=0)).value == 1
 
 
 def test_an_optimum_between_two_integers_does_not_make_it_flap():
@@ -320,7 +323,7 @@ def test_the_stand_in_unloaded_latency_does_not_rise_with_the_load_it_admits():
 
 def test_after_a_step_down_the_new_level_is_measured_once_the_excess_has_finished():
     clock = Clock()
-    lim = AdaptiveLimit(AdaptiveConfig(ceiling=16, initial=8, budget_s=1.0), clock=clock)
+    lim = AdaptiveLimit(configs.adaptive(ceiling=16, initial=8, budget_s=1.0), clock=clock)
     lim.note_load(8.0, running=8)
     for _ in range(3):
         lim.observe(2.0, admitted_at=0.0)
@@ -341,7 +344,7 @@ def test_after_a_step_down_the_new_level_is_measured_once_the_excess_has_finishe
 
 def test_a_lightly_loaded_window_is_not_read_as_capacity():
     clock = Clock()
-    lim = AdaptiveLimit(AdaptiveConfig(ceiling=16, initial=4, budget_s=10.0, level_samples=3), clock=clock)
+    lim = AdaptiveLimit(configs.adaptive(ceiling=16, initial=4, budget_s=10.0, level_samples=3), clock=clock)
     for i in range(40):  # one request at a time, reaching 4 in flight for an instant each second
         clock.t = i * 0.25
         lim.note_load(4.0 if i % 4 == 0 else 1.0, running=1)
@@ -354,7 +357,7 @@ def test_a_lightly_loaded_window_is_not_read_as_capacity():
 def test_lone_latencies_older_than_the_horizon_no_longer_set_the_budget():
     # a shared host slows down: the lone requests of long ago no longer say what "unloaded" is
     clock = Clock()
-    lim = AdaptiveLimit(AdaptiveConfig(ceiling=8, initial=2), clock=clock)
+    lim = AdaptiveLimit(configs.adaptive(ceiling=8, initial=2), clock=clock)
     for _ in range(5):
         lim.observe(0.2, admitted_at=clock.t, alone=True)
     assert lim.unloaded_s == pytest.approx(0.2)

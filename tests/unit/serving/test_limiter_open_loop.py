@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import random
 
-from app.serving.limit import AdaptiveConfig, AdaptiveLimit
+from app.serving.limit import AdaptiveLimit
+from tests.support import configs
 from tests.support.limiter import Clock, changes
 
 TINY = {1: 1 / 5.2, 2: 2 / 7.5, 3: 3 / 7.7, 4: 4 / 7.7, 5: 5 / 7.6, 6: 6 / 7.5, 7: 7 / 7.4, 8: 8 / 7.3}
@@ -23,7 +24,7 @@ def open_loop(seed: int, phases: list[tuple[float, float]], dt: float = 0.01,
     """Poisson arrivals at each (rate, seconds) in turn; each request's work 1 +- ``noise``. (time, limit) per
     tick."""
     clock, rng = Clock(), random.Random(seed)
-    lim = AdaptiveLimit(AdaptiveConfig(ceiling=16, initial=2), clock=clock)
+    lim = AdaptiveLimit(configs.adaptive(ceiling=16, initial=2), clock=clock)
     waiting: list[list[float]] = []  # [work left, admitted at]
     running: list[list[float]] = []  # [work left, admitted at, started at]
     history: list[tuple[float, int]] = []

@@ -18,9 +18,9 @@ from app.engines.base import (
     check_mode_inputs,
 )
 from app.serving import bounds
-from app.serving.bounds import SpeechLimits
 from app.serving.errors import BadRequest
 from app.serving.plan import OPENAI_VOICES, SpeechFields, alias_speaker, plan
+from tests.support import configs
 
 PRESETS = ("anna", "bob")
 AUDIO = PromptAudio(np.zeros(16000 * 2, np.float32), 16000)
@@ -30,7 +30,7 @@ def info(modes=MODES) -> EngineInfo:
     return EngineInfo(name="m", family="fake", sample_rate=24000, modes=tuple(modes), voice_family="fake-1")
 
 
-def make(fields: SpeechFields, modes=MODES, presets=PRESETS, library=("narrator",), limits=SpeechLimits()):
+def make(fields: SpeechFields, modes=MODES, presets=PRESETS, library=("narrator",), limits=configs.speech_limits()):
     lib = {name: {"features": name} for name in library}
     return plan(fields, info(modes), presets, limits, lib.get, lambda: sorted(lib))
 
@@ -96,7 +96,7 @@ def test_no_presets_and_no_voice_is_voice_required():
 ])
 def test_limits(fields, code, param):
     with pytest.raises(BadRequest) as err:
-        make(fields, limits=SpeechLimits(max_text_chars=10))
+        make(fields, limits=configs.speech_limits(max_text_chars=10))
     assert (err.value.code, err.value.param) == (code, param)
 
 
@@ -123,15 +123,15 @@ def test_the_planner_and_the_engine_contract_share_one_speed_range(speed, ok):
 
 def test_first_chunk_tokens_are_checked_against_the_models_range():
     ranged = EngineInfo(name="m", family="cosyvoice2", sample_rate=24000, modes=MODES, first_chunk_tokens=(5, 100))
-    ok = plan(SpeechFields(text="hi", stream=True, first_chunk_tokens=5), ranged, PRESETS, SpeechLimits())
+    ok = plan(SpeechFields(text="hi", stream=True, first_chunk_tokens=5), ranged, PRESETS, configs.speech_limits())
     assert ok.request.first_chunk_tokens == 5 and ok.request.stream
-    assert plan(SpeechFields(text="hi"), ranged, PRESETS, SpeechLimits()).request.first_chunk_tokens is None
+    assert plan(SpeechFields(text="hi"), ranged, PRESETS, configs.speech_limits()).request.first_chunk_tokens is None
     for fields, why in ((SpeechFields(text="hi", stream=True, first_chunk_tokens=4), "between 5 and 100"),
                         (SpeechFields(text="hi", stream=True, first_chunk_tokens=101), "between 5 and 100"),
                         (SpeechFields(text="hi", first_chunk_tokens=10), "stream: true")):
         with pytest.raises(BadRequest) as exc:
-            plan(fields, ranged, PRESETS, SpeechLimits())
+            plan(fields, ranged, PRESETS, configs.speech_limits())
         assert exc.value.code == "invalid_first_chunk_tokens" and exc.value.param == "first_chunk_tokens"
         assert why in exc.value.message
     with pytest.raises(BadRequest, match="cannot change its first chunk"):  # v1, or no batching: no range
-        plan(SpeechFields(text="hi", stream=True, first_chunk_tokens=10), info(), PRESETS, SpeechLimits())
+        plan(SpeechFields(text="hi", stream=True, first_chunk_tokens=10), info(), PRESETS, configs.speech_limits())

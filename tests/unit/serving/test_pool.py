@@ -16,10 +16,10 @@ from app.serving import (
     NotReady,
     Overloaded,
     PermitError,
-    PoolConfig,
     QueueTimeout,
 )
 from app.serving.stats import ServiceTimeEstimator
+from tests.support import configs
 from tests.support.pool import assert_released, synthesize
 from tests.support.waiting import await_until, run
 
@@ -38,7 +38,7 @@ def make_pool(b: FakeBehaviour | None = None, **cfg) -> tuple[EnginePool, list[F
         engines.append(engine)
         return engine
 
-    return EnginePool(factory, PoolConfig(**cfg)), engines, b
+    return EnginePool(factory, configs.pool(**cfg)), engines, b
 
 
 
@@ -155,7 +155,7 @@ def test_queue_timeout_releases_the_permit() -> None:
         gate = threading.Event()
         obs = RecordingObserver()
         b = FakeBehaviour(gate=gate)
-        pool = EnginePool(lambda i: FakeEngine(b), PoolConfig(workers=1, max_queue=1, queue_timeout_s=0.05), obs)
+        pool = EnginePool(lambda i: FakeEngine(b), configs.pool(workers=1, max_queue=1, queue_timeout_s=0.05), obs)
         await pool.start()
         try:
             running = asyncio.create_task(consume(pool, "running"))
@@ -316,7 +316,7 @@ def test_close_cancels_running_work_fails_waiters_and_joins_threads() -> None:
             engines.append(ClosingEngine(b))
             return engines[-1]
 
-        pool = EnginePool(factory, PoolConfig(workers=2, max_queue=2))
+        pool = EnginePool(factory, configs.pool(workers=2, max_queue=2))
         await pool.start()
         assert len(slot_threads()) == 2
         jobs = [await synthesize(pool, req(f"r{i}")) for i in range(2)]
@@ -376,7 +376,7 @@ def test_a_load_failure_makes_start_raise_and_closes_the_loaded_slots() -> None:
             engines.append(FakeEngine(FakeBehaviour(fail_on_load=(i == 1)), name=f"fake-{i}"))
             return engines[-1]
 
-        pool = EnginePool(factory, PoolConfig(workers=3))
+        pool = EnginePool(factory, configs.pool(workers=3))
         with pytest.raises(EngineFailure, match="fail on load"):
             await pool.start()
         by_name = {e.name: e for e in engines}
@@ -405,7 +405,7 @@ def test_check_health_runs_in_an_idle_slot_thread_and_is_skipped_when_all_are_bu
         gate = threading.Event()
         b = FakeBehaviour(gate=gate)
         engine = HealthEngine(b)
-        pool = EnginePool(lambda i: engine, PoolConfig(workers=1))
+        pool = EnginePool(lambda i: engine, configs.pool(workers=1))
         with pytest.raises(NotReady):
             await pool.check_health()
         await pool.start()
@@ -436,7 +436,7 @@ def test_stats_shape_and_observer_failures_do_not_break_serving() -> None:
             raise ValueError("metrics bug")
 
     async def main():
-        pool = EnginePool(lambda i: FakeEngine(), PoolConfig(workers=2), Broken())
+        pool = EnginePool(lambda i: FakeEngine(), configs.pool(workers=2), Broken())
         await pool.start()
         try:
             assert await consume(pool, "a") == 3
@@ -457,4 +457,4 @@ def test_config_validation() -> None:
     for bad in ({"workers": 0}, {"max_queue": -1}, {"queue_timeout_s": 0}, {"request_timeout_s": -1},
                 {"stream_buffer_chunks": 0}):
         with pytest.raises(ValueError):
-            PoolConfig(**bad)
+            configs.pool(**bad)

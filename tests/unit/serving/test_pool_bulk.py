@@ -11,8 +11,9 @@ import pytest
 from app.engines.base import SynthesisRequest
 from app.engines.fake import FakeBehaviour, FakeEngine
 from app.metrics import Metrics
-from app.serving import Draining, EnginePool, Overloaded, PoolConfig
+from app.serving import Draining, EnginePool, Overloaded
 from app.serving.priority import Priority
+from tests.support import configs
 from tests.support.waiting import await_until, run
 
 
@@ -31,7 +32,7 @@ class RoomEngine(FakeEngine):
 
 def make_pool(b: FakeBehaviour, engine=FakeEngine, **cfg) -> EnginePool:
     cfg.setdefault("admission", "fixed")
-    return EnginePool(lambda i: engine(b, name=f"fake-{i}"), PoolConfig(**cfg))
+    return EnginePool(lambda i: engine(b, name=f"fake-{i}"), configs.pool(**cfg))
 
 
 async def consume(pool: EnginePool, ticket, rid: str) -> int:
@@ -221,7 +222,7 @@ def test_per_class_metrics() -> None:
         pools: list[EnginePool] = []
         metrics = Metrics(stats=lambda: pools[0].stats(), process=False)
         b = FakeBehaviour()
-        pool = EnginePool(lambda i: FakeEngine(b), PoolConfig(workers=2, max_queue=0, admission="fixed"),
+        pool = EnginePool(lambda i: FakeEngine(b), configs.pool(workers=2, max_queue=0, admission="fixed"),
                           metrics.pool_observer())
         pools.append(pool)
         await pool.start()

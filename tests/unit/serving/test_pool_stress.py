@@ -17,9 +17,9 @@ from app.serving import (
     DeadlineExceeded,
     EnginePool,
     Overloaded,
-    PoolConfig,
     QueueTimeout,
 )
+from tests.support import configs
 from tests.support.pool import synthesize
 
 # One batch of concurrent clients; 50 shuffled batches make 1,000 requests.
@@ -72,7 +72,7 @@ class ScriptedEngine(FakeEngine):
 def test_thousand_mixed_requests_leave_no_leaks() -> None:
     async def main() -> Counter:
         engine = ScriptedEngine()
-        config = PoolConfig(workers=4, max_queue=8, queue_timeout_s=0.01, request_timeout_s=0.03, stream_buffer_chunks=2)
+        config = configs.pool(workers=4, max_queue=8, queue_timeout_s=0.01, request_timeout_s=0.03, stream_buffer_chunks=2)
         pool = EnginePool(lambda i: engine, config)
         await pool.start()
         rng = random.Random(1234)

@@ -10,19 +10,19 @@ import pytest
 
 from app.audio.encode import make_encoder
 from app.engines.fake import FakeBehaviour, FakeEngine
-from app.serving import EnginePool, PoolConfig
-from app.serving.bounds import SpeechLimits
+from app.serving import EnginePool
 from app.serving.errors import ClientGone
 from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
+from tests.support import configs
 from tests.support.waiting import await_until, run
 
 
 async def started(b: FakeBehaviour | None = None, encoder_factory=None, **cfg) -> tuple[SpeechService, FakeBehaviour]:
     b = b or FakeBehaviour()
-    pool = EnginePool(lambda i: FakeEngine(b), PoolConfig(**{"workers": 1, "max_queue": 2, **cfg}))
+    pool = EnginePool(lambda i: FakeEngine(b), configs.pool(**{"workers": 1, "max_queue": 2, **cfg}))
     await pool.start()
-    return SpeechService(pool, SpeechLimits(), encoder_factory=encoder_factory), b
+    return SpeechService(pool, configs.speech_limits(), encoder_factory=encoder_factory), b
 
 
 def idle(service: SpeechService) -> bool:
@@ -174,9 +174,9 @@ def test_engine_info_is_read_once_at_load_in_the_slot_thread():
     async def main():
         calls: list[str] = []
         InfoCountingEngine.calls = calls
-        pool = EnginePool(lambda i: InfoCountingEngine(), PoolConfig(workers=2))
+        pool = EnginePool(lambda i: InfoCountingEngine(), configs.pool(workers=2))
         await pool.start()
-        service = SpeechService(pool, SpeechLimits())
+        service = SpeechService(pool, configs.speech_limits())
         try:
             assert sorted(calls) == sorted(f"{what}:cosyserve-slot-{i}" for what in ("info", "voices")
                                            for i in range(2))  # once per loaded engine, in its own thread

@@ -11,9 +11,10 @@ import pytest
 
 from app.engines.base import SynthesisRequest
 from app.engines.fake import FakeBehaviour, FakeEngine
-from app.serving import EnginePool, PoolConfig
+from app.serving import EnginePool
 from app.serving.bridge import BlockingStream
 from app.serving.buffers import StreamBudget
+from tests.support import configs
 from tests.support.pool import synthesize
 from tests.support.waiting import await_until, run
 
@@ -33,7 +34,7 @@ def blocks(n: int, size: int, produced: list[int]):
 def test_a_stream_nobody_reads_gives_its_permit_back_when_synthesis_ends() -> None:
     async def main():
         pool = EnginePool(lambda i: FakeEngine(FakeBehaviour(chunks=20, chunk_s=0.2)),
-                          PoolConfig(workers=1, max_queue=0))
+                          configs.pool(workers=1, max_queue=0))
         await pool.start()
         try:
             job = await synthesize(pool, req("unread"))
@@ -117,7 +118,7 @@ def test_all_streams_together_stay_within_the_budget_and_readers_free_it() -> No
 
 def test_a_closed_job_gives_its_buffered_bytes_back() -> None:
     async def main():
-        pool = EnginePool(lambda i: FakeEngine(FakeBehaviour(chunks=10)), PoolConfig(workers=1, max_queue=0))
+        pool = EnginePool(lambda i: FakeEngine(FakeBehaviour(chunks=10)), configs.pool(workers=1, max_queue=0))
         await pool.start()
         try:
             job = await pool.run(pool.admit(), req("bytes"), transform=lambda chunks, cancel: (

@@ -28,7 +28,8 @@ TEXTS = [
 def server(tiny_models, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("batching-e2e")
     cfg = {
-        "engine": {"model_dir": str(tiny_models(2)), "torch_threads": 1, "llm_greedy": True},  # batching: default
+        "engine": {"model_dir": str(tiny_models(2)), "torch_threads": 1},  # batching: default
+        "dev": {"llm_greedy": True},
         "pool": {"max_queue": 4, "queue_timeout_s": 60, "request_timeout_s": 120},  # workers: default
         "voices": {"dir": str(tmp / "voices")},
     }

@@ -10,8 +10,7 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from app.config import EngineSettings
-from app.engines.cosyvoice.config import CosyVoiceConfig
+from app.settings import EngineSettings
 from tests.support.paths import ROOT
 
 pytestmark = [pytest.mark.integration]
@@ -25,6 +24,7 @@ from app.engines.cosyvoice.device import (  # noqa: E402
     device_text,
     resolve_device,
 )
+from tests.support import configs  # noqa: E402
 
 
 def test_auto_takes_the_gpu_when_there_is_one_and_the_cpu_otherwise():
@@ -44,10 +44,10 @@ def test_asking_for_a_gpu_that_is_not_there_names_the_fix():
         resolve_device("gpu")
 
 
-def test_the_setting_is_checked_and_reaches_the_adapter():
+def test_the_setting_is_checked_and_reaches_the_adapter(tiny_models):
     assert EngineSettings().device == "auto"
     for good in ("cpu", "cuda", "cuda:3"):
-        assert CosyVoiceConfig.from_settings(EngineSettings(device=good), "d").device == good
+        assert configs.engine(tiny_models(2), device=good).device == good
     for bad in ("gpu", "cuda:", "cuda:x", "mps"):
         with pytest.raises(ValidationError):
             EngineSettings(device=bad)
@@ -62,7 +62,7 @@ def test_a_cpu_device_is_described_and_shows_no_gpu_memory():
 def test_the_load_log_names_the_device_and_the_dtype(tiny_models, caplog):
     from app.engines.cosyvoice.engine import CosyVoiceEngine
 
-    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), device="cpu", batching=True))
+    eng = CosyVoiceEngine(configs.engine(model_dir=str(tiny_models(2)), device="cpu", batching=True))
     with caplog.at_level(logging.INFO, logger="cosyserve.engine"):
         eng.load()
     try:

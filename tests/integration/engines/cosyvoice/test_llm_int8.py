@@ -23,12 +23,12 @@ pytestmark = [pytest.mark.integration]
 torch = pytest.importorskip("torch")
 
 from app.engines.base import EngineFailure, SynthesisRequest
-from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
-from app.engines.cosyvoice.levers import Levers
+from app.engines.cosyvoice.engine import CosyVoiceEngine
 from app.engines.cosyvoice.llm.forward import BatchedLM
 from app.engines.cosyvoice.load import load_model_dir
 from app.engines.cosyvoice.quantize import quantize_llm_int8
 from bench.probes.llm_int8 import compare
+from tests.support import configs
 
 MAX_ABS_LOGPROB = 0.1  # nats, over tokens fp32 gives >= 1e-4
 MAX_KL = 1e-4  # nats per step
@@ -78,18 +78,18 @@ def test_int8_log_probs_are_fp32(pair):
 
 def test_refused_for_cosyvoice1_and_for_a_bf16_llm(tiny_models):
     with pytest.raises(EngineFailure, match="needs a CosyVoice2/3 model"):
-        load_model_dir(tiny_models(1), levers=Levers(llm_quantization="int8"))
+        load_model_dir(tiny_models(1), levers=configs.levers(llm_quantization="int8"))
     with pytest.raises(EngineFailure, match="choose one of the two"):
-        load_model_dir(tiny_models(2), dtype="bf16", dtype_stages=("llm",), levers=Levers(llm_quantization="int8"))
+        load_model_dir(tiny_models(2), dtype="bf16", dtype_stages=("llm",), levers=configs.levers(llm_quantization="int8"))
     # bf16 for the flow only leaves the LLM fp32: int8 applies
-    lm = load_model_dir(tiny_models(2), dtype="bf16", dtype_stages=("flow",), levers=Levers(llm_quantization="int8"))
+    lm = load_model_dir(tiny_models(2), dtype="bf16", dtype_stages=("flow",), levers=configs.levers(llm_quantization="int8"))
     assert lm.levers.llm_int8_layers > 0
 
 
 @pytest.mark.parametrize("batching", [False, True], ids=["per-request", "batched"])
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_int8_engine_speaks(tiny_models, batching, stream):
-    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), torch_threads=1, batching=batching,
+    eng = CosyVoiceEngine(configs.engine(model_dir=str(tiny_models(2)), torch_threads=1, batching=batching,
                                           llm_greedy=True, llm_quantization="int8"))
     eng.load()
     try:

@@ -23,6 +23,7 @@ from app.engines.cosyvoice.llm.forward import BatchedLM  # noqa: E402
 from app.engines.cosyvoice.llm.sampling import SamplingRules  # noqa: E402
 from app.engines.cosyvoice.llm.scheduler import LLMScheduler  # noqa: E402
 from app.engines.cosyvoice.load import load_model_dir  # noqa: E402
+from tests.support import configs
 from tests.support.waiting import wait_until  # noqa: E402
 
 
@@ -111,9 +112,9 @@ def test_an_oom_step_with_one_sequence_fails_it_and_the_scheduler_goes_on(lm):
 
 
 def test_an_oom_in_one_requests_token2wav_fails_that_request_only(tiny_models):
-    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceEngine
 
-    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
+    eng = CosyVoiceEngine(configs.engine(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
                                           llm_greedy=True, max_batch_size=8))
     eng.load()
     model = eng.loaded.model

@@ -21,9 +21,10 @@ pytestmark = [pytest.mark.integration]
 torch = pytest.importorskip("torch")
 
 from app.engines.base import SynthesisRequest
-from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+from app.engines.cosyvoice.engine import CosyVoiceEngine
 from app.engines.cosyvoice.llm.forward import BatchedLM
 from app.engines.cosyvoice.load import load_model_dir
+from tests.support import configs
 
 LLM_BOUND = 0.02
 FLOW_BOUND = 0.10
@@ -102,7 +103,7 @@ def test_flow_and_hift_match_fp32(pair):
 @pytest.mark.parametrize("batching", [False, True], ids=["per-request", "batched"])
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_bf16_engine_speaks_and_times_its_stages(tiny_models, batching, stream):
-    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), dtype="bf16", torch_threads=1,
+    eng = CosyVoiceEngine(configs.engine(model_dir=str(tiny_models(2)), dtype="bf16", torch_threads=1,
                                           batching=batching, llm_greedy=True))
     eng.load()
     try:

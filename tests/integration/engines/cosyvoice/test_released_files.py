@@ -25,11 +25,10 @@ pytestmark = pytest.mark.integration
 
 import torch
 
-from app.config import EngineSettings
 from app.engines.base import EngineFailure, PromptAudio, SynthesisRequest
 from app.engines.cosyvoice import layout
-from app.engines.cosyvoice.config import CosyVoiceConfig
 from app.engines.cosyvoice.load import load_model_dir
+from tests.support import configs
 from tests.support.sounds import speechlike
 
 PRESETS = ("中文女", "英文男")  # CosyVoice-300M-SFT's speaker ids are Chinese words
@@ -76,7 +75,7 @@ def released(tiny_models, tmp_path_factory) -> Path:
 def engine(released):
     from app.engines.cosyvoice.engine import CosyVoiceEngine
 
-    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(released), torch_threads=1))
+    eng = CosyVoiceEngine(configs.engine(model_dir=str(released), torch_threads=1))
     eng.load()
     yield eng
     eng.close()
@@ -121,8 +120,7 @@ def test_llm_rl_pt_is_loaded_only_when_asked(released, engine):
 
 
 def test_llm_weights_is_a_setting_and_a_missing_rl_file_fails_at_once(tiny_models):
-    settings = EngineSettings(model_dir=str(tiny_models(2)), llm_weights="rl")
-    assert CosyVoiceConfig.from_settings(settings, settings.model_dir).llm_weights == "rl"
+    assert configs.engine(tiny_models(2), llm_weights="rl").llm_weights == "rl"
     with pytest.raises(EngineFailure) as err:
         load_model_dir(tiny_models(2), llm_weights="rl")
     assert "has no llm.rl.pt" in str(err.value) and "engine.llm_weights" in str(err.value)

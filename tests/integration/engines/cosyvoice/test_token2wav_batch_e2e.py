@@ -19,7 +19,8 @@ TEXT = "Six requests of the same sentence finish their tokens at the same step."
 def server(tiny_models, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("t2w-e2e")
     cfg = {
-        "engine": {"model_dir": str(tiny_models(2)), "torch_threads": 1, "llm_greedy": True, "token2wav_batch": "on"},
+        "engine": {"model_dir": str(tiny_models(2)), "torch_threads": 1, "token2wav_batch": "on"},
+        "dev": {"llm_greedy": True},
         "pool": {"max_queue": 4, "queue_timeout_s": 60, "request_timeout_s": 120},
         "voices": {"dir": str(tmp / "voices")},
     }

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.integration]
 
 torch = pytest.importorskip("torch")
 
-from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+from app.engines.cosyvoice.engine import CosyVoiceEngine
 from app.engines.cosyvoice.flow.batch import BatchedFlow
 from app.engines.cosyvoice.flow.scheduler import (
     FlowCancelled,
@@ -34,6 +34,7 @@ from app.engines.cosyvoice.flow.scheduler import (
     FlowStopped,
 )
 from app.engines.cosyvoice.load import load_model_dir
+from tests.support import configs
 from tests.support.flow_batches import (
     MIX,
     assert_exact,
@@ -186,7 +187,7 @@ def test_stopping_fails_waiting_jobs_and_refuses_new_ones(flow):
 # -- through the engine: batched token2wav vs the per-request path -------------------------------------
 
 def _engine(model_dir, batch: str):
-    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(model_dir), torch_threads=1, batching=True, llm_greedy=True,
+    eng = CosyVoiceEngine(configs.engine(model_dir=str(model_dir), torch_threads=1, batching=True, llm_greedy=True,
                                           max_batch_size=8, token2wav_batch=batch, flow_prompt_cache_mb=64))
     eng.load()
     return eng
@@ -322,9 +323,8 @@ def test_first_chunk_tokens_outside_the_models_range_is_refused(pair, engines):
 
 
 def test_a_batched_round_takes_engine_flow_steps_as_the_per_request_path_does(tiny_models):
-    from app.engines.cosyvoice.levers import Levers
 
-    fewer = load_model_dir(tiny_models(2), levers=Levers(flow_steps=4)).model.flow
+    fewer = load_model_dir(tiny_models(2), levers=configs.levers(flow_steps=4)).model.flow
     calls = []
     fewer.decoder.estimator.register_forward_pre_hook(lambda m, a: calls.append(int(a[0].shape[0])))
     items = [item(n, p, streaming=s, finalize=f, seed=i) for i, (n, p, s, f) in enumerate(MIX[:3])]
@@ -338,9 +338,8 @@ def test_a_batched_round_takes_engine_flow_steps_as_the_per_request_path_does(ti
 
 def test_without_guidance_the_flow_is_not_batched_and_says_why(tiny_models):
     from app.engines.cosyvoice.flow.batch import unsupported_reason
-    from app.engines.cosyvoice.levers import Levers
 
-    unguided = load_model_dir(tiny_models(2), levers=Levers(flow_cfg=False)).model.flow
+    unguided = load_model_dir(tiny_models(2), levers=configs.levers(flow_cfg=False)).model.flow
     assert "flow_cfg" in unsupported_reason(unguided)
     with pytest.raises(TypeError, match="flow_cfg"):
         BatchedFlow(unguided)

@@ -17,10 +17,11 @@ pytestmark = [pytest.mark.integration]
 torch = pytest.importorskip("torch")
 
 from app.engines.base import SynthesisRequest  # noqa: E402
-from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine  # noqa: E402
+from app.engines.cosyvoice.engine import CosyVoiceEngine  # noqa: E402
 from app.engines.cosyvoice.flow import cache as flow_cache  # noqa: E402
 from app.engines.cosyvoice.flow.budget import FlowCacheBudget, bytes_per_frame  # noqa: E402
 from app.engines.cosyvoice.load import load_model_dir  # noqa: E402
+from tests.support import configs  # noqa: E402
 from tests.support.flow_streams import (  # noqa: E402
     EXACT,
     STREAM_TEXT,
@@ -129,7 +130,7 @@ def test_an_engine_with_no_room_streams_the_recomputing_paths_audio_and_counts_i
     obs = Observer()
     engines = {}
     for name, cfg in (("plain", {}), ("full", {"flow_cache": True, "flow_cache_budget_mb": 0})):
-        engines[name] = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
+        engines[name] = CosyVoiceEngine(configs.engine(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
                                                         llm_greedy=True, **cfg), llm_observer=obs)
         engines[name].load()
     try:

@@ -20,9 +20,10 @@ pytestmark = [pytest.mark.integration]
 torch = pytest.importorskip("torch")
 
 from app.engines.base import SynthesisRequest
-from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+from app.engines.cosyvoice.engine import CosyVoiceEngine
 from app.engines.cosyvoice.flow import cache as flow_cache
 from app.engines.cosyvoice.load import load_model_dir
+from tests.support import configs
 from tests.support.flow_streams import (
     EXACT,
     STREAM_TEXT,
@@ -85,7 +86,7 @@ def test_uncached_calls_are_untouched(flow):
 def engines(tiny_models):
     out = {}
     for cached in (False, True):
-        eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
+        eng = CosyVoiceEngine(configs.engine(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
                                               llm_greedy=True, flow_cache=cached))
         eng.load()
         out[cached] = eng

@@ -17,11 +17,11 @@ pytestmark = [pytest.mark.integration]
 torch = pytest.importorskip("torch")
 
 from app.engines.base import SynthesisRequest
-from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+from app.engines.cosyvoice.engine import CosyVoiceEngine
 from app.engines.cosyvoice.flow import cache as flow_cache
 from app.engines.cosyvoice.flow.solver import options_of, solve, time_grid
-from app.engines.cosyvoice.levers import Levers
 from app.engines.cosyvoice.load import load_model_dir
+from tests.support import configs
 from tests.support.flow_streams import (
     EXACT,
     inputs,
@@ -64,7 +64,7 @@ def test_our_solver_is_cosyvoices_at_the_models_settings(default_flow):
 
 
 def test_the_models_step_count_changes_nothing(tiny_models, default_flow):
-    flow = load_model_dir(tiny_models(2), levers=Levers(flow_steps=10)).model.flow
+    flow = load_model_dir(tiny_models(2), levers=configs.levers(flow_steps=10)).model.flow
     assert not options_of(flow.decoder).changes_solver
     x = inputs(n_tokens=40, n_prompt=20)
     assert torch.equal(flow_mel(flow, x), flow_mel(default_flow, x))
@@ -72,7 +72,7 @@ def test_the_models_step_count_changes_nothing(tiny_models, default_flow):
 
 @pytest.mark.parametrize(("steps", "cfg", "rows"), [(5, True, 2), (10, False, 1), (4, False, 1)])
 def test_steps_and_cfg_set_the_estimators_work(tiny_models, default_flow, steps, cfg, rows):
-    flow = load_model_dir(tiny_models(2), levers=Levers(flow_steps=steps, flow_cfg=cfg)).model.flow
+    flow = load_model_dir(tiny_models(2), levers=configs.levers(flow_steps=steps, flow_cfg=cfg)).model.flow
     calls = passes(flow)
     x = inputs(n_tokens=40, n_prompt=20)
     got, want = flow_mel(flow, x), flow_mel(default_flow, x)
@@ -83,7 +83,7 @@ def test_steps_and_cfg_set_the_estimators_work(tiny_models, default_flow, steps,
 
 @pytest.mark.parametrize(("steps", "cfg"), [(10, False), (4, True)])
 def test_the_flow_cache_follows_the_knobs_exactly(tiny_models, steps, cfg):
-    flow = load_model_dir(tiny_models(2), levers=Levers(flow_steps=steps, flow_cfg=cfg)).model.flow
+    flow = load_model_dir(tiny_models(2), levers=configs.levers(flow_steps=steps, flow_cfg=cfg)).model.flow
     flow_cache.install(flow)
     calls = passes(flow)
     x = inputs(seed=3)
@@ -97,7 +97,7 @@ def test_the_flow_cache_follows_the_knobs_exactly(tiny_models, steps, cfg):
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_engine_with_every_lever_speaks(tiny_models, tmp_path, stream):
-    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
+    eng = CosyVoiceEngine(configs.engine(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
                                           llm_greedy=True, llm_quantization="int8", flow_runtime="onnxruntime",
                                           flow_steps=5, flow_cfg=False, onnx_cache_dir=str(tmp_path)))
     eng.load()

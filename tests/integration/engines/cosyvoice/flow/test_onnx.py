@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
 from app.engines.base import EngineFailure, SynthesisRequest
-from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+from app.engines.cosyvoice.engine import CosyVoiceEngine
 from app.engines.cosyvoice.flow import onnx as flow_onnx
 from app.engines.cosyvoice.flow.onnx import (
     MODEL_DIR_FILE,
@@ -31,8 +31,8 @@ from app.engines.cosyvoice.flow.onnx import (
     weights_key,
 )
 from app.engines.cosyvoice.flow.solver import onnx_of
-from app.engines.cosyvoice.levers import Levers
 from app.engines.cosyvoice.load import load_model_dir
+from tests.support import configs
 
 MEL_BOUND = 1e-4  # of the mel's largest magnitude
 
@@ -58,7 +58,7 @@ def pair(tiny_models, tmp_path_factory):
     d = tiny_models(2)
     cache = tmp_path_factory.mktemp("onnx")
     return (load_model_dir(d).model,
-            load_model_dir(d, levers=Levers(flow_runtime="onnxruntime", onnx_cache_dir=str(cache))).model)
+            load_model_dir(d, levers=configs.levers(flow_runtime="onnxruntime", onnx_cache_dir=str(cache))).model)
 
 
 def estimator_calls(model):
@@ -97,7 +97,7 @@ def test_streaming_and_whole_differ_so_the_mask_is_really_used(pair):
 def test_cosyvoice1_estimator_on_onnx_equals_torch(tiny_models, tmp_path):
     d = tiny_models(1)
     ref = load_model_dir(d).model
-    ort_model = load_model_dir(d, levers=Levers(flow_runtime="onnxruntime", onnx_cache_dir=str(tmp_path))).model
+    ort_model = load_model_dir(d, levers=configs.levers(flow_runtime="onnxruntime", onnx_cache_dir=str(tmp_path))).model
     est = onnx_of(ort_model.flow)
     assert est is not None and not est.chunked  # v1's estimator has no chunk mask
     gen = torch.Generator().manual_seed(0)
@@ -216,7 +216,7 @@ def test_the_model_dirs_file_serves_whole_calls_and_torch_the_streamed_ones(dir_
     ref = load_model_dir(dir_with_onnx).model
     upstream_style_export(ref.flow.decoder.estimator, dir_with_onnx / MODEL_DIR_FILE)
     cache = tmp_path / "cache"
-    model = load_model_dir(dir_with_onnx, levers=Levers(flow_runtime="onnxruntime", onnx_cache_dir=str(cache))).model
+    model = load_model_dir(dir_with_onnx, levers=configs.levers(flow_runtime="onnxruntime", onnx_cache_dir=str(cache))).model
     est = onnx_of(model.flow)
     assert est.source == "model dir" and est.batch == 2 and not est.chunked
     assert not cache.exists()  # nothing exported
@@ -247,9 +247,9 @@ def test_a_model_dir_file_of_other_weights_is_not_used(dir_with_onnx, tmp_path, 
 # -- the engine --------------------------------------------------------------------------------------------
 def test_onnxruntime_is_refused_with_a_bf16_flow(tiny_models, tmp_path):
     with pytest.raises(EngineFailure, match="choose one of the two"):
-        load_model_dir(tiny_models(2), dtype="bf16", levers=Levers(flow_runtime="onnxruntime",
+        load_model_dir(tiny_models(2), dtype="bf16", levers=configs.levers(flow_runtime="onnxruntime",
                                                                     onnx_cache_dir=str(tmp_path)))
-    auto = load_model_dir(tiny_models(2), dtype="bf16", levers=Levers(flow_runtime="auto", onnx_cache_dir=str(tmp_path)))
+    auto = load_model_dir(tiny_models(2), dtype="bf16", levers=configs.levers(flow_runtime="auto", onnx_cache_dir=str(tmp_path)))
     assert auto.levers.flow.runtime == "torch"  # auto: a bf16 flow stays on torch
 
 
@@ -258,7 +258,7 @@ def test_engine_on_onnxruntime_speaks_as_torch_does(tiny_models, tmp_path, batch
     """Same greedy tokens, so the audio of the two runtimes differs by float rounding only."""
     out = {}
     for runtime in ("torch", "onnxruntime"):
-        eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), torch_threads=1, batching=batching,
+        eng = CosyVoiceEngine(configs.engine(model_dir=str(tiny_models(2)), torch_threads=1, batching=batching,
                                               llm_greedy=True, flow_runtime=runtime, onnx_cache_dir=str(tmp_path)))
         eng.load()
         try:

@@ -23,9 +23,10 @@ pytestmark = [pytest.mark.integration]
 torch = pytest.importorskip("torch")
 
 from app.engines.base import PromptAudio, SynthesisRequest
-from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+from app.engines.cosyvoice.engine import CosyVoiceEngine
 from app.engines.cosyvoice.flow import cache as flow_cache
 from app.engines.cosyvoice.load import load_model_dir
+from tests.support import configs
 from tests.support.flow_streams import (
     EXACT,
     STREAM_TEXT,
@@ -177,7 +178,7 @@ TRANSCRIPT = "hello there, this is my voice speaking slowly"
 def engines(tiny_models):
     out = {}
     for name, mb in (("plain", 0), ("voice", 256)):
-        eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
+        eng = CosyVoiceEngine(configs.engine(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
                                               llm_greedy=True, flow_cache=True, flow_prompt_cache_mb=mb))
         eng.load()
         out[name] = eng

@@ -18,6 +18,7 @@ from app.engines.base import SynthesisRequest
 from app.engines.cosyvoice.llm.bistream import BistreamFeed
 from app.text.segments import Segment
 from app.text.stream import TextStream
+from tests.support import configs
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.integration
@@ -27,9 +28,9 @@ TEXT = "The quick brown fox jumps over the lazy dog, and then it runs far away i
 
 @pytest.fixture(scope="module")
 def engine(tiny_models):
-    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceEngine
 
-    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
+    eng = CosyVoiceEngine(configs.engine(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
                                           llm_greedy=False))
     eng.load()
     yield eng

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from app.engines.base import SynthesisRequest
+from tests.support import configs
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -27,9 +28,9 @@ STEP_S = 0.004  # at least this long per decode step
 
 @pytest.fixture(scope="module")
 def v2(tiny_models):
-    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceEngine
 
-    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), torch_threads=1, llm_greedy=True,
+    eng = CosyVoiceEngine(configs.engine(model_dir=str(tiny_models(2)), torch_threads=1, llm_greedy=True,
                                           batching=True, max_batch_size=8))
     eng.load()
     yield eng

@@ -31,6 +31,7 @@ from app.engines.cosyvoice.llm.bistream import BistreamFeed  # noqa: E402
 from app.engines.cosyvoice.llm.forward import BatchedLM  # noqa: E402
 from app.engines.cosyvoice.llm.prefill import Joiner, plan  # noqa: E402
 from app.engines.cosyvoice.load import load_model_dir  # noqa: E402
+from tests.support import configs  # noqa: E402
 from tests.support.llm_batches import (  # noqa: E402
     MAX_LEN,
     MIXED,
@@ -328,9 +329,9 @@ def test_seeded_sequences_joining_together_draw_from_their_own_generators(lm, re
 @pytest.mark.parametrize(("setting", "together"), [("auto", False), ("on", True), ("off", False)])
 def test_engine_prefill_batch_decides_whether_joiners_share_a_forward(tiny_models, setting, together):
     """``engine.prefill_batch``: auto is off on a CPU (one forward per joiner measured faster there)."""
-    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceEngine
 
-    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
+    eng = CosyVoiceEngine(configs.engine(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
                                           max_batch_size=8, prefill_batch=setting))
     eng.load()
     try:

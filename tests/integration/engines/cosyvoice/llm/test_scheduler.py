@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from app.engines.base import PromptAudio, SynthesisRequest
+from tests.support import configs
 from tests.support.engine_requests import mixed_requests
 from tests.support.llm_reference import llm_inputs, make_scheduler, reference, submit
 from tests.support.sounds import speechlike
@@ -27,18 +28,18 @@ torch = pytest.importorskip("torch")
 @pytest.fixture(scope="module")
 def v2(tiny_models):
     """A loaded tiny CosyVoice2 engine (per-request path) whose modules the tests batch themselves."""
-    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceEngine
 
-    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(tiny_models(2)), torch_threads=1, llm_greedy=True))
+    eng = CosyVoiceEngine(configs.engine(model_dir=str(tiny_models(2)), torch_threads=1, llm_greedy=True))
     eng.load()
     yield eng
     eng.close()
 
 
 def _batched_engine(model_dir):
-    from app.engines.cosyvoice.engine import CosyVoiceConfig, CosyVoiceEngine
+    from app.engines.cosyvoice.engine import CosyVoiceEngine
 
-    eng = CosyVoiceEngine(CosyVoiceConfig(model_dir=str(model_dir), torch_threads=1,
+    eng = CosyVoiceEngine(configs.engine(model_dir=str(model_dir), torch_threads=1,
                                           batching=True, llm_greedy=True, max_batch_size=8))
     eng.load()
     return eng

@@ -1,9 +1,8 @@
-"""Settings: config.yaml, overridden by COSYSERVE_* environment variables.
+"""The settings' sections: each setting declared, defaulted, validated and commented here, once.
 
-Nesting uses ``__``: ``COSYSERVE_POOL__WORKERS=2`` sets ``pool.workers``. The
-file is chosen by ``cosyserve serve --config PATH`` or ``COSYSERVE_CONFIG``.
-Only the composition root (lifespan / cli) reads settings; everything below
-receives plain values.
+config.yaml lists the user's sections with the same comments for operators; ``dev`` (tests and
+benchmarks only) is not in it. The runtime configs below the composition root are built from
+these by ``app/settings/runtime.py`` and have no defaults or checks of their own.
 """
 
 from __future__ import annotations
@@ -13,25 +12,18 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
-    ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic_settings import (
-    BaseSettings,
-    NoDecode,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-)
+from pydantic_settings import NoDecode
 
 from app.engines.cosyvoice.layout import find_version
-from app.serving.priority import parse_priority
+from app.settings.keys import check_key, read_keys_file
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "cosyserve"
 
@@ -82,7 +74,7 @@ class ServerSettings(_Section):
     @classmethod
     def _check_keys(cls, v: list[str]) -> list[str]:
         for key in v:
-            _check_key(key)
+            check_key(key)
         return v
 
     @model_validator(mode="after")
@@ -102,47 +94,7 @@ class ServerSettings(_Section):
         return {key: p for key, p in self._file_keys.items() if p is not None}
 
 
-def _check_key(key: str) -> None:
-    # Never echo a key in an error: the message goes to logs and terminals.
-    if not key or len(key) > 512 or not all(33 <= ord(c) < 127 for c in key):
-        raise ValueError("an API key must be 1-512 printable ASCII characters without spaces")
-
-
-def read_keys_file(path: str) -> dict[str, str | None]:
-    """The keys in ``path`` and each one's default traffic class: ``KEY`` or ``KEY priority=bulk`` a line,
-    blank lines and '#' comments skipped; at least one."""
-    try:
-        lines = Path(path).expanduser().read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"cannot read api_keys_file {path!r}: {getattr(exc, 'strerror', None) or exc}") from None
-    keys: dict[str, str | None] = {}
-    for number, line in enumerate(lines, 1):
-        if not line.strip() or line.strip().startswith("#"):
-            continue
-        key, *options = line.split()
-        _check_key(key)
-        keys[key] = _key_priority(options, f"api_keys_file {path!r} line {number}")
-    if not keys:
-        raise ValueError(f"api_keys_file {path!r} holds no key (one a line)")
-    return keys
-
-
-def _key_priority(options: list[str], where: str) -> str | None:
-    """A key line's options (only ``priority=CLASS``); the message names the line, never the key."""
-    priority = None
-    for option in options:
-        name, _, value = option.partition("=")
-        if name != "priority":
-            raise ValueError(f"{where}: unknown option {name[:40]!r}; a line is KEY or KEY priority=bulk")
-        try:
-            priority = parse_priority(value).value
-        except ValueError as exc:
-            raise ValueError(f"{where}: {exc}") from None
-    return priority
-
-
 class EngineSettings(_Section):
-    kind: Literal["cosyvoice", "fake"] = "cosyvoice"
     model_dir: str | None = None
     cosyvoice_path: str | None = None
     # auto: the first CUDA device if torch can use one, else the CPU; cuda / cuda:N: fail at start without it
@@ -150,7 +102,6 @@ class EngineSettings(_Section):
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"  # see app/engines/cosyvoice/precision.py
     dtype_stages: list[Literal["llm", "flow", "hift"]] = ["llm", "flow"]  # what runs in a reduced dtype
     llm_weights: Literal["base", "rl"] = "base"  # base: llm.pt (what upstream loads); rl: llm.rl.pt (Fun-CosyVoice3)
-    fp16: bool = False  # old name: true means dtype fp16
     torch_threads: int = Field(1, ge=1, le=256)
     prompt_cache_size: int = Field(32, ge=0)
     batching: bool = True  # v2/v3: one model instance, LLM continuously batched across requests
@@ -165,18 +116,21 @@ class EngineSettings(_Section):
     flow_runtime: Literal["auto", "torch", "onnxruntime"] = "auto"  # flow estimator; auto: ORT on a CPU, torch on CUDA
     flow_steps: int | None = Field(None, ge=1, le=100)  # flow ODE steps (None: the model's, 10); changes the audio
     flow_cfg: bool = True  # flow classifier-free guidance; false halves the flow's work and changes the audio
-    onnx_cache_dir: str = str(DEFAULT_CACHE / "onnx")  # exported ONNX graphs, one dir per weights hash
+    onnx_cache_dir: str | None = str(DEFAULT_CACHE / "onnx")  # exported ONNX graphs, a dir per weights hash (None: memory)
     # batched v2/v3: every request's flow runs in one thread, in batched rounds (auto: on for CUDA, off on a CPU)
     token2wav_batch: Literal["auto", "on", "off"] = "auto"
     token2wav_max_batch: int | None = Field(None, ge=1, le=256)  # flow calls per round (None: max_batch_size)
     # batched v2/v3: sequences joining at one step prefilled in one forward (auto: on for CUDA, off on a CPU)
     prefill_batch: Literal["auto", "on", "off"] = "auto"
-    llm_greedy: bool = False  # testing only: argmax instead of CosyVoice's sampling (deterministic output)
     text_normalization: Literal["auto", "off"] = "auto"  # auto: wetext (zh / en / ja, per sentence) before splitting
-    tiny_version: Literal[1, 2, 3] = 2
-    tiny_cache_dir: str = str(DEFAULT_CACHE / "models")
-    name: str | None = None
-    fake_chunk_delay_s: float = Field(0.0, ge=0, le=60)  # kind fake: sleep before each chunk (latency-bound)
+    name: str | None = None  # the model's name in /v1/models and answers (None: the model dir's name)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "fp16" in data:
+            raise ValueError("engine.fp16 was removed: write engine.dtype: fp16 instead")
+        return data
 
     @model_validator(mode="after")
     def _token2wav_batch_alone(self) -> EngineSettings:
@@ -186,31 +140,39 @@ class EngineSettings(_Section):
                              "Choose one; with token2wav_batch: auto the flow cache wins")
         return self
 
-    @model_validator(mode="after")
-    def _fp16_alias(self) -> EngineSettings:
-        if self.fp16:
-            if self.dtype not in ("auto", "fp16"):
-                raise ValueError(f"engine.fp16 is the old name of engine.dtype: fp16; it contradicts dtype {self.dtype!r}")
-            self.dtype = "fp16"
-        return self
-
-    @field_validator("tiny_cache_dir", "model_dir", "cosyvoice_path", "onnx_cache_dir")
+    @field_validator("model_dir", "cosyvoice_path", "onnx_cache_dir")
     @classmethod
     def _expand(cls, v: str | None) -> str | None:
         return os.path.expanduser(v) if v else v
 
 
-def batches_llm(engine: EngineSettings) -> bool:
+class DevSettings(_Section):
+    """Knobs for tests and benchmarks, not for serving (not in config.yaml; docs/install.md#the-dev-section)."""
+
+    fake_engine: bool = False  # a deterministic tone generator instead of CosyVoice (HTTP and cluster tests)
+    fake_chunk_delay_s: float = Field(0.0, ge=0, le=60)  # fake engine: sleep before each chunk (latency-bound)
+    llm_greedy: bool = False  # argmax instead of CosyVoice's sampling (deterministic output)
+    tiny_version: Literal[1, 2, 3] = 2  # no engine.model_dir: which tiny random-weight model is built and served
+    tiny_cache_dir: str = str(DEFAULT_CACHE / "models")  # ... and where it is built (once)
+
+    @field_validator("tiny_cache_dir")
+    @classmethod
+    def _expand(cls, v: str) -> str:
+        return os.path.expanduser(v)
+
+
+def batches_llm(engine: EngineSettings, dev: DevSettings | None = None) -> bool:
     """Whether the engine will batch its LLM: batching on and a CosyVoice2/3 dir (or tiny default)."""
-    if engine.kind != "cosyvoice" or not engine.batching:
+    dev = dev or DevSettings()
+    if dev.fake_engine or not engine.batching:
         return False
     if not engine.model_dir:
-        return engine.tiny_version >= 2
+        return dev.tiny_version >= 2
     root = Path(engine.model_dir).expanduser()
     return (find_version(root) or 0) >= 2
 
 
-def _default_workers() -> int:
+def default_workers() -> int:
     return max(1, os.cpu_count() or 1)
 
 
@@ -275,88 +237,3 @@ class WebSocketSettings(_Section):
     max_message_bytes: int = Field(65536, ge=1024, le=16 * 1024 * 1024)  # one client message; bigger: invalid_message
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="COSYSERVE_", env_nested_delimiter="__", extra="forbid")
-
-    server: ServerSettings = Field(default_factory=ServerSettings)
-    engine: EngineSettings = Field(default_factory=EngineSettings)
-    pool: PoolSettings = Field(default_factory=PoolSettings)
-    voices: VoicesSettings = Field(default_factory=VoicesSettings)
-    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
-    websocket: WebSocketSettings = Field(default_factory=WebSocketSettings)
-
-    @model_validator(mode="after")
-    def _resolve_engine_plan(self) -> "Settings":
-        """Decide once whether the LLM is batched (read as ``engine.batching`` from here on) and the workers."""
-        self.engine.batching = batches_llm(self.engine)
-        if self.engine.token2wav_batch == "on" and not self.engine.batching and self.engine.kind == "cosyvoice":
-            raise ValueError("engine.token2wav_batch: on needs the batched CosyVoice2/3 path (engine.batching: true "
-                             "and a CosyVoice2/3 model)")
-        if self.pool.workers is None:
-            self.pool._auto_sized = self.pool.max_queue is None
-            self.pool.workers = self.engine.max_batch_size if self.engine.batching else _default_workers()
-        return self
-
-    @field_validator("engine")
-    @classmethod
-    def _model_dir_exists(cls, v: EngineSettings) -> EngineSettings:
-        if v.model_dir and not Path(v.model_dir).expanduser().is_dir():
-            raise ValueError(f"engine.model_dir {v.model_dir!r} is not a directory")
-        return v
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings)
-
-
-class ConfigError(Exception):
-    """Invalid configuration; the message is meant for the operator."""
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping of sections")
-    return data
-
-
-def _merge_env(data: dict[str, Any]) -> dict[str, Any]:
-    """Environment beats the file: drop file values that an env var overrides, per key."""
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
-    for name in os.environ:
-        if not name.startswith("COSYSERVE_") or name == "COSYSERVE_CONFIG":
-            continue
-        parts = name[len("COSYSERVE_"):].lower().split("__")
-        if len(parts) == 2 and isinstance(out.get(parts[0]), dict):
-            out[parts[0]].pop(parts[1], None)
-        elif len(parts) == 1:
-            out.pop(parts[0], None)
-    return out
-
-
-def load_settings(path: str | os.PathLike | None = None, **overrides: Any) -> Settings:
-    """Load settings from ``path`` (or $COSYSERVE_CONFIG), env overrides on top; raise ConfigError."""
-    path = path or os.environ.get("COSYSERVE_CONFIG")
-    data = _merge_env(_read_yaml(Path(path))) if path else {}
-    for section, values in overrides.items():
-        data.setdefault(section, {}).update(values)
-    try:
-        return Settings(**data)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "config"
-            lines.append(f"  {where}: {err['msg']}")
-        raise ConfigError("invalid configuration:\n" + "\n".join(lines)) from exc

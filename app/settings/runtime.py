@@ -1,0 +1,107 @@
+"""The one conversion from settings to the runtime configs the layers below are built with.
+
+``PoolConfig``, ``AdaptiveConfig``, ``CosyVoiceConfig`` (with its ``Levers``), ``SessionLimits``
+and ``SpeechLimits`` have no defaults or checks of their own: every value comes from here,
+where it is the setting's (validated in sections.py) or a named constant. Tests build them
+through these functions too (tests/support/configs.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.engines.cosyvoice.config import (
+    MAX_SEGMENT_CHARS,
+    MAX_SEGMENT_TOKENS,
+    CosyVoiceConfig,
+)
+from app.engines.cosyvoice.levers import Levers
+from app.serving.bounds import SpeechLimits
+from app.serving.config import PoolConfig
+from app.serving.limit.adaptive import (
+    LATENCY_WEIGHT,
+    LEVEL_SAMPLES,
+    PAIR_S,
+    AdaptiveConfig,
+)
+from app.serving.session import SessionLimits
+from app.settings.load import Settings
+
+MB = 1024 * 1024
+STREAM_BUFFER_CHUNKS = 1 << 16  # a stream's buffered items when pool.stream_buffer_chunks is unset (bytes bound it)
+CLOSE_TIMEOUT_S = 30.0  # closing the pool waits this long for slot threads to return
+# An engine built without a server (benchmarks, tests) starts from this, not from the server's defaults:
+# one request per instance, the torch flow, fp32, no prompt cache, ONNX graphs in memory. A caller asks for more.
+BARE_ENGINE = {"batching": False, "flow_runtime": "torch", "dtype": "fp32", "flow_prompt_cache_mb": 0,
+               "onnx_cache_dir": None}
+
+
+def pool_config(settings: Settings, batching: bool = False) -> PoolConfig:
+    """With batching every slot is a handle onto one shared instance (and its LLM scheduler)."""
+    p = settings.pool
+    assert p.workers is not None  # resolved by Settings
+    return PoolConfig(
+        workers=p.workers, max_queue=p.queue_limit, queue_timeout_s=p.queue_timeout_s,
+        request_timeout_s=p.request_timeout_s, share_engine=p.share_engine or batching,
+        stream_buffer_chunks=p.stream_buffer_chunks or STREAM_BUFFER_CHUNKS,
+        stream_buffer_bytes=round(p.stream_buffer_mb * MB), stream_buffer_total_bytes=round(p.stream_buffer_total_mb * MB),
+        health_timeout_s=p.health_timeout_s, stuck_grace_s=p.stuck_grace_s, close_timeout_s=CLOSE_TIMEOUT_S,
+        adaptive=adaptive_config(settings) if p.admission == "adaptive" else None,
+        bulk_max_queue=p.bulk_max_queue, bulk_queue_timeout_s=p.bulk_queue_timeout_s)
+
+
+def adaptive_config(settings: Settings) -> AdaptiveConfig:
+    """The adaptive limit within ``workers + max_queue``; it starts there (the lifespan moves it for the machine)."""
+    p = settings.pool
+    assert p.workers is not None
+    ceiling = p.workers + p.queue_limit
+    return AdaptiveConfig(ceiling=ceiling, initial=ceiling, budget_s=p.admission_budget_s,
+                          tolerance=p.admission_tolerance, max_wait_s=p.queue_timeout_s,
+                          level_samples=LEVEL_SAMPLES, latency_weight=LATENCY_WEIGHT, pair_s=PAIR_S)
+
+
+def levers(settings: Settings) -> Levers:
+    e = settings.engine
+    return Levers(llm_quantization=e.llm_quantization, flow_runtime=e.flow_runtime, flow_steps=e.flow_steps,
+                  flow_cfg=e.flow_cfg, onnx_cache_dir=e.onnx_cache_dir, threads=e.torch_threads)
+
+
+def engine_config(settings: Settings, model_dir: str) -> CosyVoiceConfig:
+    """One CosyVoice engine's config (``engine.batching`` is already resolved: on only for a v2/v3 dir)."""
+    e = settings.engine
+    return CosyVoiceConfig(
+        model_dir=model_dir, cosyvoice_path=e.cosyvoice_path, device=e.device, dtype=e.dtype,
+        dtype_stages=tuple(e.dtype_stages), llm_weights=e.llm_weights, torch_threads=e.torch_threads,
+        prompt_cache_size=e.prompt_cache_size, max_segment_chars=MAX_SEGMENT_CHARS,
+        max_segment_tokens=MAX_SEGMENT_TOKENS, text_normalization=e.text_normalization, batching=e.batching,
+        max_batch_size=e.max_batch_size, llm_greedy=settings.dev.llm_greedy, token2wav_workers=e.token2wav_workers,
+        flow_cache=e.flow_cache, flow_cache_window_frames=e.flow_cache_window_frames,
+        flow_prompt_cache_mb=e.flow_prompt_cache_mb, flow_cache_budget_mb=e.flow_cache_budget_mb,
+        levers=levers(settings), token2wav_batch=e.token2wav_batch, token2wav_max_batch=e.token2wav_max_batch,
+        prefill_batch=e.prefill_batch)
+
+
+def session_limits(settings: Settings) -> SessionLimits:
+    w = settings.websocket
+    return SessionLimits(idle_timeout_s=w.idle_timeout_s, max_session_chars=w.max_session_chars,
+                         max_utterance_chars=settings.server.max_text_chars, max_sessions=w.max_sessions,
+                         max_session_s=w.max_session_s, max_message_bytes=w.max_message_bytes)
+
+
+def speech_limits(settings: Settings) -> SpeechLimits:
+    s = settings.server
+    return SpeechLimits(max_text_chars=s.max_text_chars, max_upload_bytes=round(s.max_upload_mb * MB),
+                        body_timeout_s=s.body_timeout_s)
+
+
+def engine_config_of(model_dir: str, **engine: Any) -> CosyVoiceConfig:
+    """An engine's config from ``engine.*`` settings given by name (``llm_greedy`` from ``dev``) over
+    ``BARE_ENGINE``, the rest their defaults: for benchmarks and tests that build an engine without a server."""
+    dev = {name: engine.pop(name) for name in ("llm_greedy",) if name in engine}
+    engine = {**BARE_ENGINE, **engine, "model_dir": model_dir}
+    return engine_config(Settings(engine=engine, dev=dev), model_dir)
+
+
+def pool_config_of(batching: bool = False, **pool: Any) -> PoolConfig:
+    """A pool's config from ``pool.*`` settings given by name, the rest their defaults (benchmarks, tests)."""
+    return pool_config(Settings(pool=pool, dev={"fake_engine": True}), batching)
