@@ -1,1 +1,0 @@
-"""Dated studies: one folder each, script + README + result (bench/README.md)."""
