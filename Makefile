@@ -61,7 +61,7 @@ test-upstream: setup
 loadtest: setup
 	$(PY) -m bench.loadtest
 
-# the headline suite and the cost suite; results in .cache/bench/ (copy curated ones into docs/benchmarks/: bench/README.md)
+# the headline and cost suites; results in .cache/bench/ (a curated .md goes into docs/benchmarks/: bench/README.md)
 bench: setup
 	$(PY) -m bench.run
 	$(PY) -m bench.cost
@@ -113,18 +113,17 @@ deploy-config:
 	cp config.yaml deploy/kubernetes/base/config.yaml
 
 # The GPU check (docs/gpu.md), on a CUDA machine whose python3 has torch: builds the full-size random-weight v2
-# dir and writes docs/benchmarks/gpu.md and .json (the committed result: GPU_CHECK_OUT) in at most 8 minutes.
+# dir and writes .cache/bench/gpu_check/gpu.{md,json} in at most 8 minutes (docs/benchmarks/ takes the .md only).
 # Wheels from `make gpu-wheels` in .whl/ (no network needed there) are installed into $(GPU_SITE) first.
-# On a CPU: make gpu-check GPU_CHECK_ARGS="--device cpu --quick" (writes .cache/bench/gpu_check/cpu.*, never docs/)
+# On a CPU: make gpu-check GPU_CHECK_ARGS="--device cpu --quick" (writes .cache/bench/gpu_check/cpu.*)
 GPU_PYTHON     ?= $(if $(wildcard $(PY)),$(PY),python3)
 GPU_SITE       ?= .cache/gpu-site
 GPU_CHECK_ARGS ?=
-GPU_CHECK_OUT  ?= $(if $(findstring cpu,$(GPU_CHECK_ARGS)),,--out docs/benchmarks/gpu)
 gpu-check:
 	@if ! PYTHONPATH=$(GPU_SITE) $(GPU_PYTHON) -c "import cosyvoice, hyperpyyaml" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then \
 	  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --upgrade --target $(GPU_SITE) .whl/*.whl; fi
 	PYTHONPATH=$(GPU_SITE):$$PYTHONPATH PYTORCH_CUDA_ALLOC_CONF=$${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
-	  $(GPU_PYTHON) -m bench.gpu_check $(GPU_CHECK_OUT) $(GPU_CHECK_ARGS)
+	  $(GPU_PYTHON) -m bench.gpu_check $(GPU_CHECK_ARGS)
 
 # the wheels a GPU machine without network needs for gpu-check (Python 3.12), into .whl/; prints their size
 gpu-wheels: setup

@@ -31,8 +31,9 @@ fills that cache before the cases run). ``first_hop_flow_frames``: estimator fra
 computed before the first chunk of a c=1 stream. Full size runs the long text (~86 speech
 tokens, 3.5 s) for fp32 whole/streamed, and the short text (~38 tokens) for the fp32 vs
 bf16 comparison, which is expensive where bf16 is emulated. Results: ``cost.json`` and
-``cost.md`` in ``--out`` (default .cache/bench/cost; ``--out docs/benchmarks`` for the committed
-result; ``--merge`` updates them with re-run cases).
+``cost.md`` (levers: ``cost-cpu.*``) in ``--out`` (default .cache/bench/cost, git-ignored);
+``--merge`` updates the JSON already there with the re-run cases. docs/benchmarks/ takes the
+Markdown only, copied on purpose (bench/README.md).
 """
 
 from __future__ import annotations
@@ -441,16 +442,17 @@ def markdown(doc: dict, plan: str = "cost") -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plan", choices=sorted(PLANS), default="cost",
-                    help="cost: fp32/bf16/flow cache (docs/benchmarks/cost.*); levers: the CPU cost levers (cost-cpu.*)")
+                    help="cost: fp32/bf16/flow cache (cost.*); levers: the CPU cost levers (cost-cpu.*)")
     ap.add_argument("--models", default="full,tiny", help="comma list of full, tiny")
     ap.add_argument("--variants", default=None,
                     help="comma list from VARIANTS (default: the plan's: fp32,bf16,fp32-cache,fp32-cache-voice; "
                          f"levers: {','.join(LEVER_VARIANTS)})")
     ap.add_argument("--cases", default=None, help="comma list: run only these cases (e.g. long-whole,long-stream)")
-    ap.add_argument("--merge", action="store_true", help="update the existing cost.json instead of replacing it")
+    ap.add_argument("--merge", action="store_true",
+                    help="update the cost.json (levers: cost-cpu.json) already in --out with the re-run cases")
     ap.add_argument("--quick", action="store_true", help="one repeat, full size: short c=1 only")
     ap.add_argument("--out", default=str(results_dir("cost")),
-                    help="output dir (default .cache/bench/cost; docs/benchmarks to update the committed result)")
+                    help="output dir (default .cache/bench/cost, git-ignored; --merge reads the JSON there)")
     ap.add_argument("--worker-timeout-s", type=float, default=900.0, help="most seconds per (model, dtype) run")
     ap.add_argument("--worker", nargs=3, metavar=("MODEL_DIR", "MODEL", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -504,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"{name}.md").write_text(markdown(doc, args.plan))
     for g in doc["goals"]:
         log(g)
-    log(f"wrote {_shown(str(out / f'{name}.md'))}")
+    log(f"wrote {_shown(str(out / f'{name}.json'))}, {name}.md")
     return 0
 
 

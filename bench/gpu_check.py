@@ -2,7 +2,7 @@
 
     python -m bench.gpu_check                       # CUDA: full-size v2 built here, .cache/bench/gpu_check/gpu.{md,json}
     python -m bench.gpu_check --device cpu --quick  # CI: tiny v2 on the CPU, .cache/bench/gpu_check/cpu.{md,json}
-    make gpu-check                                  # --out docs/benchmarks/gpu: the committed result
+    make gpu-check                                  # the first, after installing the wheels in .whl/ (docs/gpu.md)
 
 In-process (the engine, no HTTP server), so the machine needs torch and the CosyVoice
 runtime only (docs/gpu.md: carrying the wheels to a machine without network). It builds
@@ -507,8 +507,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model-dir", help="check this CosyVoice2 dir instead of building the full-size one")
     ap.add_argument("--budget-s", type=float, default=None, help="time budget in seconds (default 480; quick 240)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: 4 on CUDA, 1 on a CPU)")
-    ap.add_argument("--out", help="output prefix (default .cache/bench/gpu_check/gpu, on a CPU .../cpu; make gpu-check: "
-                    "docs/benchmarks/gpu)")
+    ap.add_argument("--out", help="output prefix (default .cache/bench/gpu_check/gpu, on a CPU .../cpu; git-ignored)")
     args = ap.parse_args(argv)
     cpu = args.device == "cpu"
     args.budget_s = args.budget_s or (240.0 if args.quick else 480.0)

@@ -173,6 +173,7 @@ def main() -> None:
     print(report)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(report)
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

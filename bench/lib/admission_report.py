@@ -277,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "admission.json").write_text(json.dumps(merged, indent=1) + "\n")
     (out_dir / "admission.md").write_text(markdown(merged))
+    print(f"wrote {out_dir}/admission.json, admission.md")
     return 0
 
 

@@ -32,7 +32,8 @@ THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THRE
 def results_dir(suite: str, quick: bool = False) -> Path:
     """Where a suite writes its results unless told: .cache/bench/SUITE[/quick] (git-ignored).
 
-    Curated results are copied into docs/benchmarks/ on purpose (bench/README.md).
+    Raw JSON stays there; only a Markdown summary is copied into docs/benchmarks/, on purpose
+    (bench/README.md, "Curated results").
     """
     return ROOT / ".cache" / "bench" / suite / ("quick" if quick else "")
 

@@ -153,7 +153,7 @@ def test_rounds_interleave_every_point_and_the_report_shows_their_range():
 def test_the_report_names_no_path_outside_the_repository(tmp_path):
     from bench.lib.admission_server import ROOT, shown
 
-    assert shown(ROOT / "docs" / "benchmarks") == "docs/benchmarks"
+    assert shown(ROOT / ".cache" / "bench" / "admission") == ".cache/bench/admission"
     assert shown(tmp_path / "models" / "full2") == "full2"
     assert shown(None) is None
 
