@@ -92,13 +92,13 @@ def admission_start(settings: Settings, device: str, ceiling: int) -> tuple[int,
 
 def log_admission(settings: Settings, pool: EnginePool) -> None:
     """Pick the adaptive limit's start from the loaded engine's device, and say what was chosen and why."""
-    p, adm = settings.pool, pool.admission
+    p, adm = settings.pool, pool.gate.admission
     if adm.mode == "fixed":
         log.info("admission: fixed, %d request(s) at once (pool.workers %d + pool.max_queue %d; "
                  "pool.admission: adaptive makes it follow measured latency)", adm.capacity, p.workers, p.queue_limit)
         return
     start, why = admission_start(settings, pool.info.device, adm.capacity)
-    pool.start_admission_at(start)
+    pool.gate.start_at(start)
     budget = (f"budget {p.admission_budget_s:g} s" if p.admission_budget_s is not None
               else f"budget {p.admission_tolerance:g}x the unloaded latency")
     log.info("admission: adaptive, limit starts at %d and follows measured latency (%s) within 1..%d "

@@ -5,7 +5,7 @@ and a permit must be held only by work that computes. This plain ASGI middleware
 runs before FastAPI's routing, dependencies or body parsing:
 
 1. A synthesis request (the route table's) that the pool would refuse now gets its
-   503 envelope at once (``EnginePool.check_admit_class``, with the traffic class the
+   503 envelope at once (``Gate.check``, with the traffic class the
    ``X-Priority`` header or the API key names, else None: refused only if no class would
    admit it), before a byte of its body is read.
 2. A request with a body (any route: synthesis, voice registration) has it read
@@ -15,7 +15,7 @@ runs before FastAPI's routing, dependencies or body parsing:
    at once. No permit is held meanwhile: a dribbling client holds a body-read place.
 3. A synthesis request then finds its class (the body's ``priority`` field, sniffed from
    the bytes read, wins over the header and the key's default; ``app/api/priority.py``)
-   and takes its permit (``pool.admit_for(class, client)``: interactive may still be
+   and takes its permit (``pool.gate.admit(class, client)``: interactive may still be
    refused if the load changed while its body arrived; bulk waits its turn in the bulk
    queue, fair between clients, the API key's id or else the address, and a client that
    disconnects meanwhile leaves the queue at once: 499) and carries it in its
@@ -111,7 +111,7 @@ class AdmissionMiddleware:
         try:
             known = (header_priority(scope) or ctx.key_priority) if pool is not None else None
             if pool is not None:
-                pool.check_admit_class(parse_priority(known) if known else None)  # refused now: no body read
+                pool.gate.check(parse_priority(known) if known else None)  # refused now: no body read
             raw = await self.bodies.read(scope, receive) if body else b""
             connection = receive
             if body:
@@ -122,9 +122,9 @@ class AdmissionMiddleware:
                 ctx.priority = priority.value
                 if priority is Priority.BULK:  # it may wait long: a client that leaves meanwhile gives its place up
                     receive = replay(raw, connection)
-                    ticket = await _unless_left(pool.admit_for(priority, client_of(scope, ctx.key_id)), connection)
+                    ticket = await _unless_left(pool.gate.admit(priority, client_of(scope, ctx.key_id)), connection)
                 else:
-                    ticket = await pool.admit_for(priority, client_of(scope, ctx.key_id))
+                    ticket = await pool.gate.admit(priority, client_of(scope, ctx.key_id))
         except ClientLeft:
             ctx.error_code = CLIENT_LEFT  # nobody to answer: logged and counted as the client's leaving (499)
             return

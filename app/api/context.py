@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.engines.timings import StageTimings
-from app.serving.admission import Ticket
+from app.serving.admission import PermitError, Ticket
 
 SCOPE_KEY = "cosyserve.context"
 CLIENT_LEFT = "client_closed_request"  # the error code of a request whose client left before any answer
@@ -50,10 +50,12 @@ class RequestContext:
     key_id: str | None = None  # the API key's id (a short hash, never the key), set by the key check
     key_priority: str | None = None  # that key's default class (the keys file's ``priority=``), if any
 
-    def take_ticket(self) -> Ticket | None:
-        """Move the edge's permit to the caller (the speech service); None if there is none."""
+    def take_ticket(self) -> Ticket:
+        """Move the edge's permit to the caller (the speech service); PermitError if the edge took none."""
         ticket = self.ticket
-        return ticket.take() if ticket is not None and ticket.held else None
+        if ticket is None or not ticket.held:
+            raise PermitError("no synthesis permit: the edge admits every synthesis route (app/api/admission.py)")
+        return ticket.take()
 
 
 def context_of(scope: dict[str, Any]) -> RequestContext:

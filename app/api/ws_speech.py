@@ -182,7 +182,7 @@ class Connection:
         self.priority = priority
         try:  # no synthesis permit here: the session counts against its own limit
             if self.runtime.draining or speech.pool.draining:
-                raise Draining("the server is draining and takes no new sessions", speech.pool.retry_after_s())
+                raise Draining("the server is draining and takes no new sessions", speech.pool.gate.retry_after_s())
             sessions.add(self, limits.max_sessions)
         except ServingError as exc:
             if metrics is not None:

@@ -2,27 +2,19 @@
 
 Life of a request::
 
-    ticket = pool.admit()                # non-blocking permit, or Overloaded/Draining/NotReady
+    ticket = pool.gate.admit_now()       # non-blocking permit, or Overloaded/Draining/NotReady
     job = await pool.run(ticket, req)    # takes the ticket; FIFO wait for a slot (or QueueTimeout),
                                          # then engine.synthesize() in the slot's own thread
     async with job:                      # aclose(): cancel flag, wait for the thread
         first, rest = await job.first_chunk()
         async for chunk in rest: ...
 
-The parts: ``admission.py`` (permits, an owned ``Ticket``), ``slots.py`` (idle
-slots, FIFO hand-off, a ``Lease`` that returns itself), ``job.py`` (one running
-request; it gives back its lease and then its ticket) and ``bridge.py`` (the
-slot thread -> event loop stream). This module loads and warms the engines in
-their slot threads (and reads what the engine can do there, once: ``info``,
-``presets``), runs requests on them, drains and closes.
-
-Two traffic classes (``priority.py``): interactive requests are admitted as above; bulk ones wait
-in their own queue (``bulk.py``: bounded, fair between clients) for a permit granted only into the
-room interactive work leaves (``bulk_room``), and the engine, when it can, lets them compute only
-in that room (``engine.set_bulk_room``). With a shared engine (a batched one: a slot is only a
-thread onto it) bulk requests run in slot threads of their own, so a running bulk request never
-holds a thread an interactive one needs; with an engine per slot they share the slots, served after
-interactive waiters (``slots.py``).
+The parts: ``gate.py`` (admission for both traffic classes), ``slots.py`` (idle slots, FIFO
+hand-off, a self-returning ``Lease``), ``job.py`` (one running request) and ``bridge.py`` (slot
+thread -> event loop). This module loads and warms the engines in their slot threads, runs requests
+on them, drains and closes. With a shared (batched) engine bulk requests run in slot threads of
+their own, so a running bulk request never holds a thread an interactive one needs; the engine,
+when it can, lets them compute only in the room interactive work leaves (``set_bulk_room``).
 
 Capacity is ``workers + max_queue`` permits. A slot is reused only after its
 thread has returned from the engine generator, and the permit is released then
@@ -35,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 import time
 import uuid
@@ -46,13 +37,13 @@ from typing import Any
 
 from app.engines.base import Engine, EngineInfo, SynthesisRequest
 from app.engines.threads import lower_this_thread
-from app.serving.admission import Admission, PermitError, Ticket
+from app.serving.admission import PermitError, Ticket
 from app.serving.buffers import StreamBudget
-from app.serving.bulk import BulkAccount, BulkQueue
 from app.serving.config import PoolConfig
 from app.serving.errors import Draining, HealthCheckTimeout, NotReady, QueueTimeout
+from app.serving.gate import Gate
 from app.serving.job import Job
-from app.serving.priority import Priority, parse_priority
+from app.serving.priority import Priority
 from app.serving.slots import Slot, Slots
 from app.serving.stats import NullObserver, PoolObserver, SafeObserver
 from app.text.stream import TextStream
@@ -94,16 +85,11 @@ class EnginePool:
         self.config = config
         self._factory = engine_factory
         self._observer = SafeObserver(observer if observer is not None else NullObserver())
-        self._admission = Admission.for_pool(config, self._observer)
         self.stream_budget = StreamBudget(config.stream_buffer_total_bytes)  # all streams' unread audio
-        admission = self._admission  # lease no more slots than the limit (fixed: capacity) and one per long job
-        self._slots = Slots(cap=lambda: admission.slot_cap)  # in a lane; the rest wait FIFO
-        self._bulk_account = BulkAccount(self._admission.clock, on_release=self._pump_bulk)
-        self._bulk = BulkQueue(self._bulk_account, max_queue=config.bulk_max_queue,
-                               timeout_s=config.bulk_queue_timeout_s, can_grant=self._bulk_fits,
-                               reject=self._admission.reject, retry_after_s=self._bulk_retry_after_s)
-        self._admission.on_change = self._admission_changed  # a permit back, a size known, the limit moved
-        self._admission.others = self._bulk_account  # a request beside bulk work did not run alone
+        self.gate = Gate(config, self._observer, refill=lambda: self._slots.refill())
+        admission = self._admission = self.gate.admission
+        # lease no more slots than the limit (fixed: capacity) and one per long job in a lane; the rest wait FIFO
+        self._slots = Slots(cap=lambda: admission.slot_cap)
         self._completed = dict.fromkeys(Priority, 0)  # jobs that ended ok, per class (throughput)
         self._slot_list: list[Slot] = []
         self._bulk_slots = Slots()  # shared engine: bulk requests' own slot threads (bulk_room bounds them)
@@ -112,7 +98,6 @@ class EnginePool:
         self._loaded: Loaded | None = None  # slot 0's engine, info and presets, once every slot is loaded
         self._jobs: set[Job] = set()  # started jobs whose slot thread has not returned
         self._started = False
-        self._failed = False
         self._draining = False
         self._closed = False
         self._close_done: asyncio.Future[None] | None = None
@@ -148,7 +133,7 @@ class EnginePool:
                 errors.append(exc)
                 log.error("engine slot %d failed to load: %r", slot.index, exc)
         if errors or cancelled is not None:
-            self._failed = True
+            self.gate.failed()
             await self._shutdown_slots()
             raise cancelled if cancelled is not None else errors[0]
         first = self._slot_list[0]
@@ -163,6 +148,8 @@ class EnginePool:
                 self._bulk_slot_list.append(slot)
                 self._bulk_slots.add_idle(slot)
         self._loaded = futs[0].result()
+        if not self._draining:
+            self.gate.open()
 
     def _load_engine(self, index: int) -> Loaded:
         """In the slot's thread: build, load, warm up, then read what the engine can do (once).
@@ -175,33 +162,29 @@ class EnginePool:
         engine.warmup()
         set_bulk_room = getattr(engine, "set_bulk_room", None)
         if callable(set_bulk_room):  # the engine can make bulk work yield to interactive work
-            set_bulk_room(self.bulk_room)
+            set_bulk_room(self.gate.bulk_room)
         return Loaded(engine, engine.info(), tuple(engine.voices()))
 
     async def begin_drain(self) -> None:
         """Stop admitting (ready -> False at once); queued and running work continues, except the
         bulk requests still waiting for room: they get 503 draining at once."""
         self._draining = True
-        self._drain_bulk(Draining("the server is draining and takes no new requests", self.retry_after_s()))
-
-    def _drain_bulk(self, exc: Draining) -> None:
-        for _ in range(self._bulk.drain(exc)):
-            self._admission.reject("draining")
+        self.gate.close()
 
     async def wait_idle(self, timeout: float | None) -> bool:
         """True once no admitted request is queued, running or still being consumed."""
         start = time.monotonic()
         if not await self._admission.wait_idle(timeout):
             return False
-        if self._bulk_account.in_flight == 0:
+        if self.gate.bulk_account.in_flight == 0:
             return True
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
         try:
             async with asyncio.timeout(left):
-                await self._bulk_account.wait_idle()
+                await self.gate.bulk_account.wait_idle()
         except TimeoutError:
             pass
-        return self._bulk_account.in_flight == 0 and self._admission.in_flight == 0
+        return self.gate.idle()
 
     async def close(self) -> None:
         """Cancel what still runs, wait for slot threads, close engines, join executors."""
@@ -214,7 +197,7 @@ class EnginePool:
         self._close_done = self._loop.create_future()
         try:
             shutdown = Draining("the server is shutting down")
-            self._drain_bulk(shutdown)
+            self.gate.close()
             self._slots.close(shutdown)
             self._bulk_slots.close(shutdown)
             for job in list(self._jobs):
@@ -344,97 +327,6 @@ class EnginePool:
                               job.deadline_s, self.config.stuck_grace_s)
         return sorted(stuck)
 
-    # -- admission ----------------------------------------------------------------------------
-    def retry_after_s(self) -> float:
-        return self._admission.retry_after_s()
-
-    @property
-    def admission(self) -> Admission:
-        """The admission gate (its mode, limit, load and predicted wait; read-only use)."""
-        return self._admission
-
-    def start_admission_at(self, limit: int) -> None:
-        """Adaptive: the limit to start from (the lifespan picks it from the machine); waiters get slots."""
-        self._admission.start_at(limit)  # its on_change hands idle slots to waiters (_admission_changed)
-
-    def check_admit(self) -> None:
-        """Raise Overloaded / Draining / NotReady (counted) if ``admit()`` would refuse now; take nothing."""
-        self._refuse_if_closed()
-        self._admission.check()
-
-    def admit(self) -> Ticket:
-        """Take an admission permit at once, or raise Overloaded / Draining / NotReady."""
-        self._refuse_if_closed()
-        return self._admission.admit()
-
-    def check_admit_class(self, priority: Priority | str | None) -> None:
-        """``check_admit`` for a class; ``None`` (not known before the body): refuse only if no class would admit.
-
-        Bulk: refused only when its queue is full (``bulk_queue_full``). ``None``: passes while the bulk
-        queue has a place (the body may name bulk), else it is the interactive check.
-        """
-        self._refuse_if_closed()
-        if priority is None:
-            if not self._bulk.full:
-                return
-        elif parse_priority(priority) is Priority.BULK:
-            self._bulk.check()
-            return
-        self._admission.check()
-
-    async def admit_for(self, priority: Priority | str, client: str = "") -> Ticket:
-        """A permit for a request of class ``priority`` from ``client`` (an API key's id, else its address).
-
-        Interactive: ``admit()`` (at once or Overloaded). Bulk: waits its turn in the bulk queue (fair
-        between clients) for the room interactive work leaves, or raises Overloaded when that queue is
-        full (``bulk_queue_full``) or its wait times out (``bulk_timeout``); Draining when the pool
-        begins to drain meanwhile. A client that leaves (the task cancelled) leaves the queue at once.
-        """
-        if parse_priority(priority) is not Priority.BULK:
-            return self.admit()
-        self._refuse_if_closed()
-        return await self._bulk.wait(client)
-
-    def bulk_room(self) -> int:
-        """How many bulk requests may run (and compute) now: the places interactive work leaves.
-
-        The admission limit (fixed: the capacity), no more than the workers (a waiting place is no
-        room to compute in), minus the interactive load: its weighted load, and at least one place per
-        interactive request in flight (each needs a slot, however short its text). The engine reads it
-        too, from its own threads (``set_bulk_room``): plain reads of numbers, a moment stale at worst.
-        """
-        a = self._admission
-        places = min(a.limit, self.config.workers)
-        return max(0, math.floor(places - max(a.load, a.in_flight) + 1e-9))
-
-    def _bulk_fits(self) -> bool:
-        """One more bulk permit fits: within the room, the hard ceiling, and not draining."""
-        if self._draining or self._closed:
-            return False
-        out = self._bulk_account.in_flight
-        return out < self.bulk_room() and out + self._admission.in_flight < self._admission.capacity
-
-    def _pump_bulk(self) -> None:
-        self._bulk.pump()
-
-    def _admission_changed(self) -> None:
-        self._slots.refill()  # the cap (limit + lanes) may have risen: waiters get idle slots
-        self._bulk.pump()
-
-    def _bulk_retry_after_s(self, depth: int) -> float:
-        """The bulk queue ahead, drained by the places: about depth / places service times."""
-        service = self._admission.average_service_s or 1.0
-        places = max(1, min(self._admission.limit, self.config.workers))
-        return float(min(600, max(1, math.ceil(service * (1 + depth / places)))))
-
-    def _refuse_if_closed(self) -> None:
-        if self._draining or self._closed:
-            self._admission.reject("draining")
-            raise Draining("the server is draining and takes no new requests", self.retry_after_s())
-        if self._loaded is None:
-            self._admission.reject("not_ready")
-            raise NotReady("the engine is not loaded yet" if not self._failed else "the engine failed to load")
-
     # -- running --------------------------------------------------------------------------------
     async def run(self, ticket: Ticket, req: SynthesisRequest, transform: Transform | None = None) -> Job:
         """Take ``ticket``, wait FIFO for a free slot, start engine.synthesize(req, cancel) in its thread.
@@ -461,7 +353,7 @@ class EnginePool:
         def one(engine: Engine, cancel: Any) -> Iterator[Any]:
             yield fn(engine)
 
-        ticket = self.admit()
+        ticket = self.gate.admit_now()
         ticket.exclude()  # not synthesis: its latency says nothing about the speech capacity
         async with await self._submit(ticket, one, request_id) as job:
             result, _ = await job.first_chunk()
@@ -469,13 +361,13 @@ class EnginePool:
 
     async def _submit(self, ticket: Ticket, open_gen: Callable[[Engine, Any], Iterator[Any]], request_id: str,
                       text: TextStream | None = None) -> Job:
-        bulk = ticket.issued_by(self._bulk_account)
-        if not bulk and not ticket.issued_by(self._admission):
-            raise PermitError("run() needs a ticket from this pool's admit() or admit_for()")
+        if not self.gate.issued(ticket):
+            raise PermitError("run() needs a ticket from this pool's gate")
+        bulk = self.gate.is_bulk(ticket)
         ticket = ticket.take()  # ours now: the caller's handle is empty, whatever happens here
         try:
             if self._closed:
-                raise Draining("the engine pool is closed", self.retry_after_s())
+                raise Draining("the engine pool is closed", self.gate.retry_after_s())
             asked_at = time.monotonic()
             try:
                 if bulk and self._bulk_slot_list:
@@ -485,7 +377,7 @@ class EnginePool:
             except TimeoutError:
                 self._admission.reject("queue_timeout")
                 raise QueueTimeout(f"no worker became free within {self.config.queue_timeout_s:g} s",
-                                   self.retry_after_s()) from None
+                                   self.gate.retry_after_s()) from None
             wait = time.monotonic() - asked_at
             ticket.started()
             self._observer.on_queue_wait(wait)
@@ -518,7 +410,7 @@ class EnginePool:
         slots = self._slot_list if job.slot_index < len(self._slot_list) else self._bulk_slot_list
         slots[job.slot_index % len(self._slot_list)].jobs_done += 1
         seconds = job.service_s or 0.0
-        bulk = job.ticket.issued_by(self._bulk_account)
+        bulk = self.gate.is_bulk(job.ticket)
         if job.outcome in ("ok", "error") and not bulk:  # bulk work yields: its times say nothing of a wait
             self._admission.observe_service(seconds)
         if job.outcome == "ok":
@@ -543,25 +435,13 @@ class EnginePool:
             "capacity": a.capacity,
             "admitted": a.admitted,
             "rejected": dict(a.rejected),
-            "ticket_misuses": a.misuses + self._bulk_account.misuses,
+            "ticket_misuses": a.misuses + self.gate.bulk_account.misuses,
             "avg_service_s": a.average_service_s,
             "admission": a.snapshot(),
-            "classes": self.class_stats(),
+            "classes": self.gate.class_stats(self._completed),
             "stream_buffers": self.stream_budget.snapshot(),
             "stuck": len(self.stuck_slots()),
             "stuck_total": self._stuck_total,
             "ready": self.ready,
             "draining": self.draining,
-        }
-
-    def class_stats(self) -> dict:
-        """Per traffic class: waiting, running, completed ok (and for bulk its queue's other counts)."""
-        a, b, q = self._admission, self._bulk_account, self._bulk
-        return {
-            Priority.INTERACTIVE.value: {"queued": a.queued, "running": a.running,
-                                         "completed": self._completed[Priority.INTERACTIVE]},
-            Priority.BULK.value: {"queued": q.depth, "running": b.running, "in_flight": b.in_flight,
-                                  "completed": self._completed[Priority.BULK], "granted": q.granted,
-                                  "left": q.left, "clients": q.clients, "room": self.bulk_room(),
-                                  "max_queue": q.max_queue, "timeout_s": q.timeout_s},
         }

@@ -208,7 +208,7 @@ class SpeechSession:
         req = replace(self._plan.request, text_stream=utt.text, stream=True,
                       request_id=f"{self.request_id}-{utt.index}")
         try:  # the utterance has text: it takes a synthesis permit now (bulk: waits its turn), its job gives it back
-            ticket = await self.service.pool.admit_for(Priority(req.priority), self.client)
+            ticket = await self.service.pool.gate.admit(Priority(req.priority), self.client)
         except _ENDS_SESSION as exc:
             raise SessionRefused(exc) from None
         except Overloaded as exc:  # this utterance only: the client may send it again

@@ -104,10 +104,10 @@ class SpeechService:
         return OutputSpec.build(fmt, stream, self.info.sample_rate, sample_rate)
 
     # -- running ---------------------------------------------------------------------------------
-    async def run(self, plan: Plan, out: OutputSpec, *, ticket: Ticket | None = None,
+    async def run(self, plan: Plan, out: OutputSpec, *, ticket: Ticket,
                   gone: asyncio.Event | None = None) -> SpeechResult:
-        """Admit (unless given a ``ticket``, which it takes), run, encode; ClientGone if ``gone`` fires first."""
-        ticket = ticket.take() if ticket is not None else self.pool.admit()
+        """Run on the permit the edge took (``ticket``, taken here), encode; ClientGone if ``gone`` fires first."""
+        ticket = ticket.take()
         size = request_size(plan.request)
         if plan.request.text_stream is not None:  # text arriving over time: a long job, no latency sample
             ticket.open_ended()

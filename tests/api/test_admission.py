@@ -92,7 +92,7 @@ def test_adaptive_overload_is_an_immediate_503_with_retry_after_and_counted_as_o
     client = client_factory(workers=4, max_queue=0)  # the default mode: adaptive
     pool = client.app.state.runtime.pool
     assert pool.stats()["admission"]["mode"] == "adaptive"
-    pool.start_admission_at(1)  # as if measured latency had brought the limit down to one request
+    pool.gate.start_at(1)  # as if measured latency had brought the limit down to one request
     gate, held, status = _hold_one(client, behaviour)
     t0 = time.monotonic()
     r = client.post("/v1/tts", json={"text": "one too many"})
@@ -144,7 +144,7 @@ def test_a_websocket_utterance_rides_in_a_lane_and_the_next_takes_the_gates_plac
 
     client = client_factory(workers=4, max_queue=0)
     pool = client.app.state.runtime.pool
-    pool.start_admission_at(1)
+    pool.gate.start_at(1)
     with client.websocket_connect(PATH) as first:
         send(first, "input.text", text="Riding in the lane.")
         wait_for(lambda: pool.stats()["admission"]["lanes"] == 1)

@@ -28,28 +28,23 @@ class Ticket:
 
 
 class Pool:
-    """What the edge needs of EnginePool: check_admit_class() and admit_for() (one class here)."""
+    """What the edge needs of EnginePool: its gate's check() and admit() (one class here; the pool is its gate)."""
 
     def __init__(self, places: int = 1) -> None:
+        self.gate = self
         self.places = places
         self.out = 0
         self.checks = 0
 
-    def check_admit(self) -> None:
+    def check(self, priority: object) -> None:
         self.checks += 1
         if self.out >= self.places:
             raise Overloaded("full", 2.0)
 
-    def admit(self) -> Ticket:
-        self.check_admit()
+    async def admit(self, priority: object, client: str = "") -> Ticket:
+        self.check(priority)
         self.out += 1
         return Ticket(self)
-
-    def check_admit_class(self, priority: object) -> None:
-        self.check_admit()
-
-    async def admit_for(self, priority: object, client: str = "") -> Ticket:
-        return self.admit()
 
 
 def scope(path: str = "/v1/tts", headers: dict[str, str] | None = None, method: str = "POST") -> dict:

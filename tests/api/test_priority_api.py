@@ -1,6 +1,6 @@
 """The traffic class on every surface (issue 39): body field, X-Priority, the API key's default, precedence.
 
-The class reaches the pool (``admit_for``), the engine's request, the access log and the schema.
+The class reaches the pool (``pool.gate.admit``), the engine's request, the access log and the schema.
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ KEY, BULK_KEY = "k-live-0123456789", "k-bulk-0123456789"
 
 @pytest.fixture
 def client(make_client, monkeypatch):
-    """A started client over RecordingEngines; ``client.calls``: the (class, client) of each ``admit_for``."""
+    """A started client over RecordingEngines; ``client.calls``: the (class, client) of each ``gate.admit``."""
     c = make_client()
     pool = c.app.state.runtime.pool
     calls: list = []
-    admit_for = pool.admit_for
+    admit = pool.gate.admit
 
     async def record(priority, who=""):
         calls.append((priority, who))
-        return await admit_for(priority, who)
+        return await admit(priority, who)
 
-    monkeypatch.setattr(pool, "admit_for", record)
+    monkeypatch.setattr(pool.gate, "admit", record)
     c.calls = calls
     return c
 
@@ -145,13 +145,13 @@ def keyed(tmp_path, behaviour, seen):
 def test_a_keys_default_class_and_what_overrides_it(keyed, seen, monkeypatch):
     pool = keyed.app.state.runtime.pool
     calls: list = []
-    admit_for = pool.admit_for
+    admit = pool.gate.admit
 
     async def record(priority, who=""):
         calls.append((priority, who))
-        return await admit_for(priority, who)
+        return await admit(priority, who)
 
-    monkeypatch.setattr(pool, "admit_for", record)
+    monkeypatch.setattr(pool.gate, "admit", record)
     auth = {"Authorization": f"Bearer {BULK_KEY}"}
     assert keyed.post("/v1/tts", json={"text": "Hi."}, headers=auth).status_code == 200
     assert seen[-1].priority == "bulk" and calls[-1] == (Priority.BULK, key_id(BULK_KEY))

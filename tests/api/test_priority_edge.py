@@ -31,8 +31,9 @@ class BulkPool:
         self.asked: list[tuple[Priority, str]] = []
         self.waiting = 0
         self.gave_up = 0
+        self.gate = self  # the edge asks pool.gate
 
-    async def admit_for(self, priority: Priority, client: str = "") -> Ticket:
+    async def admit(self, priority: Priority, client: str = "") -> Ticket:
         self.asked.append((priority, client))
         if priority is Priority.BULK:
             self.waiting += 1
@@ -46,7 +47,7 @@ class BulkPool:
         self.out += 1
         return Ticket(self)
 
-    def check_admit_class(self, priority: Priority | None) -> None:
+    def check(self, priority: Priority | None) -> None:
         pass
 
 

@@ -32,10 +32,10 @@ def test_bulk_and_interactive_share_a_batched_engine(tiny_models) -> None:
         await pool.start()
         try:
             async def bulk(rid: str, client: str) -> int:
-                return await one(pool, await pool.admit_for("bulk", client), rid)
+                return await one(pool, await pool.gate.admit("bulk", client), rid)
 
             tasks = [bulk(f"a{i}", "a") for i in range(3)] + [bulk("b0", "b")]
-            tasks.append(one(pool, pool.admit(), "live"))
+            tasks.append(one(pool, pool.gate.admit_now(), "live"))
             sizes = await asyncio.gather(*tasks)
             assert all(n > 0 for n in sizes)
             c = pool.stats()["classes"]

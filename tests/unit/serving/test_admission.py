@@ -25,7 +25,7 @@ from app.serving.speech import SpeechService
 from app.serving.stats import NullObserver
 from app.text.stream import TextStream
 from tests.support import configs
-from tests.support.pool import assert_released, synthesize
+from tests.support.pool import admitted_run, assert_released, synthesize
 from tests.support.waiting import await_until, run
 
 
@@ -166,7 +166,7 @@ def test_released_once_when_the_service_is_cancelled_before_its_task_took_the_ti
         service = SpeechService(pool, configs.speech_limits())
         try:
             plan, out = service.plan(SpeechFields(text="hi")), service.output("wav", stream=False)
-            outer = asyncio.create_task(service.run(plan, out))
+            outer = asyncio.create_task(admitted_run(service, plan, out))
             await asyncio.sleep(0)  # one step: admitted, its inner task scheduled but not yet run
             assert pool.stats()["in_flight"] == 1
             outer.cancel()
@@ -188,10 +188,10 @@ def test_released_once_when_the_client_leaves_while_queued_or_running() -> None:
         service = SpeechService(pool, configs.speech_limits())
         try:
             out = service.output("wav", stream=False)
-            held = asyncio.create_task(service.run(service.plan(SpeechFields(text="a"), "held"), out))
+            held = asyncio.create_task(admitted_run(service, service.plan(SpeechFields(text="a"), "held"), out))
             await await_until(lambda: b.started == ["held"])
             gone = asyncio.Event()
-            leaver = asyncio.create_task(service.run(service.plan(SpeechFields(text="b"), "leaver"), out, gone=gone))
+            leaver = asyncio.create_task(admitted_run(service, service.plan(SpeechFields(text="b"), "leaver"), out, gone=gone))
             await await_until(lambda: pool.stats()["queued"] == 1)
             gone.set()
             with pytest.raises(ClientGone):
@@ -201,7 +201,7 @@ def test_released_once_when_the_client_leaves_while_queued_or_running() -> None:
             b.gate.set()
             await held
             b.chunks, b.chunk_delay_s = 50, 0.02
-            running = asyncio.create_task(service.run(service.plan(SpeechFields(text="c"), "runs"), out, gone=gone2))
+            running = asyncio.create_task(admitted_run(service, service.plan(SpeechFields(text="c"), "runs"), out, gone=gone2))
             await await_until(lambda: "runs" in b.started)
             gone2.set()
             with pytest.raises(ClientGone):
@@ -353,14 +353,14 @@ def test_a_short_request_runs_beside_a_long_job_at_limit_one() -> None:
     async def main():
         pool = await started(FakeBehaviour(), workers=2, max_queue=2, admission="adaptive",
                              admission_budget_s=5.0, queue_timeout_s=2.0)
-        pool.start_admission_at(1)
+        pool.gate.start_at(1)
         try:
-            adm = pool.admission
+            adm = pool.gate.admission
             for _ in range(3):  # sizes: an average of about 10 characters
                 t = adm.admit()
                 t.charge(10)
                 t.release()
-            long_ticket = pool.admit()
+            long_ticket = pool.gate.admit_now()
             long_ticket.charge(4000)
             assert long_ticket.in_lane and adm.slot_cap == 2
             text = TextStream()  # the long job holds its slot until its text comes
@@ -443,17 +443,17 @@ def test_adaptive_runs_only_limit_requests_and_lets_the_next_wait_within_the_bud
         try:
             async with await synthesize(pool, req("warm")) as job:  # an average request: a few ms
                 [c async for c in job]
-            pool.start_admission_at(1)
+            pool.gate.start_at(1)
             b.gate = threading.Event()
             first = asyncio.create_task(synthesize(pool, req("first")))
             await await_until(lambda: "first" in b.started)
             second = asyncio.create_task(synthesize(pool, req("second")))  # admitted: it may wait its turn
             await await_until(lambda: pool.stats()["queued"] == 1)
             assert "second" not in b.started  # two idle slots, but the limit runs one request at a time
-            assert pool.admission.predicted_wait_s() > 0
-            third = pool.admit()  # the budget still has room for another short wait ...
+            assert pool.gate.admission.predicted_wait_s() > 0
+            third = pool.gate.admit_now()  # the budget still has room for another short wait ...
             with pytest.raises(Overloaded):
-                pool.admit()  # ... but all 3 workers are taken (the ceiling)
+                pool.gate.admit_now()  # ... but all 3 workers are taken (the ceiling)
             third.release()
             b.gate.set()
             for task in (first, second):
@@ -478,10 +478,10 @@ def test_adaptive_refuses_at_once_a_wait_past_the_budget_or_the_queue_timeout(li
         try:
             async with await synthesize(pool, req("warm")) as job:
                 [c async for c in job]
-            pool.start_admission_at(1)
-            held = pool.admit()
+            pool.gate.start_at(1)
+            held = pool.gate.admit_now()
             with pytest.raises(Overloaded) as refused:
-                pool.admit()  # at once (not a 503 queue_timeout after the wait)
+                pool.gate.admit_now()  # at once (not a 503 queue_timeout after the wait)
             assert refused.value.retry_after_s >= 1
             assert pool.stats()["rejected"] == {"over_budget": 1}
             held.release()

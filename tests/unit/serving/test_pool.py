@@ -80,7 +80,7 @@ def test_start_loads_and_warms_every_slot_in_its_own_thread() -> None:
         pool, engines, _ = make_pool(FakeBehaviour(load_delay_s=0.2), workers=3)
         assert not pool.ready
         with pytest.raises(NotReady):
-            pool.admit()
+            pool.gate.admit_now()
         with pytest.raises(NotReady):
             pool.info  # noqa: B018 - known only once loaded
         t0 = time.monotonic()
@@ -113,7 +113,7 @@ def test_exact_admission_limits_and_fast_rejection() -> None:
             await await_until(lambda: len(b.started) == 2 and pool.stats()["queued"] == 3)
             t0 = time.monotonic()
             with pytest.raises(Overloaded) as info:
-                pool.admit()
+                pool.gate.admit_now()
             assert time.monotonic() - t0 < 0.05
             assert info.value.retry_after_s >= 1 and info.value.retry_after_s == int(info.value.retry_after_s)
             with pytest.raises(Overloaded):
@@ -126,7 +126,7 @@ def test_exact_admission_limits_and_fast_rejection() -> None:
             assert await asyncio.gather(*clients) == [3] * 5
             stats = pool.stats()
             assert stats["admitted"] == 5 and stats["in_flight"] == 0 and stats["running"] == 0
-            pool.admit().release()  # capacity is back
+            pool.gate.admit_now().release()  # capacity is back
         finally:
             gate.set()
             await pool.close()
@@ -168,7 +168,7 @@ def test_queue_timeout_releases_the_permit() -> None:
             stats = pool.stats()
             assert stats["queued"] == 0 and stats["in_flight"] == 1 and stats["rejected"] == {"queue_timeout": 1}
             assert obs.rejects == ["queue_timeout"]
-            ticket = pool.admit()  # the queue place is free again
+            ticket = pool.gate.admit_now()  # the queue place is free again
             ticket.release()
             with pytest.raises(PermitError):
                 ticket.release()  # a double release is a bug: refused and counted, not hidden
@@ -257,14 +257,14 @@ def test_tickets_are_single_use() -> None:
         await pool.start()
         await other.start()
         try:
-            ticket = pool.admit()
+            ticket = pool.gate.admit_now()
             job = await pool.run(ticket, req())
             assert not ticket.held  # moved into the job
             with pytest.raises(RuntimeError):
                 await pool.run(ticket, req())
             await job.aclose()
             with pytest.raises(RuntimeError):
-                await pool.run(other.admit(), req())  # a ticket of another pool
+                await pool.run(other.gate.admit_now(), req())  # a ticket of another pool
             assert pool.stats()["in_flight"] == 0 and pool.stats()["slots"][0]["state"] == "idle"
             assert other.stats()["in_flight"] == 1  # the foreign ticket was not taken
         finally:
@@ -285,7 +285,7 @@ def test_drain_stops_admission_and_lets_queued_and_running_work_finish() -> None
             await pool.begin_drain()
             assert not pool.ready and pool.draining
             with pytest.raises(Draining) as info:
-                pool.admit()
+                pool.gate.admit_now()
             assert info.value.retry_after_s >= 1
             assert await pool.wait_idle(0.05) is False
             gate.set()
@@ -341,7 +341,7 @@ def test_close_cancels_running_work_fails_waiters_and_joins_threads() -> None:
         ]
         assert [s["state"] for s in pool.stats()["slots"]] == ["closed", "closed"]
         with pytest.raises(Draining):
-            pool.admit()
+            pool.gate.admit_now()
         await pool.close()  # idempotent
 
     run(main())
@@ -386,7 +386,7 @@ def test_a_load_failure_makes_start_raise_and_closes_the_loaded_slots() -> None:
         assert not pool.ready
         assert [s["state"] for s in pool.stats()["slots"]] == ["closed", "failed", "closed"]
         with pytest.raises(NotReady):
-            pool.admit()
+            pool.gate.admit_now()
         with pytest.raises(RuntimeError):
             await pool.start()
         await pool.close()

@@ -49,10 +49,10 @@ def test_bulk_is_granted_only_into_the_room_interactive_work_leaves() -> None:
         pool = make_pool(FakeBehaviour(), workers=3, max_queue=2)  # capacity 5, room counts the 3 workers
         await pool.start()
         try:
-            live = [pool.admit(), pool.admit()]
-            assert pool.bulk_room() == 1
-            first = await pool.admit_for(Priority.BULK, "key-1")
-            second = asyncio.create_task(pool.admit_for("bulk", "key-1"))
+            live = [pool.gate.admit_now(), pool.gate.admit_now()]
+            assert pool.gate.bulk_room() == 1
+            first = await pool.gate.admit(Priority.BULK, "key-1")
+            second = asyncio.create_task(pool.gate.admit("bulk", "key-1"))
             await await_until(lambda: classes(pool)["bulk"]["queued"] == 1)
             assert classes(pool)["bulk"]["in_flight"] == 1
             live.pop().release()  # interactive load falls: the room grows, the queue is re-checked
@@ -74,19 +74,19 @@ def test_interactive_admission_is_exactly_as_without_bulk_and_gets_its_own_threa
         pool = make_pool(b, workers=2, max_queue=0, share_engine=True)
         await pool.start()
         try:
-            bulk = [asyncio.create_task(consume(pool, await pool.admit_for("bulk", f"c{i}"), f"bulk{i}"))
+            bulk = [asyncio.create_task(consume(pool, await pool.gate.admit("bulk", f"c{i}"), f"bulk{i}"))
                     for i in range(2)]
             await await_until(lambda: len(b.started) == 2)
-            assert classes(pool)["bulk"]["running"] == 2 and pool.bulk_room() == 2
-            queued = asyncio.create_task(pool.admit_for("bulk", "c9"))
+            assert classes(pool)["bulk"]["running"] == 2 and pool.gate.bulk_room() == 2
+            queued = asyncio.create_task(pool.gate.admit("bulk", "c9"))
             await await_until(lambda: classes(pool)["bulk"]["queued"] == 1)
             # interactive: admitted up to its own capacity, and started at once beside the running bulk
-            live = [asyncio.create_task(consume(pool, pool.admit(), f"live{i}")) for i in range(2)]
+            live = [asyncio.create_task(consume(pool, pool.gate.admit_now(), f"live{i}")) for i in range(2)]
             await await_until(lambda: len(b.started) == 4)
             assert {"live0", "live1"} <= set(b.started)
             with pytest.raises(Overloaded):
-                pool.admit()  # refused at its own ceiling, as it would be without bulk
-            assert pool.stats()["rejected"] == {"queue_full": 1} and pool.bulk_room() == 0
+                pool.gate.admit_now()  # refused at its own ceiling, as it would be without bulk
+            assert pool.stats()["rejected"] == {"queue_full": 1} and pool.gate.bulk_room() == 0
             threads = {t.name for t in threading.enumerate()}
             assert any(n.startswith("cosyserve-bulk-") for n in threads)
             gate.set()
@@ -110,11 +110,11 @@ def test_bulk_shares_the_slots_of_an_engine_per_slot_served_after_interactive_wa
         pool = make_pool(b, workers=2, max_queue=2)  # an engine per slot: no threads of its own for bulk
         await pool.start()
         try:
-            one = asyncio.create_task(consume(pool, await pool.admit_for("bulk", "c"), "bulk0"))
+            one = asyncio.create_task(consume(pool, await pool.gate.admit("bulk", "c"), "bulk0"))
             await await_until(lambda: len(b.started) == 1)
-            live = [asyncio.create_task(consume(pool, pool.admit(), f"live{i}")) for i in range(2)]
+            live = [asyncio.create_task(consume(pool, pool.gate.admit_now(), f"live{i}")) for i in range(2)]
             await await_until(lambda: len(b.started) == 2 and pool.stats()["queued"] == 1)
-            assert pool.bulk_room() == 0  # no bulk grant while interactive work needs the places
+            assert pool.gate.bulk_room() == 0  # no bulk grant while interactive work needs the places
             gate.set()
             assert await asyncio.gather(one, *live) == [3] * 3
         finally:
@@ -130,12 +130,12 @@ def test_bulk_samples_never_reach_the_limiter_nor_its_load() -> None:
         await pool.start()
         try:
             for i in range(4):
-                await consume(pool, await pool.admit_for("bulk", "c"), f"b{i}")
-            adm = pool.admission
+                await consume(pool, await pool.gate.admit("bulk", "c"), f"b{i}")
+            adm = pool.gate.admission
             assert adm.limiter.average_s is None and adm.limiter.steps == 0  # no latency sample
             assert adm.admitted == 0 and adm.load == 0.0 and adm.average_service_s is None
             assert classes(pool)["bulk"]["completed"] == 4
-            await consume(pool, pool.admit(), "live")
+            await consume(pool, pool.gate.admit_now(), "live")
             assert adm.limiter.average_s is not None  # an interactive one is a sample, as before
         finally:
             await pool.close()
@@ -151,7 +151,7 @@ def test_the_engine_gets_the_room_callable_and_it_follows_interactive_load() -> 
         try:
             room = RoomEngine.room
             assert room is not None and room() == 4
-            tickets = [pool.admit() for _ in range(3)]
+            tickets = [pool.gate.admit_now() for _ in range(3)]
             assert room() == 1
             tickets[0].charge(1)  # a size known: the weighted load, and at least one place per request
             for t in tickets:
@@ -170,16 +170,16 @@ def test_drain_refuses_queued_bulk_at_once_and_lets_running_bulk_finish() -> Non
         pool = make_pool(b, workers=1, max_queue=0, share_engine=True)
         await pool.start()
         try:
-            running = asyncio.create_task(consume(pool, await pool.admit_for("bulk", "c"), "running"))
+            running = asyncio.create_task(consume(pool, await pool.gate.admit("bulk", "c"), "running"))
             await await_until(lambda: len(b.started) == 1)
-            queued = [asyncio.create_task(pool.admit_for("bulk", f"c{i}")) for i in range(3)]
+            queued = [asyncio.create_task(pool.gate.admit("bulk", f"c{i}")) for i in range(3)]
             await await_until(lambda: classes(pool)["bulk"]["queued"] == 3)
             await pool.begin_drain()
             results = await asyncio.gather(*queued, return_exceptions=True)
             assert all(isinstance(r, Draining) for r in results)
             assert pool.stats()["rejected"] == {"draining": 3}
             with pytest.raises(Draining):
-                await pool.admit_for("bulk", "late")
+                await pool.gate.admit("bulk", "late")
             assert not await pool.wait_idle(0.05)  # the running one still runs
             gate.set()
             assert await running == 3
@@ -192,22 +192,22 @@ def test_drain_refuses_queued_bulk_at_once_and_lets_running_bulk_finish() -> Non
     run(main())
 
 
-def test_check_admit_class_before_the_body() -> None:
+def test_gate_check_before_the_body() -> None:
     async def main():
         pool = make_pool(FakeBehaviour(), workers=1, max_queue=0, bulk_max_queue=1)
         await pool.start()
         try:
-            live = pool.admit()
+            live = pool.gate.admit_now()
             with pytest.raises(Overloaded):
-                pool.check_admit_class(Priority.INTERACTIVE)
-            pool.check_admit_class(None)  # the body may still name bulk, whose queue has a place
-            pool.check_admit_class("bulk")
-            waiting = asyncio.create_task(pool.admit_for("bulk", "c"))
+                pool.gate.check(Priority.INTERACTIVE)
+            pool.gate.check(None)  # the body may still name bulk, whose queue has a place
+            pool.gate.check("bulk")
+            waiting = asyncio.create_task(pool.gate.admit("bulk", "c"))
             await await_until(lambda: classes(pool)["bulk"]["queued"] == 1)
             with pytest.raises(Overloaded):
-                pool.check_admit_class(Priority.BULK)  # its queue is full
+                pool.gate.check(Priority.BULK)  # its queue is full
             with pytest.raises(Overloaded):
-                pool.check_admit_class(None)  # no class would admit it
+                pool.gate.check(None)  # no class would admit it
             assert pool.stats()["rejected"] == {"queue_full": 2, "bulk_queue_full": 1}
             live.release()
             (await waiting).release()
@@ -227,8 +227,8 @@ def test_per_class_metrics() -> None:
         pools.append(pool)
         await pool.start()
         try:
-            await consume(pool, await pool.admit_for("bulk", "c"), "b")
-            await consume(pool, pool.admit(), "i")
+            await consume(pool, await pool.gate.admit("bulk", "c"), "b")
+            await consume(pool, pool.gate.admit_now(), "i")
             text = metrics.render().decode()
         finally:
             await pool.close()
@@ -252,8 +252,8 @@ def test_a_bulk_jobs_deadline_adds_its_class_timeout() -> None:
                          bulk_queue_timeout_s=50, stuck_grace_s=1)
         await pool.start()
         try:
-            live = await pool.run(pool.admit(), req("live"))
-            bulk = await pool.run(await pool.admit_for(Priority.BULK, "key-1"), req("bulk"))
+            live = await pool.run(pool.gate.admit_now(), req("live"))
+            bulk = await pool.run(await pool.gate.admit(Priority.BULK, "key-1"), req("bulk"))
             assert (live.deadline_s, bulk.deadline_s) == (5, 55)
             for job in (live, bulk):
                 async with job:

@@ -15,6 +15,7 @@ from app.serving.errors import ClientGone
 from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
 from tests.support import configs
+from tests.support.pool import admitted_run
 from tests.support.waiting import await_until, run
 
 
@@ -41,7 +42,7 @@ def test_whole_file_is_encoded_in_the_slot_thread():
         service, b = await started(encoder_factory=factory)
         try:
             p = service.plan(SpeechFields(text="hi"), "r1")
-            result = await service.run(p, service.output("mp3", stream=False))
+            result = await admitted_run(service, p, service.output("mp3", stream=False))
             assert result.media_type == "audio/mpeg" and result.sample_rate == 24000
             assert result.data[:1] == b"\xff"  # an mp3 frame, no ID3 tag
             assert result.audio_s == pytest.approx(b.chunks * b.chunk_s)
@@ -58,7 +59,7 @@ def test_a_stream_yields_bytes_and_closing_it_frees_the_slot():
         service, b = await started()
         try:
             b.chunks = 4
-            result = await service.run(service.plan(SpeechFields(text="hi")), service.output("pcm", stream=True))
+            result = await admitted_run(service, service.plan(SpeechFields(text="hi")), service.output("pcm", stream=True))
             data = b"".join([part async for part in result.body])
             await result.aclose()
             assert len(data) == 2 * 4 * int(b.chunk_s * 24000)
@@ -77,7 +78,7 @@ def test_an_encoder_that_fails_to_open_closes_the_job_and_frees_slot_and_permit(
         service, b = await started(encoder_factory=broken, request_timeout_s=0)
         try:
             with pytest.raises(RuntimeError, match="codec went away"):
-                await service.run(service.plan(SpeechFields(text="hi")), service.output("mp3", stream=True))
+                await admitted_run(service, service.plan(SpeechFields(text="hi")), service.output("mp3", stream=True))
             await await_until(lambda: idle(service))  # no deadline configured: only a closed job frees it
             assert b.finished == [] and len(b.cancelled) + len(b.started) >= 1
         finally:
@@ -91,11 +92,11 @@ def test_a_client_gone_while_queued_leaves_the_queue_without_engine_work():
         b = FakeBehaviour(gate=threading.Event())
         service, _ = await started(b)
         try:
-            first = asyncio.ensure_future(service.run(service.plan(SpeechFields(text="a"), "held"),
+            first = asyncio.ensure_future(admitted_run(service, service.plan(SpeechFields(text="a"), "held"),
                                                       service.output("wav", stream=False)))
             await await_until(lambda: b.started == ["held"])
             gone = asyncio.Event()
-            queued = asyncio.ensure_future(service.run(service.plan(SpeechFields(text="b"), "leaver"),
+            queued = asyncio.ensure_future(admitted_run(service, service.plan(SpeechFields(text="b"), "leaver"),
                                                        service.output("wav", stream=False), gone=gone))
             await await_until(lambda: service.pool.stats()["queued"] == 1)
             gone.set()
@@ -120,7 +121,7 @@ def test_a_client_gone_while_its_whole_file_runs_cancels_the_engine_job():
         service, _ = await started(b)
         try:
             gone = asyncio.Event()
-            task = asyncio.ensure_future(service.run(service.plan(SpeechFields(text="long"), "leaver"),
+            task = asyncio.ensure_future(admitted_run(service, service.plan(SpeechFields(text="long"), "leaver"),
                                                      service.output("wav", stream=False), gone=gone))
             await await_until(lambda: b.started == ["leaver"])
             gone.set()
@@ -141,7 +142,7 @@ def test_backpressure_counts_bytes():
         b = FakeBehaviour(chunks=8, chunk_s=1.0)  # 48 kB of pcm per chunk
         service, _ = await started(b, stream_buffer_chunks=100, stream_buffer_bytes=60_000)
         try:
-            result = await service.run(service.plan(SpeechFields(text="x")), service.output("pcm", stream=True))
+            result = await admitted_run(service, service.plan(SpeechFields(text="x")), service.output("pcm", stream=True))
             stream = result.job.stream
             await await_until(lambda: stream.produced >= 3)
             for _ in range(20):  # let the producer run ahead as far as it may
@@ -182,7 +183,7 @@ def test_engine_info_is_read_once_at_load_in_the_slot_thread():
                                            for i in range(2))  # once per loaded engine, in its own thread
             assert service.info.family == "fake" and service.presets == ("fake_female", "fake_male")
             for _ in range(3):
-                r = await service.run(service.plan(SpeechFields(text="hi")), service.output("wav", stream=False))
+                r = await admitted_run(service, service.plan(SpeechFields(text="hi")), service.output("wav", stream=False))
                 assert r.data[:4] == b"RIFF"
             assert len(calls) == 4  # nothing engine-side on the event loop afterwards
         finally:

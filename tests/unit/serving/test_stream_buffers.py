@@ -121,7 +121,7 @@ def test_a_closed_job_gives_its_buffered_bytes_back() -> None:
         pool = EnginePool(lambda i: FakeEngine(FakeBehaviour(chunks=10)), configs.pool(workers=1, max_queue=0))
         await pool.start()
         try:
-            job = await pool.run(pool.admit(), req("bytes"), transform=lambda chunks, cancel: (
+            job = await pool.run(pool.gate.admit_now(), req("bytes"), transform=lambda chunks, cancel: (
                 c.pcm.tobytes() for c in chunks))
             await await_until(lambda: job.done)
             assert pool.stream_budget.used > 0 and pool.stats()["in_flight"] == 0
