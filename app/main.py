@@ -22,13 +22,13 @@ from app.api import metrics as metrics_api
 from app.api.admission import AdmissionMiddleware
 from app.api.auth import APIKeyMiddleware, document_keys
 from app.api.bodies import BodyGate, BodyLimits
-from app.api.edge_metrics import EdgeCollector
 from app.api.errors import install_error_handlers
 from app.api.refusals import RefusalPacer
 from app.api.respond import install_quiet_cut
 from app.api.routes import ENDPOINTS
 from app.lifespan import lifespan
 from app.metrics import Metrics
+from app.metrics.edge import EdgeCollector
 from app.middleware import RequestContextMiddleware
 from app.runtime import Boot, running
 from app.serving.pool import EnginePool

@@ -11,8 +11,8 @@ from app.serving.errors import (
     ServingError,
 )
 from app.serving.job import Job
+from app.serving.observer import NullObserver, PoolObserver
 from app.serving.pool import EnginePool
-from app.serving.stats import NullObserver, PoolObserver
 
 __all__ = [
     "DeadlineExceeded",

@@ -53,7 +53,8 @@ from typing import Protocol
 from app.serving.config import PoolConfig
 from app.serving.errors import Overloaded
 from app.serving.limit import AdaptiveLimit, FixedLimit, Limit
-from app.serving.stats import PoolObserver, ServiceTimeEstimator
+from app.serving.limit.service_time import ServiceTimeEstimator
+from app.serving.observer import PoolObserver
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from app.serving.admission import Admission, Ticket
 from app.serving.bulk import BulkAccount, BulkQueue
 from app.serving.config import PoolConfig
 from app.serving.errors import Draining, NotReady
+from app.serving.observer import PoolObserver
 from app.serving.priority import Priority, parse_priority
-from app.serving.stats import PoolObserver
 
 DRAINING = "the server is draining and takes no new requests"
 

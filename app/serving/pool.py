@@ -43,9 +43,9 @@ from app.serving.config import PoolConfig
 from app.serving.errors import Draining, HealthCheckTimeout, NotReady, QueueTimeout
 from app.serving.gate import Gate
 from app.serving.job import Job
+from app.serving.observer import NullObserver, PoolObserver, SafeObserver
 from app.serving.priority import Priority
 from app.serving.slots import Slot, Slots
-from app.serving.stats import NullObserver, PoolObserver, SafeObserver
 from app.text.stream import TextStream
 
 __all__ = ["EnginePool", "Job", "NullObserver", "PoolConfig", "PoolObserver", "Ticket"]

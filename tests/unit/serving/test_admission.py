@@ -20,9 +20,9 @@ from app.serving import (
 from app.serving.admission import Admission
 from app.serving.errors import ClientGone
 from app.serving.limit import AdaptiveLimit
+from app.serving.observer import NullObserver
 from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
-from app.serving.stats import NullObserver
 from app.text.stream import TextStream
 from tests.support import configs
 from tests.support.pool import admitted_run, assert_released, synthesize

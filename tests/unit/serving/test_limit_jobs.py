@@ -9,8 +9,9 @@ from app.serving.limit import AdaptiveLimit, FixedLimit, Limit
 from app.serving.limit.baseline import UNLOADED_HORIZON_S, Baseline
 from app.serving.limit.knee import KneeSearch
 from app.serving.limit.levels import Levels, Window
+from app.serving.limit.service_time import ServiceTimeEstimator
 from app.serving.limit.waiting import WaitingRoom
-from app.serving.stats import NullObserver, ServiceTimeEstimator
+from app.serving.observer import NullObserver
 from tests.support import configs
 from tests.support.limiter import Clock
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics for one server instance, on a registry this object owns.
+"""``Metrics``: every metric of one server instance, on a registry it owns (never the global one).
 
 Three sources feed it, none of them a global:
 
@@ -7,13 +7,9 @@ Three sources feed it, none of them a global:
   abort). Only the synthesis routes of the route table (``app/api/routes.py``,
   passed in as ``routes``, so cardinality stays bounded) count in
   ``tts_requests_total``; probes and ``/metrics`` are skipped.
-* ``pool_observer()``: the ``PoolObserver`` hooks of the engine pool
-  (rejections, queue wait, queue depth, engine jobs, the wait per traffic class).
-* scrape time: a custom collector reads ``pool.stats()`` (slot states, admitted
-  requests in flight, per traffic class: waiting, running, completed) and the process' peak RSS; prometheus_client's
-  ``ProcessCollector`` adds ``process_resident_memory_bytes`` and friends;
-  ``watch_gpu_memory(reader)`` adds the GPU memory gauges (``tts_gpu_memory_*_bytes``
-  per device; absent while the reader reports no device, e.g. on a CPU server).
+* ``pool_observer()`` / ``llm_observer()``: the hooks of the pool and the engines (``observers.py``).
+* scrape time: ``scrape.py`` reads ``pool.stats()``, ``gpu.py`` the GPU memory; prometheus_client's
+  ``ProcessCollector`` adds ``process_resident_memory_bytes`` and friends.
 
 Every child series is created up front, so a request costs dictionary lookups
 and counter increments, nothing else.
@@ -22,9 +18,7 @@ and counter increments, nothing else.
 from __future__ import annotations
 
 import logging
-import resource
-import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 
 from prometheus_client import (
     CollectorRegistry,
@@ -33,22 +27,20 @@ from prometheus_client import (
     Histogram,
     ProcessCollector,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import generate_latest
 
 from app.api.auth import UNAUTHORIZED_REASONS
 from app.api.context import RequestContext
 from app.api.errors import CLIENT_GONE_STATUS
 from app.engines.timings import STAGES
-from app.serving.priority import NAMES as PRIORITIES
-from app.serving.stats import JOB_OUTCOMES, REJECT_REASONS
+from app.metrics.gpu import GpuMemoryCollector
+from app.metrics.observers import EngineMetrics, PoolMetrics
+from app.metrics.scrape import PoolCollector
+from app.serving.observer import JOB_OUTCOMES, REJECT_REASONS
 
 log = logging.getLogger("cosyserve.metrics")
 
-__all__ = ["CONTENT_TYPE_LATEST", "OUTCOMES", "SLOT_STATES", "Metrics", "outcome_of"]
-
 OUTCOMES: tuple[str, ...] = ("ok", "client_error", "rejected", "timeout", "error", "aborted")
-SLOT_STATES: tuple[str, ...] = ("loading", "idle", "busy", "failed", "closed")
 
 # Buckets sized for TTS: milliseconds (a cached short answer) to minutes (a long text on CPU).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -85,202 +77,6 @@ def outcome_of(ctx: RequestContext) -> str:
     if not ctx.completed:
         return "aborted"  # the client left before the last byte
     return "ok"
-
-
-def _peak_rss_bytes() -> int:
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)  # Linux reports KiB
-
-
-class _ScrapeCollector:
-    """Values read at scrape time: slot states and in-flight requests from the pool, peak RSS."""
-
-    def __init__(self, stats: Callable[[], dict | None]) -> None:
-        self._stats = stats
-
-    def describe(self) -> Iterable[Metric]:
-        return []  # no describe-time collection (the pool may not exist yet)
-
-    def collect(self) -> Iterator[Metric]:
-        slots = GaugeMetricFamily("tts_slots", "Engine slots by state", labels=["state"])
-        inflight = GaugeMetricFamily("tts_inflight_requests",
-                                     "Admitted synthesis requests: queued, running or still streaming")
-        counts = dict.fromkeys(SLOT_STATES, 0)
-        stats = None
-        try:
-            stats = self._stats()
-        except Exception:  # a scrape must not fail because the pool is in a strange state
-            log.exception("reading pool stats for /metrics failed")
-        if stats:
-            for slot in stats.get("slots", ()):
-                state = slot.get("state", "")
-                if state in counts:
-                    counts[state] += 1
-        for state, n in counts.items():
-            slots.add_metric([state], n)
-        classes = (stats or {}).get("classes") or {}
-        bulk_out = (classes.get("bulk") or {}).get("in_flight", 0)
-        inflight.add_metric([], float(stats.get("in_flight", 0) + bulk_out) if stats else 0.0)
-        yield slots
-        yield inflight
-        yield GaugeMetricFamily("tts_slots_stuck", "Slots stuck in the engine past request_timeout_s + "
-                                "stuck_grace_s (/health/live fails while any is)",
-                                value=float(stats.get("stuck", 0)) if stats else 0.0)
-        yield CounterMetricFamily("tts_stuck_jobs", "Jobs found stuck in the engine since start",
-                                  value=float(stats.get("stuck_total", 0)) if stats else 0.0)
-        yield GaugeMetricFamily("tts_process_peak_rss_bytes", "Peak resident set size of this process",
-                                value=_peak_rss_bytes())
-        yield from _admission_metrics((stats or {}).get("admission") or {})
-        yield from _class_metrics(classes)
-
-
-def _class_metrics(classes: dict) -> Iterator[Metric]:
-    """Per traffic class (issue 39): waiting, running, completed; the bulk room and its leavers."""
-    queued = GaugeMetricFamily("tts_class_queue_depth", "Requests waiting, per traffic class (interactive: "
-                               "admitted, waiting for a slot; bulk: in the bulk queue, waiting for room)",
-                               labels=["priority"])
-    running = GaugeMetricFamily("tts_class_running", "Requests holding an engine slot (or still being "
-                                "consumed), per traffic class", labels=["priority"])
-    completed = CounterMetricFamily("tts_class_completed", "Engine jobs that ended ok, per traffic class "
-                                    "(its rate: the class' throughput)", labels=["priority"])
-    for name in PRIORITIES:
-        c = classes.get(name) or {}
-        queued.add_metric([name], float(c.get("queued", 0)))
-        running.add_metric([name], float(c.get("running", 0)))
-        completed.add_metric([name], float(c.get("completed", 0)))
-    yield queued
-    yield running
-    yield completed
-    bulk = classes.get("bulk") or {}
-    yield GaugeMetricFamily("tts_bulk_room", "Bulk requests that may run now: the admission limit (at most the "
-                            "workers) minus the interactive load", value=float(bulk.get("room", 0)))
-    yield CounterMetricFamily("tts_bulk_left", "Bulk requests whose client left while they waited in the bulk "
-                              "queue", value=float(bulk.get("left", 0)))
-
-
-def _admission_metrics(adm: dict) -> Iterator[Metric]:
-    """The admission gate's state (pool.admission adaptive or fixed; docs/concurrency.md)."""
-    limit = GaugeMetricFamily("tts_admission_limit", "Requests (of average size) admitted at once now: the "
-                              "adaptive limit, or workers + max_queue when fixed", labels=["mode"])
-    if adm.get("mode"):
-        limit.add_metric([adm["mode"]], float(adm.get("limit", 0)))
-    yield limit
-    yield GaugeMetricFamily("tts_admission_ceiling", "Most requests ever admitted at once (pool.workers + "
-                            "pool.max_queue)", value=float(adm.get("ceiling", 0)))
-    yield GaugeMetricFamily("tts_admission_load", "Admitted requests in flight, weighted by their size "
-                            "(1 = an average request)", value=float(adm.get("load", 0.0)))
-    yield GaugeMetricFamily("tts_admission_lanes", "Long jobs running in lanes beside the limit (a slot each, "
-                            "none of the limit's load)", value=float(adm.get("lanes", 0)))
-    yield GaugeMetricFamily("tts_admission_predicted_wait_seconds", "How long a request arriving now would "
-                            "wait before it could start (0: at once; else it is refused with this Retry-After)",
-                            value=float(adm.get("predicted_wait_s") or 0.0))
-    for name, key, text in (
-            ("tts_admission_target_latency_seconds", "target_s",
-             "Adaptive: the latency budget of an average request (pool.admission_budget_s, or "
-             "pool.admission_tolerance x the unloaded latency)"),
-            ("tts_admission_unloaded_latency_seconds", "unloaded_s",
-             "Adaptive: the latency of an average request that ran alone (median of recent ones)")):
-        if adm.get(key) is not None:
-            yield GaugeMetricFamily(name, text, value=float(adm[key]))
-
-
-GPU_MEMORY = (("allocated", "GPU memory held by live tensors"),
-              ("reserved", "GPU memory held by the caching allocator (live tensors and cached free blocks)"),
-              ("peak", "Peak GPU memory held by live tensors since start"))
-
-
-class _GpuMemoryCollector:
-    """``tts_gpu_memory_{allocated,reserved,peak}_bytes{device}`` from a reader ({} on a CPU: no series)."""
-
-    def __init__(self) -> None:
-        self.reader: Callable[[], dict] | None = None
-
-    def describe(self) -> Iterable[Metric]:
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        if self.reader is None:
-            return
-        try:
-            devices = self.reader() or {}
-        except Exception:  # a scrape must not fail on a driver hiccup
-            log.exception("reading GPU memory for /metrics failed")
-            return
-        if not devices:
-            return
-        for kind, doc in GPU_MEMORY:
-            family = GaugeMetricFamily(f"tts_gpu_memory_{kind}_bytes", doc, labels=["device"])
-            for device, values in sorted(devices.items()):
-                family.add_metric([device], float(values.get(kind, 0)))
-            yield family
-
-
-class _Observer:
-    """The pool's PoolObserver: plain increments on pre-bound children (event-loop thread only)."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._rejected = {r: metrics.rejected.labels(reason=r) for r in REJECT_REASONS}
-        self._jobs = {o: metrics.engine_jobs.labels(outcome=o) for o in JOB_OUTCOMES}
-        self._queue_wait = metrics.queue_wait
-        self._queue_depth = metrics.queue_depth
-        self._rejected_other = metrics.rejected
-        self._class_wait = {p: metrics.class_wait.labels(priority=p) for p in PRIORITIES}
-
-    def on_reject(self, reason: str) -> None:
-        child = self._rejected.get(reason)
-        (child if child is not None else self._rejected_other.labels(reason="other")).inc()
-
-    def on_queue_wait(self, seconds: float) -> None:
-        self._queue_wait.observe(seconds)
-
-    def on_job_start(self) -> None:
-        pass  # running jobs are visible as busy slots (tts_slots)
-
-    def on_job_end(self, outcome: str, seconds: float) -> None:
-        child = self._jobs.get(outcome)
-        if child is not None:
-            child.inc()
-
-    def on_queue_depth(self, depth: int) -> None:
-        self._queue_depth.set(depth)
-
-    def on_class_wait(self, priority: str, seconds: float) -> None:
-        child = self._class_wait.get(priority)
-        if child is not None:
-            child.observe(seconds)
-
-
-class _LLMObserver:
-    """The engines' LLMObserver (called from the LLM scheduler or CosyVoice's LLM threads) and FlowObserver
-    (called from the flow scheduler thread with token2wav batching)."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        self._batch = metrics.llm_batch_size
-        self._step = metrics.llm_step
-        self._tokens = metrics.llm_tokens
-        self._prefill_batch = metrics.llm_prefill_batch_size
-        self._prefill = metrics.llm_prefill
-        self._flow_recomputed = metrics.flow_cache_recomputed
-        self._flow_batch = metrics.token2wav_batch_size
-        self._flow_round = metrics.token2wav_round
-
-    def on_flow_round(self, batch_size: int, seconds: float) -> None:
-        self._flow_batch.observe(batch_size)
-        self._flow_round.observe(seconds)
-
-    def on_step(self, batch_size: int, seconds: float) -> None:
-        self._batch.observe(batch_size)
-        self._step.observe(seconds)
-
-    def on_prefill(self, joiners: int, seconds: float) -> None:
-        self._prefill_batch.observe(joiners)
-        self._prefill.observe(seconds)
-
-    def on_tokens(self, n: int) -> None:
-        self._tokens.inc(n)
-
-    def on_flow_cache_recompute(self) -> None:
-        self._flow_recomputed.inc()
 
 
 class Metrics:
@@ -355,19 +151,19 @@ class Metrics:
             self.unauthorized.labels(reason=reason)
         for reason in WS_REFUSALS:
             self.ws_refused.labels(reason=reason)
-        r.register(_ScrapeCollector(stats))
-        self._gpu = _GpuMemoryCollector()
+        r.register(PoolCollector(stats))
+        self._gpu = GpuMemoryCollector()
         r.register(self._gpu)
         if process:
             ProcessCollector(registry=r)  # process_resident_memory_bytes, cpu seconds, fds (Linux /proc)
-        self._observer = _Observer(self)
-        self._llm_observer = _LLMObserver(self)
+        self._observer = PoolMetrics(self)
+        self._llm_observer = EngineMetrics(self)
 
     # -- sources --------------------------------------------------------------------------------
-    def pool_observer(self) -> _Observer:
+    def pool_observer(self) -> PoolMetrics:
         return self._observer
 
-    def llm_observer(self) -> _LLMObserver:
+    def llm_observer(self) -> EngineMetrics:
         return self._llm_observer
 
     def watch_gpu_memory(self, reader: Callable[[], dict]) -> None:
