@@ -100,7 +100,7 @@ class BodyGate:
         self.refused: dict[str, int] = {}  # too_large | timeout | busy
         self._waiters: deque[asyncio.Future[None]] = deque()  # bodies waiting for a read place, oldest first
 
-    def _count(self, reason: str) -> None:
+    def count_refusal(self, reason: str) -> None:
         self.refused[reason] = self.refused.get(reason, 0) + 1
 
     def limit_of(self, scope: dict[str, Any]) -> tuple[int, str]:
@@ -114,7 +114,7 @@ class BodyGate:
         declared = declared_length(scope)
         limit, why = self.limit_of(scope)
         if declared is not None and declared > limit:
-            self._count("too_large")
+            self.count_refusal("too_large")
             raise PayloadTooLarge("payload_too_large", f"the request body is {declared} bytes; the limit is "
                                   f"{size_text(limit)} ({why})")
 
@@ -124,7 +124,7 @@ class BodyGate:
         lim = self.limits
         reading = _Reading(self, declared_length(scope) or 0, *self.limit_of(scope))
         if self.buffered + reading.held > lim.max_buffered_bytes:
-            self._count("busy")
+            self.count_refusal("busy")
             raise Overloaded(f"{self.reading} request bodies are being read; try again shortly", BUSY_RETRY_AFTER_S)
         if self.reading >= lim.max_reads or self._waiters:
             await self._wait_for_place()  # a place handed over counts in ``reading`` already
@@ -138,7 +138,7 @@ class BodyGate:
                 async with asyncio.timeout(lim.timeout_s):
                     return await reading.collect(receive)
             except TimeoutError:
-                self._count("timeout")
+                self.count_refusal("timeout")
                 raise BodyTimeout("body_timeout", f"the request body did not arrive within "
                                   f"{lim.timeout_s:g} s (server.body_timeout_s)") from None
         finally:
@@ -149,7 +149,7 @@ class BodyGate:
         """Wait FIFO for a read place (handed over by a finished read), or Overloaded."""
         lim = self.limits
         if lim.wait_s <= 0 or len(self._waiters) >= WAITERS_PER_READ * lim.max_reads:
-            self._count("busy")
+            self.count_refusal("busy")
             raise Overloaded(f"{self.reading} request bodies are being read; try again shortly", BUSY_RETRY_AFTER_S)
         place = asyncio.get_running_loop().create_future()
         self._waiters.append(place)
@@ -165,7 +165,7 @@ class BodyGate:
             elif place in self._waiters:
                 self._waiters.remove(place)
             if isinstance(exc, TimeoutError):
-                self._count("busy")
+                self.count_refusal("busy")
                 raise Overloaded(f"{self.reading} request bodies are being read and none finished within "
                                  f"{lim.wait_s:g} s; try again shortly", BUSY_RETRY_AFTER_S) from None
             raise
@@ -200,13 +200,13 @@ class _Reading:
             if chunk:
                 size += len(chunk)
                 if size > self.limit:
-                    gate._count("too_large")
+                    gate.count_refusal("too_large")
                     raise PayloadTooLarge("payload_too_large", f"the request body is larger than "
                                           f"{size_text(self.limit)} ({self.why}); the rest was not read")
                 if size > self.held:  # chunked (or longer than declared): reserve as it grows
                     grow = size - self.held
                     if gate.buffered + grow > lim.max_buffered_bytes:
-                        gate._count("busy")
+                        gate.count_refusal("busy")
                         raise Overloaded("the server is reading too many request bodies; try again shortly",
                                          BUSY_RETRY_AFTER_S)
                     gate.buffered += grow
