@@ -211,7 +211,8 @@ class BatchedRunner:
             yield from synthesize_tokens(self.model, source, model_input, stream=stream, speed=speed,
                                          flow_stream=flow_stream,
                                          flow_prompt=self._prompt_ref(model_input, cache_prompt),
-                                         **self._stream_kw(cancel, request_id, first_hop, bulk), started=started)
+                                         **self._stream_kw(cancel, request_id, first_hop, bulk), started=started,
+                                         seed=seed)
         finally:
             if flow_stream is not None:
                 flow_stream.close()  # its cache's bytes go back to the budget
@@ -251,7 +252,8 @@ class BatchedRunner:
             yield from synthesize_tokens(self.model, seq, model_input, stream=True, speed=1.0,
                                          flow_stream=flow_stream,
                                          flow_prompt=self._prompt_ref(model_input, cache_prompt),
-                                         **self._stream_kw(cancel, request_id, bulk=bulk), started=started)
+                                         **self._stream_kw(cancel, request_id, bulk=bulk), started=started,
+                                         seed=seed)
         except RuntimeError:
             if fed.empty:
                 raise InvalidInput("the utterance has no text to speak") from None

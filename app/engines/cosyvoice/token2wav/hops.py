@@ -150,7 +150,8 @@ def _wait(source: Any, filt: SilenceFilter, need: int, cancel: threading.Event) 
 def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, speed: float,
                       cancel: threading.Event, schedule: HopSchedule, gate: PriorityGate | None = None,
                       flow_stream: Any = None, batched_flow: bool = False, request_id: str = "",
-                      flow_prompt: Any = None, started: float | None = None, bulk: bool = False) -> Iterator[Any]:
+                      flow_prompt: Any = None, started: float | None = None, bulk: bool = False,
+                      seed: int | None = None) -> Iterator[Any]:
     """Yield speech tensors ``[1, n]`` as ``model.token2wav`` makes them from ``source``'s tokens.
 
     ``gate`` (optional) bounds concurrent token2wav calls across requests, oldest request first;
@@ -162,19 +163,23 @@ def synthesize_tokens(model: Any, source: Any, inputs: dict, *, stream: bool, sp
     each call is bound with this request's priority and cancel flag, and no gate is used.
     ``flow_prompt`` (batched flow only): a ``flow_prefix.PromptRef``, the voice's cached prompt state.
     ``bulk``: the request's traffic class; its calls go after waiting interactive ones (gate and rounds).
+    ``seed``: the request's seed; its token2wav calls then draw their noise from their own generator
+    (``noise.py``), so the same seeded request gives the same audio alone or beside others.
     """
     import torch
 
     from app.engines.cosyvoice.flow.cache import bound_stream
+    from app.engines.cosyvoice.token2wav.noise import noise_generator, request_noise
 
     started = time.monotonic() if started is None else started
     calls = 0
     cached = flow_stream if stream else None
+    generator = None if seed is None else noise_generator(seed)
 
     def token2wav(**kw: Any) -> Any:
         nonlocal calls
         index, calls = calls, calls + 1
-        with bound_stream(cached):
+        with bound_stream(cached), request_noise(generator):
             if batched_flow:
                 try:
                     call = FlowCall(first=index == 0, started=started, cancel=cancel, request_id=request_id,
