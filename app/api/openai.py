@@ -1,4 +1,4 @@
-"""OpenAI-compatible API: ``POST /v1/audio/speech``, ``GET /v1/models``, ``GET /v1/audio/voices``.
+"""OpenAI-compatible API: ``POST /v1/audio/speech``, ``GET /v1/models``, ``GET /v1/audio/voices``, ``/v1/audio/models``.
 
 Follows OpenAI's API reference for audio/speech, so the official SDKs and apps
 that hard-code OpenAI voice names work against this server. Errors on these
@@ -15,6 +15,9 @@ Mapping onto CosyVoice:
 * The body is streamed as it is produced (``wav`` with the unknown-length header),
   except ``flac``, sent whole (see ``WHOLE_FORMATS``); ``pcm`` is 24 kHz 16-bit
   little-endian mono, as OpenAI documents. ``sse`` wraps the same bytes in events.
+* ``GET /v1/audio/models`` and ``GET /v1/audio/voices`` also answer in the shape
+  Open WebUI reads from an OpenAI-compatible TTS server (``{"models": [{"id", "name"}]}``,
+  ``{"voices": [{"id", "name"}]}``), so its model and voice pickers list what this server speaks.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ from app.api.deps import RuntimeDep, SpeechDep
 from app.api.openai_schemas import (
     MODEL_ALIASES,
     OPENAI_VOICES,
+    AudioModelList,
     ModelCard,
     ModelList,
+    NamedItem,
     SpeechRequest,
     VoiceCard,
     VoiceList,
@@ -98,6 +103,13 @@ async def retrieve_model(model_id: str, runtime: RuntimeDep, speech: SpeechDep) 
     return ModelCard(id=model_id, created=runtime.model_created)
 
 
+@router.get("/v1/audio/models", response_model=AudioModelList, summary="List TTS models (Open WebUI's shape)",
+            responses=errors(503, openai=True))
+async def list_audio_models(speech: SpeechDep) -> AudioModelList:
+    names = [speech.info.name, *(a for a in MODEL_ALIASES if a != speech.info.name)]
+    return AudioModelList(models=[NamedItem(id=n, name=n) for n in names])
+
+
 @router.get("/v1/audio/voices", response_model=VoiceList, summary="List voices usable as 'voice'",
             responses=errors(503, openai=True))
 async def list_voices(speech: SpeechDep) -> VoiceList:
@@ -108,4 +120,5 @@ async def list_voices(speech: SpeechDep) -> VoiceList:
     taken = set(presets) | set(library)
     cards += [VoiceCard(id=n, type="openai_alias", speaker=alias_speaker(n, presets))
               for n in OPENAI_VOICES if presets and n not in taken]
-    return VoiceList(data=cards)
+    named = [NamedItem(id=c.id, name=c.id if c.speaker is None else f"{c.id} ({c.speaker})") for c in cards]
+    return VoiceList(data=cards, voices=named)

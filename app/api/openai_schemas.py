@@ -113,6 +113,22 @@ class VoiceCard(BaseModel):
     speaker: str | None = Field(None, description="For an OpenAI alias: the preset speaker it speaks with.")
 
 
+class NamedItem(BaseModel):
+    """One entry of the ``models`` / ``voices`` lists Open WebUI reads (``id`` is what it sends back)."""
+
+    id: str
+    name: str
+
+
+class AudioModelList(BaseModel):
+    """``GET /v1/audio/models``: the TTS models, in the shape Open WebUI reads (``models[].id``)."""
+
+    models: list[NamedItem]
+
+
 class VoiceList(BaseModel):
+    """``data`` in OpenAI's list shape; ``voices`` the same ids as Open WebUI reads them (``id``, ``name``)."""
+
     object: Literal["list"] = "list"
     data: list[VoiceCard]
+    voices: list[NamedItem]

@@ -97,6 +97,7 @@ def test_near_misses_are_refused(keyed, headers):
 def test_every_api_route_needs_a_key(keyed):
     client = keyed()
     for method, path in [("GET", "/v1/speakers"), ("GET", "/v1/models"), ("GET", "/v1/audio/voices"),
+                         ("GET", "/v1/audio/models"),
                          ("GET", "/v1/voices"), ("POST", "/v1/voices"), ("DELETE", "/v1/voices/x"),
                          ("GET", "/inference_sft"), ("POST", "/inference_zero_shot"), ("GET", "/no/such/route")]:
         r = client.request(method, path)

@@ -154,6 +154,21 @@ def test_voices_lists_presets_library_and_aliases(make_client):
     assert by_id["fake_female"]["type"] == "preset" and by_id["narrator"]["type"] == "library"
     assert by_id["alloy"] == {"id": "alloy", "object": "voice", "type": "openai_alias", "speaker": "fake_female"}
     assert {v["id"] for v in body["data"] if v["type"] == "openai_alias"} == set(OPENAI_VOICES)
+    # Open WebUI reads {"voices": [{"id", "name"}]}: the same ids, in the same order.
+    assert [v["id"] for v in body["voices"]] == [v["id"] for v in body["data"]]
+    named = {v["id"]: v["name"] for v in body["voices"]}
+    assert (named["fake_female"], named["narrator"], named["alloy"]) == ("fake_female", "narrator", "alloy (fake_female)")
+
+
+def test_audio_models_lists_what_model_accepts(make_client):
+    client = make_client()
+    body = client.get("/v1/audio/models").json()
+    assert set(body) == {"models"}
+    ids = [m["id"] for m in body["models"]]
+    assert ids == ["fake", "tts-1", "tts-1-hd", "gpt-4o-mini-tts", "cosyvoice"]
+    assert all(set(m) == {"id", "name"} for m in body["models"])
+    for name in ids:  # every listed id is a model /v1/audio/speech accepts
+        assert speech(client, model=name, response_format="pcm").status_code == 200
 
 
 # -- errors --------------------------------------------------------------------------------------
@@ -227,7 +242,7 @@ def test_openapi_schema_builds_without_warnings(make_client):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         paths = make_client().app.openapi()["paths"]
-    assert {"/v1/audio/speech", "/v1/models", "/v1/audio/voices", "/inference_sft"} <= set(paths)
+    assert {"/v1/audio/speech", "/v1/models", "/v1/audio/voices", "/v1/audio/models", "/inference_sft"} <= set(paths)
 
 
 def test_sse_pcm_reassembles_exactly(make_client, behaviour):
