@@ -7,11 +7,13 @@ Client -> server (JSON text frames)::
      "priority": "interactive"|"bulk"}   (all optional; priority: else X-Priority, else the key's default)
     {"type": "input.text", "text": "any piece of text"}
     {"type": "input.done"}            the utterance's text is complete; the session stays open
+    {"type": "input.cancel"}          barge-in: stop speaking, drop what was sent; the session stays open
     {"type": "session.close"}         speak what was sent, then end
 
 Server -> client: ``audio.start`` (utterance, format, sample_rate), binary frames of
 audio, ``audio.done`` (utterance, audio_seconds, time_to_first_audio_s),
-``session.done``, and ``error`` (``{"type": "error", "error": {code, message,
+``audio.cancelled`` (utterance, utterances: the answer to every ``input.cancel``; no
+frame of a cancelled utterance follows it), ``session.done``, and ``error`` (``{"type": "error", "error": {code, message,
 request_id}}``). A message that is not understood, for whatever reason (not JSON,
 nested too deep, too big, a lone surrogate, a field out of range), gets an
 ``error`` and changes nothing; the session stays open. The protocol reference is
@@ -73,6 +75,7 @@ from app.serving.session import (
     TooManySessions,
     Utterance,
 )
+from app.serving.speech import CLOSE_WAIT_S
 
 log = logging.getLogger("cosyserve.ws")
 router = APIRouter(tags=["streaming"])
@@ -80,6 +83,7 @@ router = APIRouter(tags=["streaming"])
 PATH = "/v1/audio/speech/stream"
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TRY_AGAIN = 1000, 1001, 1008, 1013
 _GONE = (WebSocketDisconnect, RuntimeError, OSError)  # sending to a client that has left
+CANCEL_WAIT_S = CLOSE_WAIT_S + 1.0  # input.cancel waits this long for the cancelled job to give its permit back
 
 
 class _Message(BaseModel):
@@ -104,11 +108,11 @@ class InputText(_Message):
 
 
 class Bare(_Message):
-    type: Literal["input.done", "session.close"]
+    type: Literal["input.done", "input.cancel", "session.close"]
 
 
 _KINDS: dict[str, type[_Message]] = {"session.config": SessionConfig, "input.text": InputText,
-                                     "input.done": Bare, "session.close": Bare}
+                                     "input.done": Bare, "input.cancel": Bare, "session.close": Bare}
 
 
 def parse(raw: str, max_bytes: int | None = None) -> _Message:
@@ -265,6 +269,8 @@ class Connection:
             elif msg.type == "input.done":
                 if self.session.flush() is None:
                     raise BadRequest("empty_input", "input.done with no text since the last one: nothing to speak")
+            elif msg.type == "input.cancel":
+                await self._cancel()
             else:  # session.close
                 self.session.finish()
                 await asyncio.wait({self._audio_task})
@@ -285,6 +291,22 @@ class Connection:
         fields = SpeechFields(voice=msg.voice, instructions=msg.instructions, speed=msg.speed, seed=msg.seed,
                               priority=(msg.priority or self.priority).value)
         self.session.configure(fields, msg.response_format, msg.sample_rate)
+
+    async def _cancel(self) -> None:
+        """input.cancel: drop what is not yet spoken, wait for its job to give its permit back, acknowledge."""
+        assert self.session is not None
+        async with self._send_lock:  # no frame is half sent when the utterance's task is cancelled
+            dropped = self.session.cancel()
+        await self.session.wait_cancelled(CANCEL_WAIT_S)
+        if self.runtime.metrics is not None:
+            self.runtime.metrics.on_ws_cancel(bool(dropped))
+        await self._send_json({"type": "audio.cancelled", "utterance": dropped[0].index if dropped else None,
+                               "utterances": [u.index for u in dropped]})
+        if dropped:
+            log.info("%s WS %s: input.cancel dropped utterances %s", self.request_id, PATH,
+                     ",".join(str(u.index) for u in dropped))
+        if self.draining and not self.session.busy:
+            await self._going_away()
 
     async def _audio_loop(self) -> None:
         assert self.session is not None
@@ -321,7 +343,7 @@ class Connection:
         out = utt.out
         await self._send_json({"type": "audio.start", "utterance": utt.index, "format": out.format.name,
                                "media_type": out.content_type, "sample_rate": out.sample_rate,
-                               "channels": 1, "sample_width": 2})
+                               "channels": 1, "sample_width": 2}, utt)
 
     async def audio(self, utt: Utterance, data: bytes) -> None:
         self._last = time.monotonic()
@@ -329,6 +351,8 @@ class Connection:
         async with self._send_lock:
             if self._closed.is_set():
                 raise ClientGone("the session is closed")
+            if utt.cancelled:  # input.cancel came first: none of its audio follows the acknowledgement
+                return
             try:
                 async with asyncio.timeout(idle):  # a client that reads nothing cannot hold the session
                     await self.ws.send_bytes(data)
@@ -343,12 +367,13 @@ class Connection:
 
     async def audio_done(self, utt: Utterance) -> None:
         await self._send_json({"type": "audio.done", "utterance": utt.index, "audio_seconds": round(utt.audio_s, 3),
-                               "time_to_first_audio_s": None if utt.ttfa_s is None else round(utt.ttfa_s, 4)})
+                               "time_to_first_audio_s": None if utt.ttfa_s is None else round(utt.ttfa_s, 4)},
+                              utt, end=True)
         self._last = time.monotonic()
         await self._after_utterance()
 
     async def utterance_failed(self, utt: Utterance, exc: BaseException) -> None:
-        await self._error(exc, utterance=utt.index)
+        await self._error(exc, utterance=utt)
         await self._after_utterance()
 
     async def _after_utterance(self) -> None:
@@ -356,7 +381,7 @@ class Connection:
             asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._going_away()))
 
     # -- sending -------------------------------------------------------------------------------------------
-    async def _error(self, exc: BaseException, utterance: int | None = None) -> None:
+    async def _error(self, exc: BaseException, utterance: Utterance | None = None) -> None:
         info = classify(exc)
         body: dict[str, Any] = {"code": info.code, "message": info.message, "request_id": self.request_id}
         if info.param:
@@ -365,13 +390,16 @@ class Connection:
             body["retry_after_s"] = max(1, round(info.retry_after_s))
         event: dict[str, Any] = {"type": "error", "error": body}
         if utterance is not None:
-            event["utterance"] = utterance
-        await self._send_json(event)
+            event["utterance"] = utterance.index
+        await self._send_json(event, utterance, end=True)
 
-    async def _send_json(self, data: dict[str, Any]) -> None:
+    async def _send_json(self, data: dict[str, Any], utt: Utterance | None = None, end: bool = False) -> None:
+        """One event; an utterance's is dropped once it is cancelled (``end``: its last, it is reported)."""
         async with self._send_lock:
-            if self._closed.is_set():
+            if self._closed.is_set() or (utt is not None and utt.cancelled):
                 return
+            if utt is not None and end:
+                utt.reported = True  # checked with cancelled, in one step: too late for input.cancel
             try:
                 async with asyncio.timeout(self.runtime.session_limits.idle_timeout_s):
                     await self.ws.send_text(json.dumps(data))

@@ -97,6 +97,9 @@ class Metrics:
                                  registry=r)
         self.ws_refused = Counter("tts_ws_sessions_refused_total", "WebSocket sessions refused at connect "
                                   "(session_limit: websocket.max_sessions reached; draining)", ["reason"], registry=r)
+        self.ws_cancels = Counter("tts_ws_cancels_total", "WebSocket input.cancel messages (barge-in), by whether "
+                                  "an utterance was dropped (utterance) or none was in progress (none)", ["target"],
+                                  registry=r)
         self.queue_wait = Histogram("tts_queue_wait_seconds", "Time from admission to an engine slot",
                                     buckets=WAIT_BUCKETS, registry=r)
         self.class_wait = Histogram("tts_class_wait_seconds", "Wait per traffic class: interactive, from admission "
@@ -151,6 +154,8 @@ class Metrics:
             self.unauthorized.labels(reason=reason)
         for reason in WS_REFUSALS:
             self.ws_refused.labels(reason=reason)
+        for target in ("utterance", "none"):
+            self.ws_cancels.labels(target=target)
         r.register(PoolCollector(stats))
         self._gpu = GpuMemoryCollector()
         r.register(self._gpu)
@@ -180,6 +185,10 @@ class Metrics:
     def on_ws_refused(self, reason: str) -> None:
         """A WebSocket session refused at connect: one of WS_REFUSALS."""
         self.ws_refused.labels(reason=reason).inc()
+
+    def on_ws_cancel(self, dropped: bool) -> None:
+        """An input.cancel handled: it dropped an utterance (True) or there was none (False)."""
+        self.ws_cancels.labels(target="utterance" if dropped else "none").inc()
 
     def on_unauthorized(self, reason: str) -> None:
         """The API key middleware's callback: ``missing_api_key`` or ``invalid_api_key``."""

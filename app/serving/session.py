@@ -6,6 +6,7 @@ The WebSocket surface (``app/api/ws_speech.py``) parses messages and calls::
     session.configure(fields, "wav", None)                    # between utterances only
     session.add_text("Hello wor")                              # opens an utterance at once
     session.flush()                                            # input.done: its text is complete
+    session.cancel()                                           # input.cancel: drop what is not yet spoken
     await session.run()                                        # the audio loop (a task), until finish()
 
 Each utterance is one synthesis job (``SpeechService.run`` with a ``TextStream`` as
@@ -19,6 +20,16 @@ that send no text hold no synthesis capacity (they count against
 utterance refused for overload fails alone (the session goes on); draining or a
 pool that is not ready ends the session (:class:`SessionRefused`); every other
 failure ends only its utterance and is reported to the sink.
+
+Barge-in: ``cancel()`` drops every utterance not yet fully spoken (the one being
+spoken, any queued behind it, the one taking text). Each utterance is spoken in a
+task of its own, and cancelling that task is the same path as an HTTP client that
+leaves: a queued job leaves the queue, a running one gets the engine's cancel flag
+(its LLM row leaves the batch at the next step, its flow hops stop), and the job
+gives back its slot and permit once the slot thread has returned
+(``wait_cancelled`` waits for that). The sink drops whatever a cancelled utterance
+still hands it (``Utterance.cancelled``); ``Utterance.reported`` marks one whose end
+the client has been told already, which is then no longer cancellable.
 """
 
 from __future__ import annotations
@@ -73,6 +84,8 @@ class Utterance:
     audio_s: float = 0.0
     bytes_sent: int = 0
     finished: bool = False
+    cancelled: bool = False  # input.cancel dropped it: the sink sends nothing more of it
+    reported: bool = False  # the sink has told the client its end (audio.done or error): too late to cancel
 
 
 class SessionRefused(Exception):
@@ -113,6 +126,8 @@ class SpeechSession:
         self._out: OutputSpec = service.output("pcm", stream=True)
         self._queue: asyncio.Queue[Utterance | None] = asyncio.Queue()
         self._open: Utterance | None = None  # taking text now
+        self._speaking: tuple[Utterance, asyncio.Task[None]] | None = None  # the one being spoken, its own task
+        self._stopping: asyncio.Task[None] | None = None  # the last one cancel() cancelled
         self._unfinished: list[Utterance] = []  # opened, not yet fully spoken
         self.utterances = 0  # opened so far
         self.chars = 0
@@ -121,18 +136,18 @@ class SpeechSession:
     # -- what the client says -----------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        """An utterance is open or not yet fully spoken."""
-        return bool(self._unfinished)
+        """An utterance is open or not yet fully spoken (a cancelled one no longer counts)."""
+        return self.unfinished > 0
 
     @property
     def unfinished(self) -> int:
-        """Utterances opened and not yet fully spoken."""
-        return len(self._unfinished)
+        """Utterances opened and not yet fully spoken, nor cancelled."""
+        return sum(not u.cancelled for u in self._unfinished)
 
     @property
     def rendering(self) -> bool:
         """A flushed utterance is still being spoken (the client has nothing to send meanwhile)."""
-        return any(u.text.ended for u in self._unfinished)
+        return any(u.text.ended and not u.cancelled for u in self._unfinished)
 
     @property
     def output(self) -> OutputSpec:
@@ -184,6 +199,30 @@ class SpeechSession:
         self.flush()
         self._queue.put_nowait(None)
 
+    def cancel(self) -> list[Utterance]:
+        """input.cancel: drop every utterance not yet reported to the client; returns them, oldest first.
+
+        Synchronous, so the sink sees the flags before it sends anything more; the job of the one
+        being spoken is cancelled (``wait_cancelled`` waits until it has given its slot and permit back).
+        """
+        dropped = [u for u in self._unfinished if not (u.cancelled or u.reported)]
+        speaking = self._speaking if self._speaking is not None and self._speaking[0] in dropped else None
+        for utt in dropped:
+            utt.cancelled = True
+            if speaking is None or utt is not speaking[0]:
+                utt.text.end()  # never spoken; the one being spoken stops on its cancel flag (no last words)
+        self._open = None
+        if speaking is not None:
+            self._stopping = speaking[1]
+            self._stopping.cancel()
+        return dropped
+
+    async def wait_cancelled(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until a cancelled utterance's task has closed its job."""
+        task, self._stopping = self._stopping, None
+        if task is not None and not task.done():
+            await asyncio.wait({task}, timeout=timeout_s)
+
     def close(self) -> None:
         """The session is over (any path): stop waiting engines (their jobs give their permits back)."""
         for utt in self._unfinished:
@@ -198,10 +237,25 @@ class SpeechSession:
             if utt is None:
                 return
             try:
-                await self._speak(utt)
+                if not utt.cancelled:
+                    await self._speak_cancellable(utt)
             finally:
                 utt.finished = True
                 self._unfinished.remove(utt)
+
+    async def _speak_cancellable(self, utt: Utterance) -> None:
+        """``_speak`` in a task of its own, which ``cancel`` may cancel without ending the audio loop."""
+        task = asyncio.ensure_future(self._speak(utt))
+        self._speaking = (utt, task)
+        try:
+            await asyncio.wait({task})
+        finally:
+            if not task.done():  # the audio loop itself is cancelled (the session ends): close the job too
+                task.cancel()
+                await asyncio.wait({task})
+            self._speaking = None
+        if not task.cancelled():
+            task.result()  # ClientGone, SessionRefused: the session ends
 
     async def _speak(self, utt: Utterance) -> None:
         assert self._plan is not None

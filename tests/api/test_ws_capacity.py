@@ -222,6 +222,7 @@ def test_a_client_that_reads_no_audio_is_dropped_after_the_idle_timeout():
 
     from app.api.ws_speech import Connection
     from app.serving.errors import ClientGone
+    from app.serving.session import Utterance
 
     class NeverReads:  # the socket's send buffer is full: a send never completes
         def __init__(self) -> None:
@@ -235,7 +236,7 @@ def test_a_client_that_reads_no_audio_is_dropped_after_the_idle_timeout():
     async def send() -> float:
         started = time.monotonic()
         with pytest.raises(ClientGone, match="read no audio for 0.3 s"):
-            await conn.audio(None, b"\x00\x01")
+            await conn.audio(Utterance(1), b"\x00\x01")
         return time.monotonic() - started
 
     assert 0.3 <= asyncio.run(send()) < 3.0
