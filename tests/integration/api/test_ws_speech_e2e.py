@@ -22,6 +22,7 @@ import soundfile as sf
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from tests.support.metrics import metrics
 from tests.support.paths import ROOT
 from tests.support.server import ServerProcess
 from tests.support.sounds import voice_wav
@@ -116,6 +117,28 @@ def test_wav_with_a_library_voice_two_utterances_then_close(server):
         assert rate == 24000 and samples.ndim == 1
         assert len(samples) / rate == pytest.approx(done["audio_seconds"], abs=1e-3)
         assert np.isfinite(samples).all() and np.abs(samples).max() > 0.003
+
+
+def test_input_cancel_stops_the_utterance_frees_its_row_and_the_session_speaks_again(server):
+    with connect(ws_url(server)) as ws:
+        ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "seed": 3}))
+        ws.send(json.dumps({"type": "input.text", "text": " ".join(WORDS)}))  # no input.done: it cannot end
+        assert json.loads(ws.recv(timeout=60))["type"] == "audio.start"
+        assert isinstance(ws.recv(timeout=60), bytes)
+        ws.send(json.dumps({"type": "input.cancel"}))
+        while isinstance(ack := ws.recv(timeout=30), bytes):
+            pass  # frames already on the wire when the cancel came
+        assert json.loads(ack) == {"type": "audio.cancelled", "utterance": 1, "utterances": [1]}
+        seen = metrics(server)  # the bistream row left the batch; the job gave its slot and permit back
+        assert seen["tts_inflight_requests"] == 0 and seen['tts_slots{state="busy"}'] == 0
+        assert seen['tts_ws_cancels_total{target="utterance"}'] >= 1
+        ws.send(json.dumps({"type": "input.text", "text": " ".join(WORDS[:12]) + "."}))
+        ws.send(json.dumps({"type": "input.done"}))
+        first = ws.recv(timeout=60)
+        assert not isinstance(first, bytes) and json.loads(first)["type"] == "audio.start", first
+        assert json.loads(first)["utterance"] == 2
+        _, audio, done, _ = receive_utterance(ws)
+    assert done["utterance"] == 2 and len(audio) == round(done["audio_seconds"] * 24000) * 2
 
 
 def test_the_agent_example_pipes_a_simulated_llm_into_the_socket(server, tmp_path):
