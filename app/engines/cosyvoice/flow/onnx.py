@@ -133,7 +133,7 @@ def _chunked_wrapper(estimator: Any) -> Any:
             finally:
                 self.inner.static_chunk_size = saved
 
-    return Chunked()
+    return Chunked().train(estimator.training)  # a new Module trains: export would restore that onto the estimator
 
 
 def _dummy(estimator: Any, batch: int, frames: int, seed: int) -> tuple:
@@ -148,7 +148,12 @@ def _dummy(estimator: Any, batch: int, frames: int, seed: int) -> tuple:
 
 
 def export(estimator: Any, target: Any) -> None:
-    """Write ``estimator`` as an ONNX graph (with a ``chunk`` input where it has a chunk mask) to ``target``."""
+    """Write ``estimator`` as an ONNX graph (with a ``chunk`` input where it has a chunk mask) to ``target``.
+
+    The estimator comes back in the mode it was in: ``torch.onnx.export`` restores the exported module's
+    mode onto every submodule, and a wrapper left in training mode turned the loaded estimator's dropout on
+    (noise in every later torch flow pass of the process, and seeded requests no longer reproducible).
+    """
     import torch
 
     chunk = chunk_size(estimator)
@@ -169,8 +174,13 @@ def export(estimator: Any, target: Any) -> None:
         # the estimator's strided slices cannot be folded into constants: the graph keeps them (exact)
         warnings.filterwarnings("ignore", message="Constant folding - Only steps=1 can be constant folded",
                                 category=UserWarning)
-        torch.onnx.export(module, args, target, dynamo=False, opset_version=18, do_constant_folding=True,
-                          input_names=names, output_names=["estimator_out"], dynamic_axes=axes)
+        modes = {m: m.training for m in estimator.modules()}
+        try:
+            torch.onnx.export(module, args, target, dynamo=False, opset_version=18, do_constant_folding=True,
+                              input_names=names, output_names=["estimator_out"], dynamic_axes=axes)
+        finally:
+            for m, training in modes.items():
+                m.training = training
 
 
 def _session(model: str | bytes, threads: int) -> Any:

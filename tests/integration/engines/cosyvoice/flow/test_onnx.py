@@ -142,6 +142,16 @@ def test_export_is_cached_by_weights_and_reused(estimator, tmp_path, monkeypatch
     assert sorted(os.listdir(model_dir)) == listing  # nothing written into the model dir
 
 
+def test_the_export_leaves_the_estimator_in_inference_mode(estimator):
+    """torch.onnx.export restores the exported wrapper's mode onto every submodule: a wrapper left in
+    training mode switched the loaded estimator's dropout on for the rest of the process."""
+    import io
+
+    assert not any(m.training for m in estimator.modules())
+    flow_onnx.export(estimator, io.BytesIO())
+    assert not any(m.training for m in estimator.modules())
+
+
 def test_other_weights_get_another_key(estimator):
     import copy
 
