@@ -16,6 +16,7 @@ from typing import Self
 
 import numpy as np
 
+from app.audio import g711
 from app.audio.av_encode import AvCodecWriter
 from app.audio.formats import (
     MAX_SAMPLE_RATE,
@@ -24,11 +25,18 @@ from app.audio.formats import (
     resolve_format,
 )
 from app.audio.resample import StreamResampler, as_mono_int16
-from app.audio.wav import wav_header
+from app.audio.wav import g711_wav_header, wav_header
 
 
 def _pcm_bytes(pcm: np.ndarray) -> bytes:
     return np.ascontiguousarray(pcm, dtype="<i2").tobytes()
+
+
+def _sample_bytes(fmt: AudioFormat, pcm: np.ndarray) -> bytes:
+    """int16 samples as the format carries them: 16-bit little-endian, or G.711 (one byte each)."""
+    if fmt.law is None:
+        return _pcm_bytes(pcm)
+    return g711.encode(pcm, fmt.law).tobytes()
 
 
 class Encoder:
@@ -99,18 +107,22 @@ class Encoder:
         pass
 
 
-class PcmEncoder(Encoder):
-    """Raw little-endian int16 samples, no header."""
+class RawEncoder(Encoder):
+    """Raw samples, no header: little-endian int16 (pcm) or G.711 bytes (mulaw, alaw).
+
+    G.711 is a per-sample code, so the bytes of a stream are those of the whole
+    file: only the resampler (which keeps its state across chunks) sits before it.
+    """
 
     def _encode(self, pcm: np.ndarray) -> bytes:
-        return _pcm_bytes(pcm)
+        return _sample_bytes(self.format, pcm)
 
     def _finish(self) -> bytes:
         return b""
 
 
 class WavEncoder(Encoder):
-    """16-bit mono WAV.
+    """Mono WAV: 16-bit PCM, or G.711 with its ``fact`` chunk (wav_mulaw, wav_alaw).
 
     Whole: buffered, returned by ``finish()`` behind an exact header.
     Streaming: the first ``feed()`` sends a header whose RIFF and data sizes are
@@ -122,15 +134,20 @@ class WavEncoder(Encoder):
         self._parts: list[bytes] = []
         self._header_sent = False
 
+    def _header(self, data_bytes: int | None) -> bytes:
+        if self.format.law is None:
+            return wav_header(self.sample_rate, data_bytes)
+        return g711_wav_header(self.format.law, self.sample_rate, data_bytes)
+
     def _encode(self, pcm: np.ndarray) -> bytes:
-        data = _pcm_bytes(pcm)
+        data = _sample_bytes(self.format, pcm)
         if not self.stream:
             if data:
                 self._parts.append(data)
             return b""
         if not self._header_sent:
             self._header_sent = True
-            return wav_header(self.sample_rate, None) + data
+            return self._header(None) + data
         return data
 
     def _finish(self) -> bytes:
@@ -138,7 +155,7 @@ class WavEncoder(Encoder):
             return b"" if self._header_sent else self._encode(np.zeros(0, np.int16))
         data = b"".join(self._parts)
         self._parts = []
-        return wav_header(self.sample_rate, len(data)) + data
+        return self._header(len(data)) + data
 
     def _release(self) -> None:
         self._parts = []
@@ -172,17 +189,16 @@ def make_encoder(
     """An encoder for ``fmt`` taking mono int16 at ``sample_rate``.
 
     The output rate is ``out_rate`` (default: the input rate) moved to the
-    nearest rate the codec accepts (Opus always 48 kHz); see ``.sample_rate``.
+    nearest rate the codec accepts (Opus always 48 kHz, G.711 8 kHz); see ``.sample_rate``.
     Raises :class:`~app.audio.formats.UnsupportedFormat` for unknown formats.
     """
     f = fmt if isinstance(fmt, AudioFormat) else resolve_format(fmt)
     if not MIN_SAMPLE_RATE <= int(sample_rate) <= MAX_SAMPLE_RATE:
         raise ValueError(f"input sample rate must be {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz, got {sample_rate}")
     rate = f.output_rate(int(out_rate) if out_rate else int(sample_rate))
-    if f.name == "pcm":
-        return PcmEncoder(f, sample_rate, rate, stream=stream)
-    if f.name == "wav":
-        return WavEncoder(f, sample_rate, rate, stream=stream)
+    if f.container is None:
+        cls = WavEncoder if f.wav else RawEncoder
+        return cls(f, sample_rate, rate, stream=stream)
     return AvEncoder(f, sample_rate, rate, stream=stream, bit_rate=bit_rate)
 
 

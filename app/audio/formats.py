@@ -16,6 +16,8 @@ AAC_RATES: tuple[int, ...] = (
 # Opus only runs at these; every Ogg Opus decoder hands back 48 kHz (RFC 7845 5.1).
 OPUS_RATES: tuple[int, ...] = (8000, 12000, 16000, 24000, 48000)
 OPUS_OUTPUT_RATE = 48000
+# G.711 (mu-law, A-law) is defined at 8 kHz: what phone lines, SIP and Twilio Media Streams carry.
+G711_RATE = 8000
 # Sane bounds for any rate we encode to or accept from an upload.
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 1000, 384000
 
@@ -31,6 +33,9 @@ class AudioFormat:
     ``sample_rates`` is ``None`` when any positive rate is accepted. ``container``
     and ``codec`` name the PyAV muxer/encoder (``None`` for the formats we write
     ourselves). ``fixed_rate`` forces one output rate regardless of the input.
+    For the formats we write ourselves, ``law`` names the G.711 law of the
+    samples (``None``: 16-bit little-endian PCM) and ``wav`` says whether they
+    come inside a RIFF/WAVE file (else raw, headerless).
     """
 
     name: str
@@ -41,6 +46,13 @@ class AudioFormat:
     codec: str | None = None
     fixed_rate: int | None = None
     lossy: bool = False
+    law: str | None = None
+    wav: bool = False
+
+    @property
+    def sample_width(self) -> int:
+        """Bytes a sample of the formats we write ourselves (G.711: 1, PCM: 2)."""
+        return 1 if self.law else 2
 
     def accepts_rate(self, rate: int) -> bool:
         if not MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE:
@@ -67,7 +79,7 @@ class AudioFormat:
 FORMATS: dict[str, AudioFormat] = {
     f.name: f
     for f in (
-        AudioFormat("wav", "audio/wav", "wav", None),
+        AudioFormat("wav", "audio/wav", "wav", None, wav=True),
         AudioFormat("pcm", "audio/pcm", "pcm", None),
         AudioFormat("mp3", "audio/mpeg", "mp3", MPEG_AUDIO_RATES, "mp3", "libmp3lame", lossy=True),
         AudioFormat(
@@ -75,6 +87,16 @@ FORMATS: dict[str, AudioFormat] = {
         ),
         AudioFormat("aac", "audio/aac", "aac", AAC_RATES, "adts", "aac", lossy=True),
         AudioFormat("flac", "audio/flac", "flac", None, "flac", "flac"),
+        # Raw G.711 bytes at 8 kHz. audio/basic is mu-law's registered type (RFC 2046); A-law has no
+        # registered type outside RTP (audio/PCMA is RTP-only), audio/x-alaw-basic is the one in use.
+        AudioFormat("mulaw", "audio/basic", "ulaw", (G711_RATE,), fixed_rate=G711_RATE, lossy=True, law="mulaw"),
+        AudioFormat("alaw", "audio/x-alaw-basic", "alaw", (G711_RATE,), fixed_rate=G711_RATE, lossy=True,
+                    law="alaw"),
+        # The same in a WAV file (WAVE_FORMAT_MULAW / WAVE_FORMAT_ALAW, with the fact chunk).
+        AudioFormat("wav_mulaw", "audio/wav", "wav", (G711_RATE,), fixed_rate=G711_RATE, lossy=True, law="mulaw",
+                    wav=True),
+        AudioFormat("wav_alaw", "audio/wav", "wav", (G711_RATE,), fixed_rate=G711_RATE, lossy=True, law="alaw",
+                    wav=True),
     )
 }
 FORMAT_NAMES: tuple[str, ...] = tuple(FORMATS)
