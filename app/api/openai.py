@@ -14,7 +14,8 @@ Mapping onto CosyVoice:
   ignored and the response says so in ``X-Instructions-Ignored: true``.
 * The body is streamed as it is produced (``wav`` with the unknown-length header),
   except ``flac``, sent whole (see ``WHOLE_FORMATS``); ``pcm`` is 24 kHz 16-bit
-  little-endian mono, as OpenAI documents. ``sse`` wraps the same bytes in events.
+  little-endian mono, as OpenAI documents; ``mulaw`` / ``alaw`` (raw) and ``wav_mulaw`` /
+  ``wav_alaw`` are G.711 at 8 kHz, for phone lines. ``sse`` wraps the same bytes in events.
 * ``GET /v1/audio/models`` and ``GET /v1/audio/voices`` also answer in the shape
   Open WebUI reads from an OpenAI-compatible TTS server (``{"models": [{"id", "name"}]}``,
   ``{"voices": [{"id", "name"}]}``), so its model and voice pickers list what this server speaks.

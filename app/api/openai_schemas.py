@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.api.schemas import PRIORITY_DOC, PriorityName
+from app.api.schemas import FORMAT_DOC, PRIORITY_DOC, PriorityName
 from app.audio.formats import FORMAT_NAMES
 from app.serving.bounds import (
     INSTRUCTIONS_MAX_CHARS,
@@ -49,7 +49,8 @@ class SpeechRequest(BaseModel):
     input: str
     voice: str | VoiceRef
     instructions: str | None = Field(None, max_length=INSTRUCTIONS_MAX_CHARS)
-    response_format: str = "mp3"
+    response_format: str = Field("mp3", description=f"One of: {', '.join(FORMAT_NAMES)}. pcm is 24 kHz. "
+                                 + FORMAT_DOC)
     speed: float = 1.0
     stream_format: str = "audio"
     priority: PriorityName | None = Field(None, description=PRIORITY_DOC)

@@ -27,6 +27,7 @@ TTS_DOC: dict[str, Any] = {
             "stream_pcm": {"text": "Streaming as it is synthesised.", "stream": True, "format": "pcm"},
             "mp3_faster": {"text": "Hello!", "speaker": "a preset speaker", "format": "mp3", "speed": 1.1},
             "bulk": {"text": "Chapter one. It was a bright cold day.", "format": "mp3", "priority": "bulk"},
+            "phone_mulaw": {"text": "Thanks for calling.", "stream": True, "format": "mulaw"},
         }),
         **doc.form_body(TTSRequest, files={"prompt_audio": "1-30 s of speech to clone (any common format)",
                                            "source_audio": "Speech to convert (mode vc)"},

@@ -26,6 +26,8 @@ PriorityName = Annotated[Priority, BeforeValidator(parse_priority)]
 PRIORITY_DOC = ("Traffic class: 'interactive' (the default) or 'bulk' (waits in its own queue and runs in the "
                 "capacity interactive work leaves; docs/priority.md). Wins over the X-Priority header and the "
                 "API key's default.")
+FORMAT_DOC = ("Audio format. mulaw / alaw: raw G.711 bytes at 8 kHz mono, what phone lines carry (Twilio "
+              "Media Streams, SIP); wav_mulaw / wav_alaw: the same in a WAV file (docs/phone.md).")
 ModeName = Literal[ALL_MODES]  # type: ignore[valid-type]
 
 
@@ -58,9 +60,11 @@ class TTSRequest(BaseModel):
                     "CosyVoice2/3). Smaller: earlier first audio, its last frames computed with less right "
                     "context; default: the model's own (25 plus the prompt alignment). The model's range is "
                     "checked (400 outside it); CosyVoice2/3 with engine.batching only.")
-    format: FormatName = "wav"
+    format: FormatName = Field("wav", description=FORMAT_DOC)
     sample_rate: int | None = Field(None, ge=OUTPUT_RATE_MIN, le=OUTPUT_RATE_MAX,
-                                    description="Resample the output (pcm/wav/flac/mp3/aac).")
+                                    description="Resample the output (pcm/wav/flac/mp3/aac). opus is always "
+                                                "48 kHz and the G.711 formats 8 kHz, whatever is asked; "
+                                                "X-Sample-Rate says the rate sent.")
     priority: PriorityName | None = Field(None, description=PRIORITY_DOC)
 
 

@@ -2,7 +2,7 @@
 
 Client -> server (JSON text frames)::
 
-    {"type": "session.config", "voice": ..., "model": ..., "response_format": "pcm"|"wav",
+    {"type": "session.config", "voice": ..., "model": ..., "response_format": "pcm"|"wav"|"mulaw"|...,
      "speed": 1.0, "instructions": ..., "sample_rate": ..., "seed": ...,
      "priority": "interactive"|"bulk"}   (all optional; priority: else X-Priority, else the key's default)
     {"type": "input.text", "text": "any piece of text"}
@@ -49,6 +49,7 @@ from app.api.errors import classify
 from app.api.openai import check_model
 from app.api.priority import client_of, header_priority
 from app.api.schemas import PriorityName
+from app.audio.formats import FORMATS
 from app.runtime import Runtime
 from app.serving.bounds import (
     INSTRUCTIONS_MAX_CHARS,
@@ -84,6 +85,10 @@ PATH = "/v1/audio/speech/stream"
 CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TRY_AGAIN = 1000, 1001, 1008, 1013
 _GONE = (WebSocketDisconnect, RuntimeError, OSError)  # sending to a client that has left
 CANCEL_WAIT_S = CLOSE_WAIT_S + 1.0  # input.cancel waits this long for the cancelled job to give its permit back
+# The formats whose bytes we write ourselves, so each engine chunk leaves as one binary frame at once:
+# pcm, wav, and G.711 (mulaw, alaw, wav_mulaw, wav_alaw: 8 kHz, what phone lines carry).
+WS_FORMATS: tuple[str, ...] = tuple(name for name, f in FORMATS.items() if f.container is None)
+WsFormat = Literal[WS_FORMATS]  # type: ignore[valid-type]
 
 
 class _Message(BaseModel):
@@ -94,7 +99,7 @@ class SessionConfig(_Message):
     type: Literal["session.config"]
     voice: str | None = Field(None, max_length=NAME_MAX_CHARS)
     model: str | None = Field(None, max_length=NAME_MAX_CHARS)
-    response_format: Literal["pcm", "wav"] = "pcm"
+    response_format: WsFormat = "pcm"
     speed: float = Field(1.0, ge=SPEED_MIN, le=SPEED_MAX)
     instructions: str | None = Field(None, max_length=INSTRUCTIONS_MAX_CHARS)
     sample_rate: int | None = Field(None, ge=OUTPUT_RATE_MIN, le=OUTPUT_RATE_MAX)
@@ -343,7 +348,7 @@ class Connection:
         out = utt.out
         await self._send_json({"type": "audio.start", "utterance": utt.index, "format": out.format.name,
                                "media_type": out.content_type, "sample_rate": out.sample_rate,
-                               "channels": 1, "sample_width": 2}, utt)
+                               "channels": 1, "sample_width": out.format.sample_width}, utt)
 
     async def audio(self, utt: Utterance, data: bytes) -> None:
         self._last = time.monotonic()
