@@ -382,7 +382,7 @@ class Connection:
         await self._after_utterance()
 
     async def _after_utterance(self) -> None:
-        if self.draining and self.session is not None and self.session.unfinished <= 1:
+        if self.draining and self.session is not None and self.session.unfinished == 0:  # this one is reported
             asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._going_away()))
 
     # -- sending -------------------------------------------------------------------------------------------

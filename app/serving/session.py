@@ -141,13 +141,14 @@ class SpeechSession:
 
     @property
     def unfinished(self) -> int:
-        """Utterances opened and not yet fully spoken, nor cancelled."""
-        return sum(not u.cancelled for u in self._unfinished)
+        """Utterances opened and not yet fully spoken, nor cancelled. One whose end the client has been told
+        (audio.done, or its error) no longer counts, though its job may still be closing."""
+        return sum(not (u.cancelled or u.reported) for u in self._unfinished)
 
     @property
     def rendering(self) -> bool:
         """A flushed utterance is still being spoken (the client has nothing to send meanwhile)."""
-        return any(u.text.ended and not u.cancelled for u in self._unfinished)
+        return any(u.text.ended and not (u.cancelled or u.reported) for u in self._unfinished)
 
     @property
     def output(self) -> OutputSpec:

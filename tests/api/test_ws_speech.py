@@ -56,6 +56,32 @@ def test_input_done_keeps_the_session_for_the_next_utterance_and_close_ends_it(o
     wait_until(lambda: in_flight(client) == 0)
 
 
+def test_config_right_after_audio_done_is_accepted_while_the_job_still_closes(open_client, behaviour, monkeypatch):
+    """audio.done is the client's "between utterances": a session.config sent at once is taken even when the
+    finished utterance's job is still giving its slot back (here: a close that takes 0.5 s)."""
+    import asyncio
+
+    from app.serving.speech import SpeechResult
+
+    real = SpeechResult.aclose
+
+    async def slow_close(self):
+        await asyncio.sleep(0.5)
+        await real(self)
+
+    monkeypatch.setattr(SpeechResult, "aclose", slow_close)
+    client = open_client()
+    with client.websocket_connect(PATH) as ws:
+        send(ws, "input.text", text="First one.")
+        send(ws, "input.done")
+        utterance(ws)
+        send(ws, "session.config", response_format="wav")
+        send(ws, "input.text", text="Second one.")
+        send(ws, "input.done")
+        start, audio, _ = utterance(ws)
+    assert start["format"] == "wav" and audio[:4] == b"RIFF"  # the config took effect, no session_busy
+
+
 def test_bad_messages_get_an_error_and_change_nothing(open_client, behaviour):
     client = open_client()
     with client.websocket_connect(PATH) as ws:
