@@ -39,8 +39,9 @@ from app.engines.cosyvoice.llm.forward import (
     BatchedLM,
     supports_batching,
 )
+from app.engines.cosyvoice.llm.observer import LLMObserver
 from app.engines.cosyvoice.llm.sampling import SamplingRules
-from app.engines.cosyvoice.llm.scheduler import LLMObserver, LLMScheduler
+from app.engines.cosyvoice.llm.scheduler import LLMScheduler
 from app.engines.cosyvoice.token2wav.gate import PriorityGate
 from app.engines.cosyvoice.token2wav.hops import (
     FixedTokens,

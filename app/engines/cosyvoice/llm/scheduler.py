@@ -8,33 +8,12 @@ Continuous (iteration-level) batching, in one process::
       seq.cancel() / cancel flag set     ----->  sample each row, hand out tokens,
                                                  drop finished/cancelled rows at once
 
-A new sequence joins at the next step after its prefill; a finished, cancelled
-or failed one leaves at once and its cache row is freed. At most
-``max_batch_size`` sequences run; later ones wait (FIFO) for a row. The sequences
-that join at one step (new ones, and bistream ones back with more text) are
-prefilled together when ``max_prefill_batch`` allows (``engine.prefill_batch``, on for
-CUDA), in as few forwards as ``max_prefill_tokens`` allows (``prefill.py``), so a burst
-of arrivals stalls the running batch once; by default one forward each.
-
-Sampling runs on the host: each step's log-probs ``[n, V]`` come off the device in
-one copy (fp32), and every sequence samples from its row with its own CPU
-generator (see ``sampling.py``), so a seeded request gets the same tokens on any
-device, alone or in any batch. A failure while sampling one sequence ends that
-sequence only. An out-of-memory error in a step takes the newest sequence out of
-the batch (back to the head of the queue, its cache rebuilt when it rejoins) and
-the step runs again with the others; the batch then grows back one sequence per
-finished one. On CUDA the thread runs on its own stream (``device.StepIO``).
-
-Traffic classes (``bulk.py``): a bulk sequence steps only in the room the pool leaves
-(``set_bulk_room``): each step takes every interactive row, then bulk rows oldest first up
-to ``room()``; a bulk row left out keeps its cache row and joins a later step. New bulk
-sequences wait in their own queue and are prefilled only when they would step; an
-interactive arrival that finds the batch full takes the place of the newest bulk row
-(sent back to the bulk queue, its cache rebuilt from its input and tokens when it rejoins,
-as after an out-of-memory step).
-
-Consumers read a sequence's tokens with :meth:`Sequence.wait_for` (``sequence.py``),
-which blocks until enough tokens are there or the sequence ended; it never busy-waits.
+A sequence joins at the next step after its prefill (joiners of one step prefilled together,
+``prefill.py``) and leaves at once when finished, cancelled or failed, freeing its cache row; at
+most ``max_batch_size`` run, later ones wait FIFO. Sampling runs on the host, each sequence with
+its own generator (``sampling.py``, ``decide.py``). An out-of-memory step sends the newest
+sequence back to the queue and runs again. Bulk sequences step only in the room the pool leaves
+(``bulk.py``). The whole design, its numbers and its tests: docs/batching.md.
 """
 
 from __future__ import annotations
@@ -45,7 +24,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 from app.engines.cosyvoice.llm.bistream import BistreamFeed
 from app.engines.cosyvoice.llm.bulk import (
@@ -55,7 +34,9 @@ from app.engines.cosyvoice.llm.bulk import (
     bulk_left,
     plan_step,
 )
+from app.engines.cosyvoice.llm.decide import LEAVE, PARK, next_token
 from app.engines.cosyvoice.llm.forward import BatchedLM
+from app.engines.cosyvoice.llm.observer import LLMObserver, NullObserver
 from app.engines.cosyvoice.llm.prefill import (
     GroupPrefill,
     Joiner,
@@ -70,28 +51,6 @@ log = logging.getLogger("cosyserve.engine.batch")
 
 STOP = object()  # _wait_for_work: the scheduler is stopping
 POLL_PARKED_S = 0.2  # while bistream sequences wait for text: how often to look for set cancel flags
-
-
-class LLMObserver(Protocol):
-    """Receives scheduler measurements (the metrics layer implements it).
-
-    It may also have ``on_prefill(joiners, seconds)``, called after each prefill forward
-    (how many sequences joined in it, its seconds with the log-prob download), and
-    ``on_flow_cache_recompute()``, which the batched runner calls when a stream does not
-    fit the flow cache budget (``flow/budget.py``).
-    """
-
-    def on_step(self, batch_size: int, seconds: float) -> None: ...
-
-    def on_tokens(self, n: int) -> None: ...
-
-
-class _NullObserver:
-    def on_step(self, batch_size: int, seconds: float) -> None:
-        pass
-
-    def on_tokens(self, n: int) -> None:
-        pass
 
 
 class SchedulerClosed(RuntimeError):
@@ -118,7 +77,7 @@ class LLMScheduler:
         self.step_probe = step_probe
         self._cap = max_batch_size  # lowered after an out-of-memory step, regrown as sequences finish
         self.rules = rules or SamplingRules.from_llm(lm.llm)
-        self.observer: LLMObserver = observer or _NullObserver()
+        self.observer: LLMObserver = observer or NullObserver()
         self.trace_logp = trace_logp
         self._kv = lm.new_cache()
         self._joins = GroupPrefill(lm, self._kv, max_tokens=max_prefill_tokens,
@@ -421,12 +380,18 @@ class LLMScheduler:
         return True
 
     def _accept(self, seq: Sequence, logp: Any) -> None:
-        """Sample ``seq``'s next token from ``logp`` (a host row); hand it out, or end the sequence.
-
-        Any failure here (its sampler, its token rules) ends this sequence only.
-        """
+        """Sample ``seq``'s next token from ``logp`` (a host row); hand it out, park or end the sequence.
+        Any failure here (its sampler, its token rules) ends this sequence only."""
         try:
-            self._sample(seq, logp)
+            token, then = next_token(seq, logp, self.lm.spec)
+            if then == PARK:
+                self._park(seq)
+                return
+            if token is not None:
+                seq.push(token)
+                self.observer.on_tokens(1)
+            if then == LEAVE:
+                self._leave(seq)
         except Exception as exc:  # noqa: BLE001 - one request's failure, never the scheduler's
             log.error("sampling failed (request %s): %r", seq.request_id, exc)
             with self._cond:
@@ -434,36 +399,6 @@ class LLMScheduler:
                     self._parked.remove(seq)
             if not seq.done:
                 self._leave(seq, exc)
-
-    def _sample(self, seq: Sequence, logp: Any) -> None:
-        step = len(seq.tokens)
-        if seq.feed is not None:
-            self._accept_bistream(seq, logp)
-            return
-        if seq.logp_trace is not None:
-            seq.logp_trace.append(logp.detach().clone())
-        token = seq.sampler.sample(logp, seq.tokens, ignore_eos=step < seq.min_len)
-        if token in self.lm.spec.stop_tokens:
-            self._leave(seq)
-            return
-        seq.push(token)
-        self.observer.on_tokens(1)
-        if len(seq.tokens) >= seq.max_len:
-            self._leave(seq)
-
-    def _accept_bistream(self, seq: Sequence, logp: Any) -> None:
-        feed = seq.feed
-        token = feed.decide(logp, seq.sampler.sample, len(seq.tokens))
-        if not feed.final and token == feed.fill:
-            self._park(seq)
-            return
-        if token in self.lm.spec.stop_tokens or token >= self.lm.spec.speech_token_size:
-            self._leave(seq)
-            return
-        seq.push(token)
-        self.observer.on_tokens(1)
-        if feed.final and len(seq.tokens) >= feed.max_len:
-            self._leave(seq)
 
     def _drop_stopped(self) -> None:
         for seq in [s for s in self._rows if s.should_stop]:
