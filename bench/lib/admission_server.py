@@ -1,4 +1,4 @@
-"""The admission suite's server, request and gauge readings, shared with the abuse suite and overload_pairs.
+"""The admission suite's server, request and gauge readings, shared with the abuse and priority suites.
 
 One ``cosyserve serve`` with a given pool section (``pool_server``), the one request every client
 sends (``work``: one sentence, streamed PCM), the admission gauges read from ``/metrics``
