@@ -59,34 +59,34 @@ test-upstream: setup
 	COSYSERVE_TEST_UPSTREAM=$(UPSTREAM) $(PY) -m pytest -q -m upstream tests/integration/upstream
 
 loadtest: setup
-	$(PY) -m bench.loadtest
+	$(PY) -m bench serve --scenario loadtest
 
 # the headline and cost suites; results in .cache/bench/ (a curated .md goes into docs/benchmarks/: bench/README.md)
 bench: setup
-	$(PY) -m bench.run
-	$(PY) -m bench.cost
-	$(PY) -m bench.cost --plan levers
+	$(PY) -m bench serve --scenario run
+	$(PY) -m bench cost
+	$(PY) -m bench cost --plan levers
 
 # what one request costs: fp32 vs bf16, streamed vs whole (~12 min); then the CPU cost levers
 # (int8 LLM, ONNX Runtime flow, flow steps, CFG; ~25 min), full-size and tiny v2
 bench-cost: setup
-	$(PY) -m bench.cost
-	$(PY) -m bench.cost --plan levers
+	$(PY) -m bench cost
+	$(PY) -m bench cost --plan levers
 
 # per-request pool vs batched LLM, full-size (built once into .cache/full2) and tiny CosyVoice2; ~20 min
 bench-batching: setup
-	$(PY) -m bench.batching
+	$(PY) -m bench serve --scenario batching
 
 # a polite client alone and beside each adversary (issue 36), one server with the defaults; ~7 min on 2
 # idle cores; writes .cache/bench/abuse/ (ABUSE_ARGS: e.g. --phase-s 5 --only dribblers,storm-64)
 bench-abuse: setup
-	$(PY) -m bench.abuse $(ABUSE_ARGS)
+	$(PY) -m bench serve --scenario abuse $(ABUSE_ARGS)
 
 # live and bulk on one server (issue 39): the interactive closed loop at the knee alone, beside a backlog of 200
 # bulk requests, then the backlog alone; writes .cache/bench/priority/ (PRIORITY_ARGS: e.g. --quick, or
 # --model-dir .cache/full2 for the full-size v2)
 bench-priority: setup
-	$(PY) -m bench.priority $(PRIORITY_ARGS)
+	$(PY) -m bench serve --scenario priority $(PRIORITY_ARGS)
 
 # The images (docs/deploy.md, "Images"), with docker or podman, whichever is here: cosyserve:VERSION and
 # cosyserve-cuda:VERSION. Where python:3.11-slim-bookworm cannot be pulled, a stand-in is built from Debian's
@@ -123,7 +123,7 @@ gpu-check:
 	@if ! PYTHONPATH=$(GPU_SITE) $(GPU_PYTHON) -c "import cosyvoice, hyperpyyaml" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then \
 	  $(GPU_PYTHON) -m pip install -q --no-index --no-deps --no-compile --upgrade --target $(GPU_SITE) .whl/*.whl; fi
 	PYTHONPATH=$(GPU_SITE):$$PYTHONPATH PYTORCH_CUDA_ALLOC_CONF=$${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
-	  $(GPU_PYTHON) -m bench.gpu_check $(GPU_CHECK_ARGS)
+	  $(GPU_PYTHON) -m bench gpu $(GPU_CHECK_ARGS)
 
 # the wheels a GPU machine without network needs for gpu-check (Python 3.12), into .whl/; prints their size
 gpu-wheels: setup

@@ -1,6 +1,6 @@
 """Abuse suite (issue 36): a polite client alone, then beside each adversary, against the server's defaults.
 
-    python -m bench.abuse [--phase-s 30] [--only dribblers,storm-8] [--out DIR] [--model-dir DIR]
+    python -m bench serve --scenario abuse [--phase-s 30] [--only dribblers,storm-8] [--out DIR] [--model-dir DIR]
 
 One ``cosyserve serve`` (the tiny CosyVoice2 model unless ``--model-dir``; no pool settings: the defaults).
 Phase after phase, the polite client (one closed-loop client, the admission suite's request, bench/lib/admission_server.py: one sentence,
@@ -292,7 +292,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  [{verdict(g['pass'])}] {g['phase']}: {g['goal']}: {g['value']} (target {g['target']})")
     log(f"wrote {shown(args.out)}/abuse.json, abuse.md")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

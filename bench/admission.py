@@ -1,6 +1,6 @@
 """Overload with the defaults: admission as a user gets it, against fixed sizings (issue 20).
 
-    python -m bench.admission [--quick] [--systems defaults,before,tuned] [--out DIR]
+    python -m bench serve --scenario admission [--quick] [--systems defaults,before,tuned] [--out DIR]
 
 The systems' servers (the real ``cosyserve serve`` subprocess on the tiny CosyVoice2 model, or
 ``--model-dir``) are started together and measured phase by phase in turn, one at a time while
@@ -377,7 +377,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  [{mark}] {g['goal']}: {g['value']} (target {g['target']})")
     log(f"wrote {args.out}/admission.json, admission.md")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Continuous LLM batching benchmark: per-request pool vs batched, full-size and tiny CosyVoice2.
 
-    python -m bench.batching [--models full,tiny] [--quick] [--out DIR]     # or: make bench-batching
+    python -m bench serve --scenario batching [--models full,tiny] [--quick] [--out DIR]     # or: make bench-batching
 
 One run, one machine, ONE server at a time (the real ``cosyserve serve`` subprocess):
 
@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -270,7 +269,3 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(goal_lines(goals)), flush=True)
     log(f"done in {(time.monotonic() - started) / 60:.1f} min; wrote {args.out}/batching.json, .md, .png")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

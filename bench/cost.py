@@ -1,7 +1,7 @@
 """What one request costs: CPU seconds, real-time factor, first audio, flow frames, per stage.
 
-    python -m bench.cost                       # full-size v2 (.cache/full2) and tiny v2; writes .cache/bench/cost/cost.*
-    python -m bench.cost --models tiny --quick # a smoke run (~1 min)
+    python -m bench cost                       # full-size v2 (.cache/full2) and tiny v2; writes .cache/bench/cost/cost.*
+    python -m bench cost --models tiny --quick # a smoke run (~1 min)
 
 One system at a time: each (model, variant) runs in its own subprocess (one torch
 thread, the server's batched engine path, ``CosyVoiceEngine`` called in-process,
@@ -20,8 +20,8 @@ alone (``int8``: ``engine.llm_quantization``; ``ort``: ``engine.flow_runtime: on
 ``steps5``: ``engine.flow_steps: 5``; ``nocfg``: ``engine.flow_cfg: false``), ``int8-ort`` and
 ``all`` (the four together), each at c=1 whole and streamed and c=8 whole (short text):
 
-    python -m bench.cost --plan levers                          # full-size + tiny (~25 min here)
-    python -m bench.cost --plan levers --models tiny --quick    # a smoke run
+    python -m bench cost --plan levers                          # full-size + tiny (~25 min here)
+    python -m bench cost --plan levers --models tiny --quick    # a smoke run
 
 Variants: ``fp32``, ``bf16`` (``engine.dtype``), ``fp32-cache`` (``engine.flow_cache``:
 streaming without recomputing the prefix) and ``fp32-cache-voice`` (also
@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.lib.procs import ROOT, THREAD_ENV, results_dir
+from bench.lib.procs import ROOT, THREAD_ENV, python_module, results_dir
 
 FULL_DIR = ROOT / ".cache" / "full2"
 LONG = ("The train to the city leaves at seven every single morning, and the people who ride it read, "
@@ -472,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
             if (model, dtype) not in plan:
                 continue
             log(f"{model} {dtype}: {_shown(model_dir)}")
-            cmd = [sys.executable, "-m", "bench.cost", "--plan", args.plan, "--worker", model_dir, model, dtype]
+            cmd = python_module("bench", "cost", "--plan", args.plan, "--worker", model_dir, model, dtype)
             cmd += (["--quick"] if args.quick else []) + (["--cases", args.cases] if args.cases else [])
             try:
                 proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **THREAD_ENV}, stdout=subprocess.PIPE,
@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{model} {dtype} failed (exit {proc.returncode})")
                 continue
             results.setdefault(model, {})[dtype] = json.loads(line[len("RESULT "):])
-    command = " ".join(["python -m bench.cost", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(["python -m bench cost", *(argv if argv is not None else sys.argv[1:])])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     commands = [command]
@@ -508,7 +508,3 @@ def main(argv: list[str] | None = None) -> int:
         log(g)
     log(f"wrote {_shown(str(out / f'{name}.json'))}, {name}.md")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """The GPU check: does cosyserve's engine run right, and how fast, on this CUDA machine?
 
-    python -m bench.gpu_check                       # CUDA: full-size v2 built here, .cache/bench/gpu_check/gpu.{md,json}
-    python -m bench.gpu_check --device cpu --quick  # CI: tiny v2 on the CPU, .cache/bench/gpu_check/cpu.{md,json}
+    python -m bench gpu                       # CUDA: full-size v2 built here, .cache/bench/gpu_check/gpu.{md,json}
+    python -m bench gpu --device cpu --quick  # CI: tiny v2 on the CPU, .cache/bench/gpu_check/cpu.{md,json}
     make gpu-check                                  # the first, after installing the wheels in .whl/ (docs/gpu.md)
 
 In-process (the engine, no HTTP server), so the machine needs torch and the CosyVoice
@@ -535,7 +535,3 @@ def main(argv: list[str] | None = None) -> int:
     say(f"wrote {out.with_suffix('.md')} and .json in {doc['elapsed_s']} s")
     failed = [k for k, v in doc.items() if isinstance(v, dict) and "failed" in v]
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """``make loadtest``: a local cosyserve on the tiny model, driven by locust headless.
 
-    python -m bench.loadtest [--users 8] [--run-time 60s] [--workers 2] [--max-queue 8]
+    python -m bench serve --scenario loadtest [--users 8] [--run-time 60s] [--workers 2] [--max-queue 8]
 
 Builds (once) the tiny random-weight CosyVoice2 model, starts ``cosyserve serve``
 on a free loopback port, waits until it is ready, runs
@@ -154,7 +154,3 @@ def _metrics_excerpt(base_url: str) -> str:
     keep = ("tts_requests_total", "tts_rejected_total", "tts_engine_errors_total", "tts_process_peak_rss_bytes")
     return "\n".join(line for line in text.splitlines()
                      if line.startswith(keep) and not line.rstrip().endswith(" 0.0"))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Live and bulk on one server: a bulk backlog beside a steady interactive load (issue 39).
 
-    python -m bench.priority [--quick] [--model-dir DIR] [--out DIR]      (make bench-priority)
+    python -m bench serve --scenario priority [--quick] [--model-dir DIR] [--out DIR]      (make bench-priority)
 
 One ``cosyserve serve`` subprocess on the defaults (the tiny CosyVoice2 model of bench/model.py,
 or ``--model-dir``, e.g. a full-size dir from ``python -m app.devmodels``), started as
@@ -202,7 +202,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  [{mark}] {g['goal']}: {g['value']} (target {g['target']}) {g.get('noise', '')}")
     log(f"wrote {shown(args.out)}/priority.json, priority.md")
     return 0 if "failed" not in results else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

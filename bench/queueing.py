@@ -1,6 +1,6 @@
 """How deep the waiting room must be: a queueing model of admission under open-loop overload.
 
-    python -m bench.queueing [--places 2] [--cv 0.03,0.26] [--loads 1.5,3] [--rooms 0,1,2,3,4]
+    python -m bench queueing [--places 2] [--cv 0.03,0.26] [--loads 1.5,3] [--rooms 0,1,2,3,4]
 
 ``places`` requests run at once (the admission limit), each taking a service time of mean 1
 (spread by ``cv``, a normal truncated at 5 %); Poisson arrivals at ``load`` x the capacity;
@@ -73,7 +73,3 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     print(f"{args.places} places, Poisson arrivals, {args.arrivals} per row; latencies in mean service times")
     print("\n".join(run_all(args.places, args.cv, args.loads, args.rooms, args.arrivals)))
-
-
-if __name__ == "__main__":
-    main()

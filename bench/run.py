@@ -1,4 +1,4 @@
-"""The side-by-side benchmark: ``make bench`` (full, ~25 min) or ``python -m bench.run --quick``.
+"""The side-by-side benchmark: ``make bench`` (full, ~25 min) or ``python -m bench serve --scenario run --quick``.
 
 One run, one machine, the same tiny CosyVoice2 model, ONE system at a time:
 
@@ -38,7 +38,7 @@ import httpx
 
 from bench.lib import load
 from bench.lib.model import ensure_model
-from bench.lib.procs import ROOT, THREAD_ENV, ServerProc, results_dir
+from bench.lib.procs import ROOT, THREAD_ENV, ServerProc, python_module, results_dir
 from bench.lib.run_report import evaluate_goals, print_goals, write_outputs
 from bench.lib.systems import System, systems
 
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_admission(args: argparse.Namespace) -> int:
     """(f): overload with the defaults vs fixed sizings (bench/admission.py), one server at a time."""
-    argv = [sys.executable, "-m", "bench.admission", "--out", str(args.out)]
+    argv = python_module("bench", "serve", "--scenario", "admission", "--out", str(args.out))
     argv += ["--quick"] if args.quick else ["--rounds", "3"]  # one round's best point is a lucky moment here
     if args.model_dir:
         argv += ["--model-dir", args.model_dir]
@@ -288,13 +288,9 @@ def run_admission(args: argparse.Namespace) -> int:
 
 def run_batching(args: argparse.Namespace) -> int:
     """(e): the batching benchmark, one server at a time like the rest, after them."""
-    argv = [sys.executable, "-m", "bench.batching", "--out", str(args.out)] + (["--quick"] if args.quick else [])
+    argv = python_module("bench", "serve", "--scenario", "batching", "--out", str(args.out), *(["--quick"] if args.quick else []))
     log("(e) batching benchmark: " + " ".join(argv[1:]))
     code = subprocess.run(argv, check=False, cwd=ROOT, env={**os.environ, **THREAD_ENV}).returncode
     if code != 0:
         log(f"  (e) batching FAILED with exit code {code}")
     return code
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Benchmark: time to first audio for text that arrives at an LLM's pace, WebSocket vs. POST.
 
-    .venv/bin/python -m bench.ws_ttfa            # prints a Markdown table, writes .cache/bench/ws_ttfa/ws-ttfa.md
+    .venv/bin/python -m bench serve --scenario ws   # prints a Markdown table, writes .cache/bench/ws_ttfa/ws-ttfa.md
 
 A real ``cosyserve serve`` on the tiny CosyVoice2 (the default config: batched LLM,
 so streamed text goes into bistream sequences). For each text, ``--reps`` times:
@@ -37,7 +37,7 @@ from websockets.sync.client import connect
 from bench.lib.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMAND = ".venv/bin/python -m bench.ws_ttfa"
+COMMAND = ".venv/bin/python -m bench serve --scenario ws"
 TEXTS = {
     "20 words": "The quick brown fox jumps over the lazy dog while a small grey cat watches from the warm window.",
     "40 words": ("Voice agents stream the words of a language model into speech while the model is still writing "
@@ -127,12 +127,12 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=float, default=20.0, help="tokens per second the 'LLM' writes")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "ws_ttfa" / "ws-ttfa.md"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     port = free_port()
     base, url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/v1/audio/speech/stream"
     with tempfile.TemporaryDirectory() as tmp:
@@ -174,7 +174,3 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(report)
     print(f"wrote {args.out}")
-
-
-if __name__ == "__main__":
-    main()

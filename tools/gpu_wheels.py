@@ -17,7 +17,7 @@ no wheel: it is built here (pure Python). Prints each wheel and the total size.
 On the GPU machine (docs/gpu.md)::
 
     python3 -m pip install -q --no-index --no-deps --target .cache/gpu-site .whl/*.whl
-    PYTHONPATH=.cache/gpu-site:. python3 -m bench.gpu_check      # or: make gpu-check (does both)
+    PYTHONPATH=.cache/gpu-site:. python3 -m bench gpu      # or: make gpu-check (does both)
 """
 
 from __future__ import annotations

@@ -192,7 +192,7 @@ def _f(v: float | None) -> str:
 def markdown(results: dict) -> str:
     phases, ref = results["phases"], reference(results["phases"])
     lines = [
-        "# Abuse suite (`python -m bench.abuse`)", "",
+        "# Abuse suite (`python -m bench serve --scenario abuse`)", "",
         (f"Started {results['started']}; {results['cores']} cores; load average at start "
         f"{results['loadavg_start'][0]:.2f}, at the end {results['loadavg_end'][0]:.2f}; model {results['model']}; "
         f"server: no pool settings (the defaults); {results['phase_s']:g} s per phase after {results['lead_s']:g} s "

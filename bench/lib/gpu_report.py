@@ -153,7 +153,7 @@ def markdown(doc: dict) -> str:
                      f"({_gib(mem['allocated_after_bytes'])} GiB allocated after).")
     else:
         lines.append("Not applicable (no CUDA device).")
-    lines += ["", "Written by `python -m bench.gpu_check` (docs/gpu.md); the JSON it writes beside this report "
+    lines += ["", "Written by `python -m bench gpu` (docs/gpu.md); the JSON it writes beside this report "
               "(default .cache/bench/gpu_check/, not committed) holds every value. Random weights: speed and "
               "memory are the real model's, audio is noise.", ""]
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""The GPU check ships working: `python -m bench.gpu_check --device cpu --quick`, exactly as CI runs it.
+"""The GPU check ships working: `python -m bench gpu --device cpu --quick`, exactly as CI runs it.
 
 On a CPU it builds nothing (the tiny v2 model), checks parity, seeded sampling, half-precision
 drift, per-stage time, streaming at concurrency 1/4/16, host syncs per step and the running
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_the_gpu_check_runs_on_a_cpu_and_writes_its_report(tiny_models, tmp_path):
     tiny_models(2)  # built once per test session (the check would build the same dir)
     out = tmp_path / "gpu_check_cpu"
-    run = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--quick", "--out", str(out)],
+    run = subprocess.run([sys.executable, "-m", "bench", "gpu", "--device", "cpu", "--quick", "--out", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     doc = json.loads(out.with_suffix(".json").read_text())

@@ -34,6 +34,6 @@ def test_goal_lines_say_met_or_missed():
     assert "GOAL full, exact-only levers (ONNX Runtime): CPU s/req at c=1 1.25x lower (goal >= 1.2x): met" in text
     assert "GOAL full, int8-ort: audio s per wall s at c=8 1.70x fp32's (goal >= 1.6x): met" in text
     assert "GOAL tiny: no regression" in text and "MISSED: int8 short-whole 0.600 vs 0.500" in text
-    table = markdown({"commands": ["python -m bench.cost --plan levers"], "host": {"cores": 2},
+    table = markdown({"commands": ["python -m bench cost --plan levers"], "host": {"cores": 2},
                       "results": {"full": full}, "goals": goals}, "levers")
     assert "| full | int8-ort | short-c8 | 8 | 20.00 |" in table and "## Goals" in table

@@ -3,7 +3,7 @@
 A GPU step that reads a value back (``int()``, ``.item()``, ``.tolist()``), copies to the
 host, or indexes with a boolean mask makes the host wait for every kernel queued so far.
 The step may wait once: for the copy of its log-probs, which sampling then reads on the
-host. (On CUDA, ``python -m bench.gpu_check`` counts the same with
+host. (On CUDA, ``python -m bench gpu`` counts the same with
 ``torch.cuda.set_sync_debug_mode``.)
 """
 

@@ -1,0 +1,54 @@
+"""The benchmarks' one entry point, as ``vllm bench serve|latency|throughput``:
+
+    python -m bench serve --scenario SCENARIO [ARGS]   # a server under load (SCENARIO below)
+    python -m bench cost [ARGS]                        # what one request costs (--plan levers: the CPU levers)
+    python -m bench gpu [ARGS]                         # the GPU check (make gpu-check; --device cpu --quick)
+    python -m bench queueing [ARGS]                    # how deep the waiting room must be (no server)
+
+Scenarios of ``serve``: run (the headline suite, make bench), admission, abuse (make bench-abuse),
+priority (make bench-priority), batching (make bench-batching), ws (WebSocket vs POST time to
+first audio), loadtest (locust, make loadtest). ARGS go to the scenario or command:
+``python -m bench serve --scenario admission --help`` lists its own. bench/README.md has them all.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SCENARIOS = {"run": "bench.run", "admission": "bench.admission", "abuse": "bench.abuse",
+             "priority": "bench.priority", "batching": "bench.batching", "ws": "bench.ws_ttfa",
+             "loadtest": "bench.loadtest"}
+COMMANDS = {"cost": "bench.cost", "gpu": "bench.gpu_check", "queueing": "bench.queueing"}
+
+
+def _scenario(argv: list[str]) -> tuple[str | None, list[str]]:
+    for i, arg in enumerate(argv):
+        if arg == "--scenario" and i + 1 < len(argv):
+            return argv[i + 1], argv[:i] + argv[i + 2:]
+        if arg.startswith("--scenario="):
+            return arg.split("=", 1)[1], argv[:i] + argv[i + 1:]
+    return None, argv
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name, rest = (argv[0], argv[1:]) if argv else (None, [])
+    if name == "serve":
+        name, rest = _scenario(rest)
+        module = SCENARIOS.get(name or "")
+    else:
+        module = COMMANDS.get(name or "")
+    if module is None:
+        asked = argv in (["-h"], ["--help"], ["serve", "-h"], ["serve", "--help"])
+        print(__doc__, file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 2
+    prog, sys.argv[0] = sys.argv[0], f"python -m bench {'serve --scenario ' if name in SCENARIOS else ''}{name}"
+    try:  # argparse names the program after sys.argv[0]
+        return importlib.import_module(module).main(rest) or 0
+    finally:
+        sys.argv[0] = prog
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
