@@ -8,7 +8,7 @@ Measured here (4 sequences x 60 teacher-forced steps): largest log-prob differen
 tokens with probability >= 1e-4, KL 2e-6 nats, greedy agreement 100%. The bounds are ~5-20x
 those: loose enough for other CPUs' int8 kernels, tight enough to catch an unquantized
 activation path gone wrong (a scale error moves log-probs by whole nats) or a quantized speech
-head. Full size (24 layers) is measured by ``python -m bench.probes.llm_int8`` (docs/cpu.md).
+head. Full size (24 layers) is measured by ``python -m tests.support.llm_int8`` (docs/cpu.md).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from app.engines.cosyvoice.engine import CosyVoiceEngine
 from app.engines.cosyvoice.llm.forward import BatchedLM
 from app.engines.cosyvoice.load import load_model_dir
 from app.engines.cosyvoice.quantize import quantize_llm_int8
-from bench.probes.llm_int8 import compare
+from tests.support.llm_int8 import compare
 from tests.support import configs
 
 MAX_ABS_LOGPROB = 0.1  # nats, over tokens fp32 gives >= 1e-4

@@ -1,7 +1,7 @@
 """int8 LLM (``engine.llm_quantization: int8``) against fp32: accuracy and decode-step time.
 
-    python -m bench.probes.llm_int8 --model-dir .cache/full2       # full-size v2 (~3 min on 2 cores)
-    python -m bench.probes.llm_int8 --model-dir DIR --steps 40 --quick
+    python -m tests.support.llm_int8 --model-dir .cache/full2      # full-size v2 (~3 min on 2 cores)
+    python -m tests.support.llm_int8 --model-dir DIR --steps 40 --quick
 
 One process, one torch thread. The fp32 LLM and an int8 copy of it decode the same
 sequences through the batched forward (``BatchedLM``), teacher-forced: both are fed the
