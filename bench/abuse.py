@@ -33,9 +33,13 @@ import httpx
 import psutil
 
 from bench.lib import load, prom
-from bench.lib.abuse_report import (
-    evaluate_goals,
-    markdown,
+from bench.lib.admission_server import gauges, pool_server, shown, work
+from bench.lib.load import LoadClient, Result
+from bench.lib.procs import ROOT, ServerProc, new_run_dir
+from bench.lib.sched import realtime_client
+from bench.report import (
+    abuse_goals,
+    abuse_markdown,
     phase_line,
     reference,
     server_log,
@@ -43,10 +47,6 @@ from bench.lib.abuse_report import (
     storm_rates,
     verdict,
 )
-from bench.lib.admission_server import gauges, pool_server, shown, work
-from bench.lib.load import LoadClient, Result
-from bench.lib.procs import ROOT, ServerProc, new_run_dir
-from bench.lib.sched import realtime_client
 
 # phase -> (adversary kind for bench/lib/abuse_clients.py, its clients); None: the polite client alone
 PHASES: dict[str, tuple[str | None, int]] = {
@@ -282,10 +282,10 @@ def main(argv: list[str] | None = None) -> int:
             print(phase_line(p, reference(results["phases"])), flush=True)
     results["loadavg_end"] = os.getloadavg()
     results["reference"] = reference(results["phases"])
-    results["goals"] = evaluate_goals(results["phases"])
+    results["goals"] = abuse_goals(results["phases"])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "abuse.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "abuse.md").write_text(markdown(results))
+    (args.out / "abuse.md").write_text(abuse_markdown(results))
     ref = results["reference"]
     print(f"\nGoals (against the mean of the {ref['runs']} alone phases)")
     for g in results["goals"]:

@@ -41,15 +41,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib import load
-from bench.lib.admission_report import (
-    best_closed,
-    best_closed_rps,
-    evaluate_goals,
-    markdown,
-    paired_ratios,
-    per_point,
-    settle_times,
-)
 from bench.lib.admission_server import (
     TEXT,
     Poller,
@@ -64,6 +55,17 @@ from bench.lib.procs import (
     results_dir,
 )
 from bench.lib.sched import realtime_client
+from bench.report import (
+    admission_goals,
+    admission_markdown,
+    best_closed,
+    best_closed_rps,
+    merge_admission_files,
+    paired_ratios,
+    per_point,
+    print_goals,
+    settle_times,
+)
 
 
 def log(msg: str) -> None:
@@ -73,6 +75,7 @@ def log(msg: str) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: a few seconds per point (numbers meaningless)")
+    ap.add_argument("--merge", nargs="+", metavar="RUN_JSON", help="no run: merge these runs into --out's admission.*")
     ap.add_argument("--out", help="output dir (default .cache/bench/admission; --quick: .cache/bench/admission/quick)")
     ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/lib/model.py")
     ap.add_argument("--systems", default="defaults,before,tuned", help="comma list of defaults, before, tuned")
@@ -347,6 +350,8 @@ def fail(results: dict[str, Any], system: str, exc: BaseException) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        return merge_admission_files(args.out, args.merge)
     from bench.lib.model import ensure_model
 
     model_dir = args.model_dir or ensure_model(2)
@@ -367,13 +372,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run_systems(args, args.systems, model_dir, run_dir, results)
     results["loadavg_end"] = os.getloadavg()
-    results["goals"] = evaluate_goals(results)
+    results["goals"] = admission_goals(results)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "admission.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "admission.md").write_text(markdown(results))
-    print("\nGoals")
-    for g in results["goals"]:
-        mark = {True: "PASS", False: "FAIL", None: "info"}[g["pass"]]
-        print(f"  [{mark}] {g['goal']}: {g['value']} (target {g['target']})")
+    (args.out / "admission.md").write_text(admission_markdown(results))
+    print_goals(results["goals"])
     log(f"wrote {args.out}/admission.json, admission.md")
     return 0

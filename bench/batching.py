@@ -41,13 +41,6 @@ from bench.lib.batching_plan import (
     plan_for,
     systems,
 )
-from bench.lib.batching_report import (
-    evaluate_goals,
-    goal_lines,
-    markdown,
-    plot,
-    summarize_point,
-)
 from bench.lib.load import LoadClient, RequestSpec, Result
 from bench.lib.procs import (
     ROOT,
@@ -56,6 +49,13 @@ from bench.lib.procs import (
     free_port,
     python_module,
     results_dir,
+)
+from bench.report import (
+    batching_goals,
+    batching_markdown,
+    batching_plot,
+    batching_point_summary,
+    goal_lines,
 )
 
 FULL_DIR = ROOT / ".cache" / "full2"
@@ -174,7 +174,7 @@ async def bench_system(srv: ServerProc, plan: ModelPlan, args: argparse.Namespac
                                                     args.timeout_s)
             after = await metrics(url)
             p = {"mode": mode, "concurrency": c, "planned": n, "capped": capped,
-                 **summarize_point(results, wall, SAMPLE_RATE), **prom.llm_deltas(before, after, wall),
+                 **batching_point_summary(results, wall, SAMPLE_RATE), **prom.llm_deltas(before, after, wall),
                  "peak_rss": rss.peak(t_rss)}
             out["points"].append(p)
             log(f"    {mode} c={c}: {p['ok']}/{n} ok in {wall:.1f}s, {p['audio_s_per_s']:.3f} audio-s/s, "
@@ -209,12 +209,12 @@ def server(system: SystemSpec, mdir: str, run_dir: Path, plan: ModelPlan, args: 
 
 
 def write(results: dict[str, Any], out: Path) -> list[dict]:
-    goals = evaluate_goals(results)
+    goals = batching_goals(results)
     results["goals"] = goals
     out.mkdir(parents=True, exist_ok=True)
     (out / "batching.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-    (out / "batching.md").write_text(markdown(results, goals))
-    plot(results, out / "batching.png")
+    (out / "batching.md").write_text(batching_markdown(results, goals))
+    batching_plot(results, out / "batching.png")
     return goals
 
 

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.lib.gpu_report import markdown, percentile
+from bench.report import gpu_markdown, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = [
@@ -531,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(doc, indent=2, default=str) + "\n", encoding="utf-8")
-    out.with_suffix(".md").write_text(markdown(doc), encoding="utf-8")
+    out.with_suffix(".md").write_text(gpu_markdown(doc), encoding="utf-8")
     say(f"wrote {out.with_suffix('.md')} and .json in {doc['elapsed_s']} s")
     failed = [k for k, v in doc.items() if isinstance(v, dict) and "failed" in v]
     return 1 if failed else 0

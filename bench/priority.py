@@ -22,7 +22,7 @@ Per phase, side by side: goodput per class (audio s per wall s; in B over the lo
 interactive TTFA and latency p50/p99, bulk completion time (first submit to last done), 503s and
 failures per class, the longest bulk wait (its time to first audio) against the class timeout, the
 admission limit each interactive loop ran under (``/metrics`` every 0.5 s: its mean and each value's
-share; the bulk room follows it); then the goals (bench/lib/priority_report.py). Output:
+share; the bulk room follows it); then the goals (bench/report.py). Output:
 ``priority.json`` and ``priority.md`` in ``--out`` (default .cache/bench/priority).
 """
 
@@ -37,18 +37,18 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib import load
-from bench.lib.abuse_report import ms
-from bench.lib.admission_report import best_closed
 from bench.lib.admission_server import Poller, pool_server, shown
 from bench.lib.load import LoadClient, RequestSpec, Result
-from bench.lib.priority_report import (
-    backlog_summary,
-    evaluate_goals,
-    limit_readings,
-    markdown,
-    table,
-)
 from bench.lib.procs import new_run_dir, results_dir
+from bench.report import (
+    backlog_summary,
+    best_closed,
+    limit_readings,
+    ms_label,
+    priority_goals,
+    priority_markdown,
+    priority_table,
+)
 
 TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 DEFAULT_BULK_TIMEOUT_S = 600.0  # pool.bulk_queue_timeout_s when the settings do not name one
@@ -122,7 +122,7 @@ async def knee(url: str, args: argparse.Namespace) -> dict[str, Any]:
             s = await load.closed_loop(url, spec(), c, args.point_s, warmup_s=args.warmup_s,
                                        timeout_s=args.timeout_s, reject_backoff_s=None)
         points.append({"concurrency": c, **s.to_dict(), "limit_last": poll.limits[-1] if poll.limits else None})
-        log(f"  c={c}: {s.throughput_rps:.2f} rps {s.audio_per_s:.1f} audio-s/s p99={ms(s.latency_p99_s)} "
+        log(f"  c={c}: {s.throughput_rps:.2f} rps {s.audio_per_s:.1f} audio-s/s p99={ms_label(s.latency_p99_s)} "
             f"503={s.rejected} limit={points[-1]['limit_last']}")
     best = best_closed(points)
     limit = best["limit_last"]
@@ -192,11 +192,11 @@ def main(argv: list[str] | None = None) -> int:
             log(f"FAILED: {type(exc).__name__}: {str(exc)[:2000]}")
             results["failed"] = f"{type(exc).__name__}: {exc}"[:4000]
     results["loadavg_end"] = os.getloadavg()
-    results["goals"] = evaluate_goals(results)
+    results["goals"] = priority_goals(results)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "priority.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "priority.md").write_text(markdown(results))
-    print("\n" + table(results) + "\n\nGoals")
+    (args.out / "priority.md").write_text(priority_markdown(results))
+    print("\n" + priority_table(results) + "\n\nGoals")
     for g in results["goals"]:
         mark = {True: "PASS", False: "FAIL", None: "n/a"}[g["pass"]]
         print(f"  [{mark}] {g['goal']}: {g['value']} (target {g['target']}) {g.get('noise', '')}")

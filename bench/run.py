@@ -39,8 +39,8 @@ import httpx
 from bench.lib import load
 from bench.lib.model import ensure_model
 from bench.lib.procs import ROOT, THREAD_ENV, ServerProc, python_module, results_dir
-from bench.lib.run_report import evaluate_goals, print_goals, write_outputs
 from bench.lib.systems import System, systems
+from bench.report import print_goals, run_goals, write_outputs
 
 TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 SHORT_TEXT = "Hello there."
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  {key}: KILLED at the RSS limit ({args.max_rss_gb:g} GiB); the rest of its points were skipped")
     results["elapsed_s"] = time.monotonic() - started
     results["loadavg_end"] = os.getloadavg()
-    goals = evaluate_goals(results)
+    goals = run_goals(results)
     results["goals"] = goals
     write_outputs(results, args.out)
     print_goals(goals)

@@ -67,7 +67,8 @@ class Summary:
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100); None for no values."""
+    """Nearest-rank percentile (q in 0..100) of the values that are not NaN; None for none."""
+    values = [v for v in values if not math.isnan(v)]
     if not values:
         return None
     s = sorted(values)

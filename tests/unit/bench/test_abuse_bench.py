@@ -6,18 +6,18 @@ import pytest
 
 from bench.abuse import PHASES, parse_args, statuses
 from bench.lib.abuse_clients import Tally
-from bench.lib.abuse_report import (
+from bench.lib.abuse_sockets import request_head, status_of
+from bench.lib.load import Result
+from bench.report import (
+    abuse_goals,
+    abuse_markdown,
     answers_text,
-    evaluate_goals,
-    markdown,
     phase_line,
     reference,
     server_log,
     server_refusal_p99_ms,
     storm_rates,
 )
-from bench.lib.abuse_sockets import request_head, status_of
-from bench.lib.load import Result
 
 MB = 1024 * 1024
 
@@ -94,7 +94,7 @@ def test_goals_pass_and_fail_per_phase():
               phase("giant-fields", "giant", 2.9, 0.5, tally=giant.__dict__, server_4xx_p99_ms=12.0),
               phase("huge-body", "huge", 2.8, 0.45, peak=1200 * MB, tally=huge.__dict__),
               phase("storm-8", "storm", 0.6, 0.4, storm=storm), phase("alone-again", None, 3.0, 0.4)]
-    goals = {(g["phase"], g["goal"]): g["pass"] for g in evaluate_goals(phases)}
+    goals = {(g["phase"], g["goal"]): g["pass"] for g in abuse_goals(phases)}
     assert goals[("dribblers", "polite goodput vs alone")] is False
     assert goals[("dribblers", "polite p99 vs alone")] is False  # not one 200: fails, not n/a
     assert goals[("dribblers", "polite 5xx answers")] is False
@@ -117,10 +117,10 @@ def test_lines_and_report_name_every_phase():
     assert "polite 2.90 req/s (0.97x alone)" in line and "dribble x4: 408 x1" in line and "sent max 31 B" in line
     results = {"phases": phases, "started": "now", "cores": 2, "loadavg_start": [0.1], "loadavg_end": [0.2],
                "model": "tiny", "phase_s": 30.0, "lead_s": 3.0, "load_generator": "normal",
-               "goals": evaluate_goals(phases)}
-    md = markdown(results)
+               "goals": abuse_goals(phases)}
+    md = abuse_markdown(results)
     assert "did not run" not in md
-    assert "did not run" in markdown({**results, "server_gone_before": "storm-64"})
+    assert "did not run" in abuse_markdown({**results, "server_gone_before": "storm-64"})
     assert "| dribblers | 2.90 (0.97) |" in md and "| dribblers | polite goodput vs alone | 0.97 | >= 0.9 | PASS |" in md
 
 

@@ -1,4 +1,4 @@
-"""The admission benchmark's pure parts (bench/lib/admission_report.py): settling, the knee, the goals."""
+"""The admission benchmark's pure parts (bench/report.py): settling, the knee, the goals."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import subprocess
 import sys
 
 from bench.admission import parse_args, pool_settings
-from bench.lib.admission_report import (
-    _rows,
-    evaluate_goals,
+from bench.report import (
+    admission_goals,
+    admission_markdown,
+    admission_rows,
     knee,
-    markdown,
     per_point,
     settle_times,
 )
@@ -43,7 +43,7 @@ def test_goals_grade_the_defaults_and_show_the_others():
                 "step": {"settle_s": [4.0, 0.0]}, "server_503": {"count": 40, "p50_ms": 0.2, "p99_ms": 12.5}}
     before = {"points": [point(1, 0.8, 1.0, 1.2), point(2, 1.1, 1.7, 2.0), point(8, 1.3, 6.0, 16.9)],
               "open": [{"factor": 3.0, **point(0, 0.9, 17.0, 35.0)}]}
-    goals = {g["goal"]: g for g in evaluate_goals({"systems": {"defaults": defaults, "before": before}})}
+    goals = {g["goal"]: g for g in admission_goals({"systems": {"defaults": defaults, "before": before}})}
     assert goals["[defaults] open loop 3x: admitted p99 / p99 at the knee"]["pass"] is True  # 3.8 / 2.0
     assert goals["[defaults] open loop 3x: 503 p99 (ms)"]["pass"] is True
     assert goals["[defaults] 503 p99 as the server timed it, whole run (ms)"]["pass"] is False  # 12.5 ms
@@ -54,7 +54,7 @@ def test_goals_grade_the_defaults_and_show_the_others():
     assert goals["[defaults] c=8: throughput / best fixed"]["value"] == "0.96"  # 1.25 / 1.3
     assert goals["[defaults] c=8: throughput / best fixed"]["pass"] is True
     defaults["points"][1] = point(2, 0.9, 1.7, 2.0)
-    goals = {g["goal"]: g for g in evaluate_goals({"systems": {"defaults": defaults, "before": before}})}
+    goals = {g["goal"]: g for g in admission_goals({"systems": {"defaults": defaults, "before": before}})}
     assert goals["[defaults] c=2: throughput / best fixed"]["pass"] is False  # 0.9 / 1.1
 
 
@@ -68,15 +68,15 @@ def test_the_defaults_system_has_no_pool_settings_and_the_report_renders():
          "systems": {"defaults": {"pool": {}, "points": [point(1, 0.8, 1.0, 1.2)], "open": [],
                                   "step": {"series": [{"t": 0.0, "limit": 4.0}], "step_s": 4.0, "settle_s": [0, 0],
                                            "phases": []}}}}
-    r["goals"] = evaluate_goals(r)
-    text = markdown(r)
+    r["goals"] = admission_goals(r)
+    text = admission_markdown(r)
     assert "| closed c=1 | 0.80 |" in text and "0s:4" in text
 
 
 def test_runs_of_single_systems_merge_into_one_report(tmp_path):
     import json
 
-    from bench.lib.admission_report import main
+    from bench.report import merge_admission_files
 
     args = parse_args(["--quick"])
     base = {"config": vars(args) | {"out": str(args.out)}, "cores": 2, "model": "tiny", "text": "x",
@@ -89,7 +89,7 @@ def test_runs_of_single_systems_merge_into_one_report(tmp_path):
     for i, run in enumerate((before, after)):
         paths.append(tmp_path / f"{i}.json")
         paths[-1].write_text(json.dumps(run))
-    assert main([str(tmp_path / "out"), *map(str, paths)]) == 0
+    assert merge_admission_files(tmp_path / "out", list(map(str, paths))) == 0
     merged = json.loads((tmp_path / "out" / "admission.json").read_text())
     assert list(merged["systems"]) == ["before", "defaults"]
     goals = {g["goal"]: g for g in merged["goals"]}
@@ -116,9 +116,9 @@ def test_a_re_run_best_point_names_every_round_s_clients_where_they_differ():
     refs = [dict(point(c, x, 0.3, 0.5), factor=1.5) for c, x in ((8, 6.0), (4, 6.5), (8, 7.0))]
     merged = per_point(refs, "factor")[0]
     assert merged["concurrency"] == 4 and merged["concurrencies"] == [8, 4, 8]
-    assert _rows({"refs": [merged]})[0][0] == "closed c=8/4/8 again, before 1.5x"
+    assert admission_rows({"refs": [merged]})[0][0] == "closed c=8/4/8 again, before 1.5x"
     same = per_point([dict(point(8, x, 0.3, 0.5), factor=3.0) for x in (6.0, 7.0)], "factor")[0]
-    assert "concurrencies" not in same and _rows({"refs": [same]})[0][0] == "closed c=8 again, before 3x"
+    assert "concurrencies" not in same and admission_rows({"refs": [same]})[0][0] == "closed c=8 again, before 3x"
 
 
 def test_rounds_interleave_every_point_and_the_report_shows_their_range():
@@ -142,12 +142,12 @@ def test_rounds_interleave_every_point_and_the_report_shows_their_range():
     assert report["points"][0]["rounds"] == [3.0, 3.4] and len(report["points_rounds"]) == 2
     r = {"config": vars(args) | {"out": str(args.out)}, "started": "now", "cores": 2, "model": "tiny", "text": "x",
          "loadavg_start": [0.1], "loadavg_end": [0.2], "systems": {"defaults": report}}
-    r["goals"] = evaluate_goals(r)
-    text = markdown(r)
+    r["goals"] = admission_goals(r)
+    text = admission_markdown(r)
     assert "| closed c=1 | 3.00 (3.00-3.40 of 2) |" in text and "measured in 2 rounds" in text
     assert "load generator ran in" not in text  # not recorded: not claimed
     r["load_generator"] = "SCHED_FIFO priority 1, servers in SCHED_OTHER"
-    assert "The load generator ran in SCHED_FIFO priority 1, servers in SCHED_OTHER" in markdown(r)
+    assert "The load generator ran in SCHED_FIFO priority 1, servers in SCHED_OTHER" in admission_markdown(r)
 
 
 def test_the_report_names_no_path_outside_the_repository(tmp_path):
@@ -224,7 +224,7 @@ def test_a_closed_loop_client_honours_the_retry_after_of_a_503_unless_given_a_fi
 
 
 def test_goodput_is_also_graded_against_the_best_point_measured_just_before_it():
-    from bench.lib.admission_report import paired_ratios
+    from bench.report import paired_ratios
 
     opened = [{"factor": 1.5, "throughput_rps": 7.0}, {"factor": 3.0, "throughput_rps": 6.0},
               {"factor": 1.5, "throughput_rps": 5.0}, {"factor": 3.0, "throughput_rps": 6.6}]
@@ -235,7 +235,7 @@ def test_goodput_is_also_graded_against_the_best_point_measured_just_before_it()
                      {"factor": 3.0, "ratios": [0.75, 1.1], "median": 0.925}]
     defaults = {"points": [point(2, 8.0, 0.25, 0.4)], "paired": pairs,
                 "open": [dict(point(0, 7.0, 0.3, 0.5), factor=1.5), dict(point(0, 6.0, 0.3, 0.5), factor=3.0)]}
-    goals = {g["goal"]: g for g in evaluate_goals({"systems": {"defaults": defaults}})}
+    goals = {g["goal"]: g for g in admission_goals({"systems": {"defaults": defaults}})}
     row = next(g for name, g in goals.items() if name.startswith("[defaults] open loop 1.5x: throughput / the best "
                                                                    "closed point re-measured"))
     assert row["value"] == "0.95" and row["pass"] is True and "1.00 / 0.91" in row["goal"]

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from bench.lib.load import Result
-from bench.lib.priority_report import (
-    backlog_summary,
-    evaluate_goals,
-    limit_readings,
-    markdown,
-    table,
-)
 from bench.priority import parse_args, spec
+from bench.report import (
+    backlog_summary,
+    limit_readings,
+    priority_goals,
+    priority_markdown,
+    priority_table,
+)
 
 
 def loop(p99: float, ttfa99: float, goodput: float, rejected: int = 0) -> dict:
@@ -42,20 +42,20 @@ def passed(goals: list[dict]) -> dict[str, bool | None]:
 
 
 def test_the_goals_pass_when_interactive_keeps_its_latency_and_bulk_fills_the_rest():
-    goals = passed(evaluate_goals(results()))
+    goals = passed(priority_goals(results()))
     assert all(goals.values()), goals
     assert len(goals) == 7
 
 
 def test_each_goal_fails_on_its_own_numbers():
-    goals = passed(evaluate_goals(results(beside_p99=1.2)))
+    goals = passed(priority_goals(results(beside_p99=1.2)))
     assert not goals["interactive p99 latency beside the backlog / alone"]
     assert not goals["interactive p99 TTFA beside the backlog / alone"]
-    assert passed(evaluate_goals(results(bulk_goodput=0.0)))[GOODPUT]  # (4.0 + 0) / 4.2 = 0.952
+    assert passed(priority_goals(results(bulk_goodput=0.0)))[GOODPUT]  # (4.0 + 0) / 4.2 = 0.952
     r = results(bulk_goodput=0.0)
     r["phases"]["B"]["interactive"]["audio_per_s"] = 3.9  # 3.9 / 4.2 = 0.93
-    assert not passed(evaluate_goals(r))[GOODPUT]
-    goals = passed(evaluate_goals(results(bulk_b=bulk(ok=199, rejected=1), bulk_c=bulk(wait=601.0))))
+    assert not passed(priority_goals(r))[GOODPUT]
+    goals = passed(priority_goals(results(bulk_b=bulk(ok=199, rejected=1), bulk_c=bulk(wait=601.0))))
     assert not goals["backlog (B) 503s and failures"] and goals["backlog (C) 503s and failures"]
     assert goals["backlog (B) longest wait, s"] and not goals["backlog (C) longest wait, s"]
 
@@ -64,20 +64,20 @@ def test_goodput_is_graded_against_the_knees_loop_alone_on_both_sides_of_b():
     r = results(bulk_goodput=0.0)
     r["phases"]["B"]["interactive"]["audio_per_s"] = 4.0
     r["phases"]["A2"] = {"interactive": loop(1.0, 0.5, 4.0)}  # alone: sqrt(4.2 * 4.0) = 4.099
-    g = {x["goal"]: x for x in evaluate_goals(r)}[GOODPUT]
+    g = {x["goal"]: x for x in priority_goals(r)}[GOODPUT]
     assert g["pass"] is True and g["value"] == "0.976" and "the sweep's best point 0.800" in g["noise"]
     r["phases"]["A2"] = {"interactive": loop(1.0, 0.5, 3.6)}  # A2/A 0.857: the host moved past the margin
     r["phases"]["B"]["interactive"]["audio_per_s"] = 3.9  # 0.93x A's, 1.08x A2's: met against one only
-    assert passed(evaluate_goals(r))[GOODPUT] is None
+    assert passed(priority_goals(r))[GOODPUT] is None
 
 
 def test_a_missing_phase_grades_none_not_pass():
     r = results()
     del r["phases"]["B"]
-    goals = passed(evaluate_goals(r))
+    goals = passed(priority_goals(r))
     assert goals["interactive p99 latency beside the backlog / alone"] is None
     assert goals["backlog (B) 503s and failures"] is None
-    assert evaluate_goals({}) and all(g["pass"] is None for g in evaluate_goals({}))
+    assert priority_goals({}) and all(g["pass"] is None for g in priority_goals({}))
 
 
 def test_backlog_summary_counts_completion_goodput_and_the_longest_wait():
@@ -93,14 +93,14 @@ def test_backlog_summary_counts_completion_goodput_and_the_longest_wait():
 
 
 def test_the_table_puts_the_phases_side_by_side():
-    text = table(results())
+    text = priority_table(results())
     lines = text.splitlines()
     assert "A: interactive alone" in lines[0] and "C: bulk backlog alone" in lines[0]
     row = next(line for line in lines if line.startswith("| interactive latency p99, ms"))
     assert row.split("|")[2:6] == [" 1000 ", " 1050 ", "  ", "  "]  # A, B, A2 (not run here), C
     row = next(line for line in lines if line.startswith("| bulk ok / submitted"))
     assert row.split("|")[2:6] == ["  ", " 200 / 200 ", "  ", " 200 / 200 "]
-    report = markdown({**results(), "goals": evaluate_goals(results())})
+    report = priority_markdown({**results(), "goals": priority_goals(results())})
     assert report.startswith("# Live and bulk") and "| PASS |" in report
 
 
@@ -108,11 +108,11 @@ def test_the_limit_each_loop_ran_under_is_summarised_and_shown_beside_the_phases
     assert limit_readings([]) is None
     lim = limit_readings([3.0, 3.0, 2.0, 3.0])
     assert lim == {"mean": 2.75, "readings": 4, "shares": {"2": 0.25, "3": 0.75}}
-    assert not any(line.startswith("| admission limit") for line in table(results()).splitlines())
+    assert not any(line.startswith("| admission limit") for line in priority_table(results()).splitlines())
     r = results()
     r["phases"]["A"]["limit"] = lim
     r["phases"]["B"]["limit"] = limit_readings([2.0, 2.0])
-    row = next(line for line in table(r).splitlines() if line.startswith("| admission limit"))
+    row = next(line for line in priority_table(r).splitlines() if line.startswith("| admission limit"))
     assert row.split("|")[2:6] == [" 2.75 (2: 25 %, 3: 75 %) ", " 2.00 (2: 100 %) ", "  ", "  "]
 
 
@@ -127,25 +127,25 @@ def test_options_and_the_requests():
 def test_alone_is_a_and_a2_together_and_drift_past_the_margin_is_not_resolvable():
     r = results(beside_p99=1.15)
     r["phases"]["A2"] = {"interactive": loop(1.1, 0.55, 4.2)}  # alone: sqrt(1.0 * 1.1) = 1.049
-    g = {x["goal"]: x for x in evaluate_goals(r)}["interactive p99 latency beside the backlog / alone"]
+    g = {x["goal"]: x for x in priority_goals(r)}["interactive p99 latency beside the backlog / alone"]
     assert g["pass"] is True and g["value"] == "1.096" and "A2/A 1.100" in g["noise"]
     r["phases"]["A2"] = {"interactive": loop(1.3, 0.65, 4.2)}  # the host moved 30 % between A and A2
-    g = {x["goal"]: x for x in evaluate_goals(r)}["interactive p99 latency beside the backlog / alone"]
+    g = {x["goal"]: x for x in priority_goals(r)}["interactive p99 latency beside the backlog / alone"]
     assert g["pass"] is None and "not resolvable" in g["noise"]  # 1.15x A's, 0.88x A2's
 
 
 def test_past_the_drift_a_goal_met_or_missed_against_each_alone_phase_is_graded():
     r = results(beside_p99=1.05)
     r["phases"]["A2"] = {"interactive": loop(1.3, 0.65, 4.2)}  # A2/A 1.3: past the 1.1x margin
-    goals = {x["goal"]: x for x in evaluate_goals(r)}
+    goals = {x["goal"]: x for x in priority_goals(r)}
     g = goals["interactive p99 latency beside the backlog / alone"]
     assert g["pass"] is True and "met against each" in g["noise"] and "B/A 1.050" in g["noise"]
     r = results(beside_p99=1.5)
     r["phases"]["A2"] = {"interactive": loop(1.3, 0.65, 4.2)}
-    g = {x["goal"]: x for x in evaluate_goals(r)}["interactive p99 latency beside the backlog / alone"]
+    g = {x["goal"]: x for x in priority_goals(r)}["interactive p99 latency beside the backlog / alone"]
     assert g["pass"] is False and "missed against each" in g["noise"]
     r = results(bulk_goodput=0.0)  # B: 4.0 audio s/s in all
     r["phases"]["A2"] = {"interactive": loop(1.0, 0.5, 3.7)}  # A2/A 0.88: past the 0.95x margin
-    assert passed(evaluate_goals(r))[GOODPUT] is True  # 0.952x A's, 1.08x A2's
+    assert passed(priority_goals(r))[GOODPUT] is True  # 0.952x A's, 1.08x A2's
     r["phases"]["A"]["interactive"]["audio_per_s"] = 4.6  # 0.87x A's: met against A2 only
-    assert passed(evaluate_goals(r))[GOODPUT] is None
+    assert passed(priority_goals(r))[GOODPUT] is None

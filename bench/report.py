@@ -1,0 +1,1312 @@
+"""Every suite's report, in one module: the goals, the Markdown, the plots, from a run's JSON.
+
+Sections, in this order: run (``make bench``: run.json, run.md, PNG plots), admission (when
+the limit settled, the goals of issue 20), batching (per-point summaries, goal ratios, the
+plot), priority (the bulk backlog, the side-by-side table, issue 39's goals), abuse (the
+reference, each phase's line, issue 36's goals), gpu (the GPU check's JSON as Markdown,
+docs/benchmarks/gpu.md). The helpers first are shared.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from bench.lib.batching_plan import SPEECH_TOKENS_PER_S
+from bench.lib.load import Result, percentile, work_in_window
+
+
+def num(v: float | None, nd: int = 2) -> str:
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def ms(v: float | None) -> str:
+    """Seconds as whole milliseconds, no unit."""
+    return "-" if v is None else f"{v * 1000:.0f}"
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b <= 0 else a / b
+
+
+def add_goal(goals: list, name: str, value: str, target: str, ok: bool | None) -> None:
+    goals.append({"goal": name, "value": value, "target": target, "pass": ok})
+
+
+def pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+# run ---------------------------------------------------------------------------------------------
+
+PLOTS = ("throughput.png", "latency.png", "ttfa.png", "rss.png")
+
+
+def _ms1(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.1f}"
+
+
+def _run_mib(v: float | None) -> str:
+    return "-" if not v else f"{v / 2**20:.0f}"
+
+
+def _pool_text(cfg: dict) -> str:
+    """cosyserve's pool settings in a run: none means the server's defaults."""
+    parts = [f"{k}={cfg[c]}" for k, c in (("workers", "server_workers"), ("max_queue", "max_queue"))
+             if cfg.get(c) is not None]
+    return ", ".join(parts) if parts else "the server's defaults (no pool settings)"
+
+
+def _run_point(system: dict, concurrency: int) -> dict | None:
+    return next((p for p in system.get("points", []) if p["concurrency"] == concurrency), None)
+
+
+def drift(series: list[float | None]) -> tuple[float, float] | None:
+    """Median of the first and of the last k values (k = min(10, n/4))."""
+    vals = [v for v in series if v is not None]
+    if len(vals) < 2:
+        return None
+    k = max(1, min(10, len(vals) // 4))
+    return statistics.median(vals[:k]), statistics.median(vals[-k:])
+
+
+def run_goals(r: dict) -> list[dict]:
+    goals: list[dict] = []
+    workers = r["config"]["workers"]
+    th, pr = r.get("ceiling_threads"), r.get("ceiling_processes")
+    b = r["systems"].get("cosyserve")
+    c = r["systems"].get("per_request")
+    if b and th:
+        ceiling = th["cw"]["throughput_rps"]
+        for p in b["points"]:
+            if p["concurrency"] >= workers and ceiling:
+                ratio = p["throughput_rps"] / ceiling
+                add_goal(goals, f"(b) throughput at c={p['concurrency']} / (a) {workers}-thread ceiling",
+                      f"{ratio:.3f}", ">= 0.95", ratio >= 0.95)
+    if b and pr:
+        ceiling = pr["closed"]["throughput_rps"]
+        for p in b["points"]:
+            if p["concurrency"] >= workers and ceiling:
+                ratio = p["throughput_rps"] / ceiling
+                add_goal(goals, f"(b) throughput at c={p['concurrency']} / (a) {pr['processes']}-process ceiling",
+                      f"{ratio:.3f}", ">= 0.95", ratio >= 0.95)
+    if b:
+        base = _run_point(b, workers)
+        base_p99 = base["latency_p99_s"] if base else None
+        top = max((p["concurrency"] for p in b["points"]), default=None)
+        for name, p in ((f"c={top}", _run_point(b, top) if top else None), ("3x overload", b.get("overload"))):
+            if not p:
+                continue
+            rej = p.get("reject_p99_s")
+            add_goal(goals, f"(b) {name}: 503 reject latency p99 (ms)", _ms1(rej), "< 10",
+                  None if rej is None else rej < 0.010)
+            adm = p.get("latency_p99_s")
+            if adm is not None and base_p99:
+                add_goal(goals, f"(b) {name}: admitted p99 / p99 at c={workers}", f"{adm / base_p99:.2f}", "<= 2",
+                      adm <= 2 * base_p99)
+            other = p["errors"] + p["timeouts"]
+            add_goal(goals, f"(b) {name}: errors + timeouts (not 503)", str(other), "0", other == 0)
+    if b and th:
+        bp, ap = _run_point(b, 1), th["c1"]
+        if bp and bp["latency_p50_s"] is not None and ap["latency_p50_s"] is not None:
+            delta = bp["latency_p50_s"] - ap["latency_p50_s"]
+            add_goal(goals, "(b) p50 latency at c=1 minus (a) in-process (ms)", _ms1(delta), "<= 10", delta <= 0.010)
+        if c and ap["latency_p50_s"]:
+            cp = _run_point(c, 1)
+            if cp and cp["latency_p50_s"] is not None:
+                add_goal(goals, "(c) p50 latency at c=1 / (a) synthesis time", f"{cp['latency_p50_s'] / ap['latency_p50_s']:.2f}",
+                      "info", None)
+            add_goal(goals, "engine load time / synthesis time (the price (c) pays per request)",
+                  f"{th['load_s'] / ap['latency_p50_s']:.2f} ({th['load_s'] * 1000:.0f} ms / "
+                  f"{ap['latency_p50_s'] * 1000:.0f} ms)", "info", None)
+        ttfa = (b.get("ttfa") or {}).get("ttfa_p50_s")
+        own = th.get("first_chunk_p50_s")
+        if ttfa is not None and own is not None:
+            delta = ttfa - own
+            add_goal(goals, "(b) stream TTFA p50 minus the engine's own first chunk (ms)", _ms1(delta), "<= 5",
+                  delta <= 0.005)
+    if b and b.get("ttfa_series"):
+        d = drift(b["ttfa_series"])
+        if d:
+            first, last = d
+            n = len(b["ttfa_series"])
+            ok = abs(last - first) <= max(0.005, 0.10 * first)
+            add_goal(goals, f"(b) TTFA drift: median of last vs first streams (of {n}), ms",
+                  f"{last * 1000:.1f} vs {first * 1000:.1f}", "within 10% or 5 ms", ok)
+    if th and th.get("first_chunk_s"):
+        d = drift(th["first_chunk_s"])
+        if d:
+            add_goal(goals, "(a) engine first chunk drift: last vs first streams, ms",
+                  f"{d[1] * 1000:.1f} vs {d[0] * 1000:.1f}", "info", None)
+    mem = (b or {}).get("memory")
+    if mem and mem.get("growth") is not None:
+        add_goal(goals, f"(b) RSS growth over {mem['requests']} requests after warm-up",
+              f"{mem['growth'] * 100:+.2f}% ({_run_mib(mem['rss_before'])} -> {_run_mib(mem['rss_after'])} MiB)",
+              "<= +2%", mem["growth"] <= 0.02)
+    return goals
+
+
+def print_goals(goals: list[dict]) -> None:
+    print("\nGoals")
+    for g in goals:
+        mark = {True: "PASS", False: "FAIL", None: "info"}[g["pass"]]
+        print(f"  [{mark}] {g['goal']}: {g['value']} (target {g['target']})")
+
+
+def run_markdown(r: dict) -> str:
+    cfg = r["config"]
+    lines = [
+        "# Benchmark results", "",
+        (f"Run {r['started']}, {r['cores']} cores, {r['elapsed_s'] / 60:.1f} min; model `{r['model_dir']}` "
+        f"(tiny random-weight CosyVoice2); text: \"{r['text']}\". "
+        f"{'QUICK SMOKE RUN: the numbers mean nothing. ' if cfg.get('quick') else ''}"
+        f"Points: {cfg['point_s']:g} s measured after {cfg['warmup_s']:g} s warm-up; overload {cfg['overload_s']:g} s; "
+         f"cosyserve pool: {_pool_text(cfg)}. Times in ms, RSS in MiB. "
+         f"Load average at start {r['loadavg_start'][0]:.2f}, at end {r['loadavg_end'][0]:.2f} "
+         "(anything else running skews the numbers)."), "",
+    ]
+    th, pr = r.get("ceiling_threads"), r.get("ceiling_processes")
+    if th or pr:
+        lines += ["## (a) Ceilings: the engine in-process, no HTTP", "",
+                  "| setup | throughput (req/s) | p50 | p99 |", "|---|---|---|---|"]
+        if th:
+            for label, s in (("1 thread", th["c1"]), (f"{th['workers']} threads, one engine each", th["cw"])):
+                lines.append(f"| {label} | {s['throughput_rps']:.2f} | {_ms1(s['latency_p50_s'])} | {_ms1(s['latency_p99_s'])} |")
+        if pr:
+            s = pr["closed"]
+            lines.append(f"| {pr['processes']} processes, one engine each | {s['throughput_rps']:.2f} | "
+                         f"{_ms1(s['latency_p50_s'])} | {_ms1(s['latency_p99_s'])} |")
+        if th:
+            note = (f"Engine load {th['load_s'] * 1000:.0f} ms (first, with imports: {th['load_s_first']:.1f} s); "
+                    f"own first streamed chunk p50 {_ms1(th['first_chunk_p50_s'])} ms.")
+            lines += ["", note, ""]
+    lines += ["## HTTP systems", "",
+              "| system | load | req/s | p50 | p95 | p99 | TTFA p50 | 503s | 503 p99 | errors | timeouts | peak RSS |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for sys_ in r["systems"].values():
+        rows = [(f"c={p['concurrency']}", p) for p in sys_["points"]]
+        if sys_.get("overload"):
+            o = sys_["overload"]
+            rows.append((f"open {o['rate_rps']:.2f}/s", o))
+        for name, p in rows:
+            lines.append(f"| {sys_['label']} | {name} | {p['throughput_rps']:.2f} | {_ms1(p['latency_p50_s'])} | "
+                         f"{_ms1(p['latency_p95_s'])} | {_ms1(p['latency_p99_s'])} | {_ms1(p['ttfa_p50_s'])} | "
+                         f"{p['rejected']} | {_ms1(p['reject_p99_s'])} | {p['errors']} | {p['timeouts']} | "
+                         f"{_run_mib(p.get('peak_rss'))} |")
+    for sys_ in r["systems"].values():
+        if sys_.get("failed"):
+            lines.append(f"\n**{sys_['label']} failed:** `{sys_['failed'][:300]}`")
+        if sys_.get("rss_limit_hit"):
+            lines.append(f"\n**{sys_['label']} was killed at the RSS limit ({r['config']['max_rss_gb']:g} GiB)**"
+                         f"{'; points after that were skipped' if sys_.get('stopped') else ''}.")
+    lines += ["", "## Goals", "", "| goal | value | target | result |", "|---|---|---|---|"]
+    for g in r.get("goals", []):
+        lines.append(f"| {g['goal']} | {g['value']} | {g['target']} | {({True: 'PASS', False: 'FAIL', None: 'info'})[g['pass']]} |")
+    lines += ["", *[f"![{p}]({p})" for p in PLOTS], ""]
+    return "\n".join(lines)
+
+
+def plots(r: dict, out: Path) -> None:
+    plt = pyplot()
+
+    systems = r["systems"]
+    th, pr = r.get("ceiling_threads"), r.get("ceiling_processes")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for sys_ in systems.values():
+        xs = [p["concurrency"] for p in sys_["points"]]
+        ax.plot(xs, [p["throughput_rps"] for p in sys_["points"]], marker="o", label=sys_["label"])
+    if th:
+        ax.axhline(th["cw"]["throughput_rps"], color="k", ls="--", label=f"(a) {th['workers']} threads")
+        ax.axhline(0.95 * th["cw"]["throughput_rps"], color="k", ls=":", label="0.95 x (a) threads")
+    if pr:
+        ax.axhline(pr["closed"]["throughput_rps"], color="grey", ls="-.", label=f"(a) {pr['processes']} processes")
+    ax.set(xscale="log", xlabel="concurrent clients", ylabel="successful requests / s", title="Throughput")
+    ax.set_xticks(r["config"]["concurrency"], [str(c) for c in r["config"]["concurrency"]])
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, sys_ in enumerate(systems.values()):
+        xs = [p["concurrency"] for p in sys_["points"]]
+        color = f"C{i}"
+        ax.plot(xs, [(p["latency_p50_s"] or float("nan")) * 1000 for p in sys_["points"]], marker="o", color=color,
+                label=f"{sys_['label']} p50")
+        ax.plot(xs, [(p["latency_p99_s"] or float("nan")) * 1000 for p in sys_["points"]], marker="^", ls="--",
+                color=color, label=f"{sys_['label']} p99")
+    if th and th["c1"]["latency_p50_s"]:
+        ax.axhline(th["c1"]["latency_p50_s"] * 1000, color="k", ls=":", label="(a) in-process, 1 thread")
+    has_data = any(p["latency_p50_s"] for sys_ in systems.values() for p in sys_["points"])
+    ax.set(xscale="log", yscale="log" if has_data else "linear", xlabel="concurrent clients", ylabel="latency (ms)",
+           title="Latency (admitted)")
+    ax.set_xticks(r["config"]["concurrency"], [str(c) for c in r["config"]["concurrency"]])
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "latency.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    b = systems.get("cosyserve")
+    if b and b.get("ttfa_series"):
+        ys = [(v or float("nan")) * 1000 for v in b["ttfa_series"]]
+        ax.plot(range(1, len(ys) + 1), ys, marker=".", ls="-", label="(b) cosyserve, HTTP stream")
+    if th and th.get("first_chunk_s"):
+        ys = [v * 1000 for v in th["first_chunk_s"]]
+        ax.plot(range(1, len(ys) + 1), ys, marker=".", ls="-", label="(a) engine's own first chunk")
+    ax.set(xlabel="stream number (sequential)", ylabel="time to first audio (ms)", title="Time to first audio")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "ttfa.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for sys_ in systems.values():
+        series = sys_.get("rss_series") or []
+        if series:
+            ax.plot([t for t, _ in series], [v / 2**20 for _, v in series], label=sys_["label"])
+    ax.set(xlabel="seconds since the server was ready", ylabel="RSS of the server process tree (MiB)",
+           title="Memory")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "rss.png", dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(r: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.json").write_text(json.dumps(r, indent=1, default=_jsonable) + "\n")
+    (out / "run.md").write_text(run_markdown(r))
+    plots(r, out)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, Path):
+        return str(v)
+    raise TypeError(f"not JSON serialisable: {type(v).__name__}")
+
+
+# admission ---------------------------------------------------------------------------------------
+
+SETTLE_GOAL_S = 10.0
+
+
+COUNTS = ("requests", "ok", "rejected", "timeouts", "errors")  # summed over rounds; the rest: the median round's
+
+
+def backoff(seconds: float | None) -> str:
+    """What a 503 cost a closed-loop client."""
+    return "the pause its Retry-After names" if seconds is None else f"{seconds:g} s"
+
+
+def settle_times(step: dict) -> list[float | None]:
+    """Seconds from each load change (0.5x -> 3x, 3x -> 0.5x) to the limit's last change in that phase.
+
+    0 when the limit did not move; None when the series has no limit (a fixed server reports its
+    constant capacity, so it shows 0).
+    """
+    series = [(p["t"], p.get("limit")) for p in step.get("series", []) if p.get("limit") is not None]
+    if not series:
+        return [None, None]
+    offset, length = step.get("poll_offset_s", 0.0), step["step_s"]
+    out: list[float | None] = []
+    for boundary in (offset + length, offset + 2 * length):
+        before = [v for t, v in series if t < boundary]
+        last = before[-1] if before else series[0][1]
+        settled = 0.0
+        for t, v in series:
+            if boundary <= t < boundary + length:
+                if v != last:
+                    settled = t - boundary
+                last = v
+        out.append(round(settled, 1))
+    return out
+
+
+def per_point(measured: list[dict], key: str) -> list[dict]:
+    """One entry per ``key`` (concurrency, or open-loop factor) from rounds of the same point, in first-seen
+    order: the round of median throughput (its latencies, its limit; the lower middle of an even count), the
+    counts summed over all rounds, every round's throughput in ``rounds`` (one round: as measured)."""
+    groups: dict[Any, list[dict]] = {}
+    for m in measured:
+        groups.setdefault(m[key], []).append(m)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        ranked = sorted(group, key=lambda m: m["throughput_rps"])
+        merged = dict(ranked[(len(ranked) - 1) // 2])
+        for count in COUNTS:
+            merged[count] = sum(m.get(count, 0) for m in group)
+        merged["rounds"] = [m["throughput_rps"] for m in group]
+        clients = [m.get("concurrency") for m in group]
+        if key != "concurrency" and len(set(clients)) > 1:
+            merged["concurrencies"] = clients  # the best closed point re-run: it can differ from round to round
+        out.append(merged)
+    return out
+
+
+def best_closed(points: list[dict]) -> dict:
+    """The closed-loop point of the best throughput (of the points' median rounds)."""
+    return max(points, key=lambda p: p["throughput_rps"])
+
+
+def best_closed_rps(points: list[dict]) -> float:
+    """The best closed-loop throughput (of the points' median rounds)."""
+    return best_closed(points)["throughput_rps"]
+
+
+def paired_ratios(opened: list[dict], refs: list[dict]) -> list[dict]:
+    """Per open-loop factor: each round's goodput over the best closed-loop point measured just before it
+    (the k-th open phase at a factor with the k-th reference at that factor), and their median."""
+    out = []
+    for factor in dict.fromkeys(o["factor"] for o in opened):
+        runs = [o["throughput_rps"] for o in opened if o["factor"] == factor]
+        before = [r["throughput_rps"] for r in refs if r["factor"] == factor]
+        ratios = [round(x / ref, 4) for x, ref in zip(runs, before, strict=False) if ref > 0]
+        if ratios:
+            out.append({"factor": factor, "ratios": ratios, "median": statistics.median(ratios)})
+    return out
+
+
+def spread(p: dict) -> str:
+    """``" (min-max of n)"`` when the point was measured in rounds."""
+    rounds = p.get("rounds") or []
+    return f" ({min(rounds):.2f}-{max(rounds):.2f} of {len(rounds)})" if len(rounds) > 1 else ""
+
+
+def knee(points: list[dict]) -> dict | None:
+    """The closed-loop point with the fewest clients reaching 0.9x the best throughput."""
+    if not points:
+        return None
+    best = best_closed_rps(points)
+    return min((p for p in points if p["throughput_rps"] >= 0.9 * best), key=lambda p: p["concurrency"])
+
+
+def admission_goals(r: dict) -> list[dict]:
+    goals: list[dict] = []
+    systems = r.get("systems", {})
+    for key, sys_ in systems.items():
+        if sys_.get("failed") or not sys_.get("points"):
+            continue
+        graded = key == "defaults"  # the issue's goals are for the defaults; the others are shown for comparison
+
+        def verdict(ok: bool) -> bool | None:
+            return ok if graded else None
+
+        k = knee(sys_["points"])
+        best = best_closed_rps(sys_["points"])
+        k_p99 = k["latency_p99_s"] if k else None
+        add_goal(goals, f"[{key}] knee (fewest clients at >= 0.9x the best {best:.2f} req/s)",
+              f"c={k['concurrency']}, p99 {ms(k_p99)} ms" if k else "-", "info", None)
+        for o in sys_.get("open", []):
+            name = f"[{key}] open loop {o['factor']:g}x"
+            if o["latency_p99_s"] is not None and k_p99:
+                ratio = o["latency_p99_s"] / k_p99
+                add_goal(goals, f"{name}: admitted p99 / p99 at the knee", f"{ratio:.2f}", "<= 2", verdict(ratio <= 2))
+            ratio = o["throughput_rps"] / best if best else 0.0
+            add_goal(goals, f"{name}: throughput / best closed loop", f"{ratio:.2f}", ">= 0.95", verdict(ratio >= 0.95))
+            pair = next((x for x in sys_.get("paired") or [] if x["factor"] == o["factor"]), None)
+            if pair:
+                rounds = " / ".join(f"{x:.2f}" for x in pair["ratios"])
+                add_goal(goals, f"{name}: throughput / the best closed point re-measured just before it (median of "
+                             f"rounds: {rounds})", f"{pair['median']:.2f}", ">= 0.95", verdict(pair["median"] >= 0.95))
+            rej = o.get("reject_p99_s")
+            add_goal(goals, f"{name}: 503 p99 (ms)", ms(rej), "< 10", verdict(rej is None or rej < 0.010))
+            bad = o["errors"] + o["timeouts"]
+            add_goal(goals, f"{name}: errors + timeouts", str(bad), "0", verdict(bad == 0))
+        p8 = next((p for p in sys_["points"] if p["concurrency"] == 8), None)
+        if p8 and p8["latency_p50_s"]:
+            ratio = p8["latency_p99_s"] / p8["latency_p50_s"]
+            add_goal(goals, f"[{key}] c=8: p99 / p50 (starvation)", f"{ratio:.2f}", "<= 2", verdict(ratio <= 2))
+        rej = sys_.get("server_503") or {}
+        if rej.get("count"):  # the client's clock adds its own scheduling on the same 2 cores as the server
+            add_goal(goals, f"[{key}] 503 p99 as the server timed it, whole run (ms)", f"{rej['p99_ms']:.1f}", "< 10",
+                  verdict(rej["p99_ms"] < 10))
+        settle = (sys_.get("step") or {}).get("settle_s") or []
+        if settle and all(s is not None for s in settle):
+            worst = max(settle)
+            add_goal(goals, f"[{key}] step 0.5x -> 3x -> 0.5x: the limit settles within (s)",
+                  " / ".join(f"{s:g}" for s in settle), f"<= {SETTLE_GOAL_S:g}", verdict(worst <= SETTLE_GOAL_S))
+    d = systems.get("defaults") or {}
+    fixed = [s for k, s in systems.items() if k != "defaults" and s.get("points")]
+    for p in d.get("points", []):
+        rivals = [q["throughput_rps"] for s in fixed for q in s["points"] if q["concurrency"] == p["concurrency"]]
+        if rivals and max(rivals) > 0:
+            ratio = p["throughput_rps"] / max(rivals)
+            add_goal(goals, f"[defaults] c={p['concurrency']}: throughput / best fixed", f"{ratio:.2f}", ">= 0.95",
+                  ratio >= 0.95)
+    return goals
+
+
+def _clients(p: dict) -> str:
+    """A point's clients: ``8/4/8`` where its rounds ran different ones (the latencies are the median round's,
+    the counts all rounds')."""
+    return "/".join(str(c) for c in p["concurrencies"]) if p.get("concurrencies") else str(p["concurrency"])
+
+
+def admission_rows(sys_: dict) -> list[tuple[str, dict, Any]]:
+    rows: list[tuple[str, dict, Any]] = [(f"closed c={p['concurrency']}", p, p.get("limit_last"))
+                                         for p in sys_.get("points", [])]
+    rows += [(f"closed c={_clients(p)} again, before {p['factor']:g}x", p, None) for p in sys_.get("refs", [])]
+    rows += [(f"open {o['factor']:g}x ({o['rate_rps']:.2f}/s)", o, None) for o in sys_.get("open", [])]
+    step = sys_.get("step") or {}
+    names = ("step 0.5x", "step 3x", "step 0.5x again")
+    rows += [(f"{names[i]} ({p['rate_rps']:.2f}/s)", p, None) for i, p in enumerate(step.get("phases", []))]
+    return rows
+
+
+def admission_markdown(r: dict) -> str:
+    cfg = r["config"]
+    runs = r.get("runs") or []
+    merged = (" Systems measured in separate runs (each under an exclusive lock of the machine): "
+              + "; ".join(f"{', '.join(x['systems'])} at {x['started']} (load average {x['loadavg_start'][0]:.2f})"
+                          for x in runs) + ".") if len(runs) > 1 else ""
+    lines = [
+        "# Overload with the defaults: admission benchmark", "",
+        (f"Run {r['started']}, {r['cores']} cores, model `{r['model']}`; every request `POST /v1/tts` streamed "
+         f"16-bit PCM of \"{r['text']}\". "
+         f"{'QUICK SMOKE RUN: the numbers mean nothing. ' if cfg.get('quick') else ''}"
+         f"Closed loop {cfg['point_s']:g} s measured after {cfg['warmup_s']:g} s (a 503 costs its client "
+         f"{backoff(cfg.get('reject_backoff_s'))}); open loop {cfg['overload_s']:g} s per rate (goodput: the work done "
+         f"while the arrivals lasted); "
+         + (f"step phases {cfg['step_s']:g} s. " if cfg["step_s"] > 0 else "no step test. ")
+         + (f"Every closed- and open-loop point measured in {cfg['rounds']} rounds (all points of a round, then "
+            "the next round): each row is the point's median round, its req/s range over the rounds in "
+            "brackets, its counts summed. " if cfg.get("rounds", 1) > 1 else "")
+         + ("Just before each open-loop rate the system's best closed-loop point so far ran again (the "
+            "\"again\" rows): goodput is graded against the best point of the whole sweep and, a minute apart "
+            "on the same host, against that one (each round's ratio, their median). " if cfg.get("paired") else "")
+         + (f"The servers ran at nice {cfg['server_nice']}. " if cfg.get("server_nice", 0) > 0 else "")
+         + (f"The load generator ran in {r['load_generator']} (bench/lib/sched.py: on the same cores a client in the "
+            "normal class waits behind the servers' compute threads, and its timings with it; a real "
+            "deployment's clients are elsewhere). " if r.get("load_generator") else "")
+         + f"Load average at start {r['loadavg_start'][0]:.2f}, at end {r['loadavg_end'][0]:.2f}. "
+         "Latencies in ms (send to last byte, admitted requests); goodput in requests and audio seconds per "
+         f"wall second.{merged}"
+         + ("" if cfg.get("sequential") or merged else
+            " The servers ran side by side, idle but for the one measured, phase by phase in turn (c=1 of each, "
+            "then c=2 of each, ...; every other round the systems in reverse order), so a drift of the machine's "
+            "speed during the run hits every system alike.")),
+        "",
+    ]
+    for key, sys_ in r["systems"].items():
+        lines += [f"## {key}: pool {sys_.get('pool') or '(no settings)'}", ""]
+        if sys_.get("admission_log"):
+            lines += [f"Startup log: `admission: {sys_['admission_log']}`", ""]
+        rej = sys_.get("server_503") or {}
+        if rej.get("count"):
+            lines += [f"503s as the server timed them (access log, the whole run): {rej['count']}, p50 "
+                      f"{rej['p50_ms']:.1f} ms, p99 {rej['p99_ms']:.1f} ms.", ""]
+        if sys_.get("failed"):
+            lines += [f"**failed:** `{sys_['failed'][:300]}`", ""]
+            continue
+        lines += ["| load | req/s | audio-s/s | p50 | p99 | TTFA p50 | 503s | 503 p99 | errors | timeouts | limit |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name, p, limit in admission_rows(sys_):
+            lines.append(f"| {name} | {p['throughput_rps']:.2f}{spread(p)} | {p.get('audio_per_s', 0.0):.1f} | "
+                         f"{ms(p['latency_p50_s'])} | {ms(p['latency_p99_s'])} | {ms(p['ttfa_p50_s'])} | "
+                         f"{p['rejected']} | {ms(p['reject_p99_s'])} | {p['errors']} | {p['timeouts']} | "
+                         f"{'-' if limit is None else f'{limit:g}'} |")
+        step = sys_.get("step") or {}
+        series = step.get("series") or []
+        if series:
+            every = max(1, len(series) // 40)
+            pts = ", ".join(f"{p['t']:.0f}s:{p['limit']:g}" for p in series[::every] if p.get("limit") is not None)
+            lines += ["", f"Step test, admission limit over time (s since the first phase began at "
+                          f"{step.get('poll_offset_s', 0):.1f} s; phases change every {step['step_s']:g} s; "
+                          f"settled {step.get('settle_s')} s after each change): {pts}"]
+        lines.append("")
+    lines += ["## Goals", "", "| goal | value | target | result |", "|---|---|---|---|"]
+    for g in r.get("goals", []):
+        lines.append(f"| {g['goal']} | {g['value']} | {g['target']} | "
+                     f"{({True: 'PASS', False: 'FAIL', None: 'info'})[g['pass']]} |")
+    return "\n".join(lines) + "\n"
+
+
+def merge_admission_runs(runs: list[dict]) -> dict:
+    """One report from runs of single systems (each run short enough for a quiet machine): the first run's
+    header, every run's systems (a later run's system of the same name wins), the goals graded again."""
+    out = dict(runs[0])
+    out["systems"] = {}
+    out["runs"] = [{"started": r["started"], "systems": list(r["systems"]), "loadavg_start": r["loadavg_start"],
+                    "loadavg_end": r["loadavg_end"]} for r in runs]
+    for r in runs:
+        out["systems"].update(r["systems"])
+    out["loadavg_end"] = runs[-1]["loadavg_end"]
+    out["goals"] = admission_goals(out)
+    return out
+
+
+def merge_admission_files(out_dir: Path, runs: list[str]) -> int:
+    """``python -m bench serve --scenario admission --merge RUN.json... --out DIR``: runs into DIR/admission.*."""
+    merged = merge_admission_runs([json.loads(Path(p).read_text()) for p in runs])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "admission.json").write_text(json.dumps(merged, indent=1) + "\n")
+    (out_dir / "admission.md").write_text(admission_markdown(merged))
+    print(f"wrote {out_dir}/admission.json, admission.md")
+    return 0
+
+
+# batching ----------------------------------------------------------------------------------------
+
+BATCHING_SYSTEMS = ("per_request", "batched")
+
+
+def batching_point_summary(results: list[Result], wall_s: float, sample_rate: int) -> dict[str, Any]:
+    """Client-side numbers of one point: audio seconds per wall second, latency and TTFA percentiles."""
+    ok = [r for r in results if r.kind == "ok"]
+    audio_s = sum(r.nbytes for r in ok) / (2.0 * sample_rate)  # 16-bit mono PCM
+    lat = [r.latency_s for r in ok]
+    ttfa = [r.ttfa_s for r in ok if r.ttfa_s is not None]
+    per_s = audio_s / wall_s if wall_s > 0 else 0.0
+    return {
+        "requests": len(results), "ok": len(ok), "rejected": sum(r.kind == "rejected" for r in results),
+        "timeouts": sum(r.kind == "timeout" for r in results), "errors": sum(r.kind == "error" for r in results),
+        "wall_s": wall_s, "audio_s": audio_s, "audio_s_per_s": per_s,
+        "requests_per_s": len(ok) / wall_s if wall_s > 0 else 0.0,
+        "audio_s_per_request": audio_s / len(ok) if ok else None,
+        # non-streaming CosyVoice2: one speech token per 40 ms of audio (cross-check for the metric)
+        "speech_tokens_per_s_from_audio": per_s * SPEECH_TOKENS_PER_S,
+        "latency_p50_s": percentile(lat, 50), "latency_p99_s": percentile(lat, 99),
+        "ttfa_p50_s": percentile(ttfa, 50), "ttfa_p99_s": percentile(ttfa, 99),
+    }
+
+
+def batching_point(results: dict, model: str, system: str, mode: str, c: int) -> dict | None:
+    sys_ = results.get("models", {}).get(model, {}).get("systems", {}).get(system)
+    if not sys_:
+        return None
+    for p in sys_.get("points", []):
+        if p.get("mode") == mode and p.get("concurrency") == c:
+            return p
+    return None
+
+
+def _batching_get(p: dict | None, key: str) -> float | None:
+    if p is None:
+        return None
+    v = p.get(key)
+    return float(v) if isinstance(v, int | float) else None
+
+
+def tokens_per_s(p: dict | None) -> tuple[float | None, str]:
+    """The server's speech-token rate (``tts_llm_tokens_total``), else the one implied by the audio."""
+    v = _batching_get(p, "llm_tokens_per_s")
+    if v is not None:
+        return v, "metric"
+    return _batching_get(p, "speech_tokens_per_s_from_audio"), "from audio"
+
+
+def _batching_goal(name: str, value: float | None, op: str, target: float, detail: str = "") -> dict[str, Any]:
+    ok = None if value is None else (value >= target if op == ">=" else value <= target)
+    return {"goal": name, "value": value, "op": op, "target": target, "ok": ok, "detail": detail}
+
+
+def batching_goals(results: dict) -> list[dict[str, Any]]:
+    goals: list[dict[str, Any]] = []
+    for c in (8, 16):
+        pr, pb = batching_point(results, "full", "per_request", "nonstream", c), batching_point(results, "full", "batched", "nonstream", c)
+        (tb, sb), (tr, sr) = tokens_per_s(pb), tokens_per_s(pr)
+        goals.append(_batching_goal(f"full c={c}: LLM speech tokens/s, batched / per-request", ratio(tb, tr), ">=", 4.0,
+                           f"{num(tb)} ({sb}) / {num(tr)} ({sr})"))
+    for mode in ("nonstream", "stream"):
+        pr, pb = batching_point(results, "full", "per_request", mode, 8), batching_point(results, "full", "batched", mode, 8)
+        a, b = _batching_get(pb, "audio_s_per_s"), _batching_get(pr, "audio_s_per_s")
+        goals.append(_batching_goal(f"full c=8 {mode}: audio-s/s, batched / per-request", ratio(a, b), ">=", 1.3,
+                           f"{num(a)} / {num(b)}"))
+    t8, t1 = (_batching_get(batching_point(results, "full", "batched", "stream", c), "ttfa_p50_s") for c in (8, 1))
+    goals.append(_batching_goal("full batched: TTFA p50 at c=8 / at c=1", ratio(t8, t1), "<=", 2.0, f"{num(t8)} s / {num(t1)} s"))
+    lb, lr = (_batching_get(batching_point(results, "full", s, "nonstream", 1), "latency_p50_s") for s in ("batched", "per_request"))
+    goals.append(_batching_goal("full c=1: latency p50, batched / per-request", ratio(lb, lr), "<=", 1.10,
+                       f"{num(lb)} s / {num(lr)} s"))
+    systems = results.get("models", {}).get("full", {}).get("systems", {})
+    rb, rr = (systems.get(s, {}).get("peak_rss") for s in BATCHING_SYSTEMS[::-1])
+    goals.append(_batching_goal("full: peak RSS, batched / per-request (2 workers)", ratio(rb, rr), "<=", 1.0,
+                       f"{_batching_mib(rb)} / {_batching_mib(rr)}"))
+    tiny = results.get("models", {}).get("tiny", {}).get("systems", {}).get("batched", {}).get("points", [])
+    for c in sorted({p["concurrency"] for p in tiny if p.get("mode") == "nonstream"}):
+        a = _batching_get(batching_point(results, "tiny", "batched", "nonstream", c), "audio_s_per_s")
+        b = _batching_get(batching_point(results, "tiny", "per_request", "nonstream", c), "audio_s_per_s")
+        goals.append(_batching_goal(f"tiny c={c}: audio-s/s, batched / per-request", ratio(a, b), ">=", 0.95,
+                           f"{num(a)} / {num(b)}"))
+    return goals
+
+
+def _batching_mib(v: float | None) -> str:
+    return "-" if not v else f"{v / 2**20:.0f} MiB"
+
+
+def goal_lines(goals: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for g in goals:
+        mark = {True: "PASS", False: "FAIL", None: "n/a "}[g["ok"]]
+        out.append(f"{mark}  {g['goal']}: {num(g['value'])} (goal {g['op']} {g['target']:g}) [{g['detail']}]")
+    return out
+
+
+def batching_markdown(results: dict, goals: list[dict[str, Any]]) -> str:
+    lines = ["# Continuous LLM batching: per-request pool vs batched", "",
+             (f"Run {results.get('started', '?')}, {results.get('cores', '?')} cores, load average at start "
+             f"{num((results.get('loadavg_start') or [None])[0])}, {num(results.get('elapsed_s', 0) / 60, 1)} min. "
+             "Generated by `python -m bench serve --scenario batching` (see fullsize-model.md and README.md here)."), "",
+             (f"Sentence: \"{results.get('text', '')}\" (sft, preset speaker, PCM {results.get('sample_rate')} Hz). "
+             "Closed loop: c clients, a fixed number of requests per point; throughput = audio seconds of the "
+             "successful requests / wall seconds from the first send to the last byte. p99 over few requests "
+             "is close to the maximum."), ""]
+    for model, m in results.get("models", {}).items():
+        systems = m.get("systems", {})
+        lines += [f"## {model} model", ""]
+        for key in BATCHING_SYSTEMS:
+            s = systems.get(key, {})
+            if s:
+                lines.append(f"* **{key}**: {s.get('label', '')}; load {num(s.get('load_s'), 1)} s, "
+                             f"RSS ready {_batching_mib(s.get('rss_at_ready'))}, peak {_batching_mib(s.get('peak_rss'))}"
+                             + (f"; FAILED: {s['failed'][:300]}" if s.get("failed") else ""))
+        lines += ["", "### Non-streaming", "",
+                  ("| c | req PR / B | audio-s/s PR | audio-s/s B | B/PR | p50 ms PR | p50 ms B | p99 ms PR | p99 ms B "
+                  "| tok/s PR | tok/s B | tok/s B/PR | mean batch B | step ms B | peak RSS PR | peak RSS B |"),
+                  "|" + "---|" * 16]
+        for c in _batching_levels(m, "nonstream"):
+            pr, pb = (batching_point(results, model, s, "nonstream", c) for s in BATCHING_SYSTEMS)
+            (tr, _), (tb, _) = tokens_per_s(pr), tokens_per_s(pb)
+            lines.append("| " + " | ".join([
+                str(c), f"{_batching_n(pr)} / {_batching_n(pb)}", num(_batching_get(pr, "audio_s_per_s")), num(_batching_get(pb, "audio_s_per_s")),
+                num(ratio(_batching_get(pb, "audio_s_per_s"), _batching_get(pr, "audio_s_per_s"))),
+                ms(_batching_get(pr, "latency_p50_s")), ms(_batching_get(pb, "latency_p50_s")),
+                ms(_batching_get(pr, "latency_p99_s")), ms(_batching_get(pb, "latency_p99_s")),
+                num(tr, 1), num(tb, 1), num(ratio(tb, tr)), num(_batching_get(pb, "llm_batch_mean"), 1),
+                ms(_batching_get(pb, "llm_step_mean_s")), _batching_mib(_batching_get(pr, "peak_rss")), _batching_mib(_batching_get(pb, "peak_rss"))]) + " |")
+        lines += ["", "### Streaming (time to first audio)", "",
+                  ("| c | req PR / B | TTFA p50 ms PR | TTFA p50 ms B | TTFA p99 ms PR | TTFA p99 ms B "
+                  "| audio-s/s PR | audio-s/s B | B/PR |"), "|" + "---|" * 9]
+        for c in _batching_levels(m, "stream"):
+            pr, pb = (batching_point(results, model, s, "stream", c) for s in BATCHING_SYSTEMS)
+            lines.append("| " + " | ".join([
+                str(c), f"{_batching_n(pr)} / {_batching_n(pb)}", ms(_batching_get(pr, "ttfa_p50_s")), ms(_batching_get(pb, "ttfa_p50_s")),
+                ms(_batching_get(pr, "ttfa_p99_s")), ms(_batching_get(pb, "ttfa_p99_s")), num(_batching_get(pr, "audio_s_per_s")),
+                num(_batching_get(pb, "audio_s_per_s")),
+                num(ratio(_batching_get(pb, "audio_s_per_s"), _batching_get(pr, "audio_s_per_s")))]) + " |")
+        lines.append("")
+    lines += ["## Goals", "", "| | goal | value | target | detail |", "|---|---|---|---|---|"]
+    for g in goals:
+        mark = {True: "pass", False: "**FAIL**", None: "n/a"}[g["ok"]]
+        lines.append(f"| {mark} | {g['goal']} | {num(g['value'])} | {g['op']} {g['target']:g} | {g['detail']} |")
+    lines += ["", ("tok/s: the server's `tts_llm_tokens_total` over the point when it has the metric, else "
+              "the rate implied by the audio length (25 tokens per second of audio); the goal lines say which."), ""]
+    return "\n".join(lines)
+
+
+def _batching_n(p: dict | None) -> str:
+    return "-" if p is None else f"{p.get('ok', 0)}/{p.get('requests', 0)}"
+
+
+def _batching_levels(model: dict, mode: str) -> list[int]:
+    return sorted({p["concurrency"] for s in model.get("systems", {}).values() for p in s.get("points", [])
+                   if p.get("mode") == mode})
+
+
+def batching_plot(results: dict, path: Path) -> None:
+    plt = pyplot()
+
+    panels = (("nonstream", "audio_s_per_s", "audio s / wall s (non-streaming)"),
+              ("nonstream", "latency_p50_s", "latency p50, s (non-streaming)"),
+              ("stream", "ttfa_p50_s", "time to first audio p50, s (streaming)"),
+              ("nonstream", "tokens", "speech tokens / s (non-streaming)"))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    for ax, (mode, key, title) in zip(axes.flat, panels, strict=True):
+        for model, m in results.get("models", {}).items():
+            for system, style in zip(BATCHING_SYSTEMS, ("--", "-"), strict=True):
+                pts = sorted((p for p in m.get("systems", {}).get(system, {}).get("points", [])
+                              if p.get("mode") == mode), key=lambda p: p["concurrency"])
+                ys = [tokens_per_s(p)[0] if key == "tokens" else p.get(key) for p in pts]
+                xy = [(p["concurrency"], y) for p, y in zip(pts, ys, strict=True) if y is not None]
+                if xy:
+                    ax.plot(*zip(*xy, strict=True), style, marker="o", label=f"{model} {system}")
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("concurrent clients")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# priority ----------------------------------------------------------------------------------------
+
+LATENCY_RATIO_MAX = 1.1
+
+
+GOODPUT_RATIO_MIN = 0.95
+
+
+PRIORITY_PHASES = {"A": "interactive alone", "B": "interactive + bulk backlog", "A2": "interactive alone again",
+          "C": "bulk backlog alone"}
+
+
+def backlog_summary(results: list[Result], window: tuple[float, float] | None = None) -> dict[str, Any]:
+    """The bulk backlog: counts, completion time (first submit to last done), goodput, the longest wait.
+
+    Goodput is audio seconds per wall second over ``window`` (the interactive loop's, in phase B: the
+    classes share it; each request's audio counted over its first audio to its end, not over the time
+    it waited in the queue, which would credit the window with work done after it) or else over the
+    completion time. A request's wait is bounded by its time to first
+    audio (queue wait plus its first chunk's compute): the longest one is what the class timeout bounds.
+    """
+    ok = [r for r in results if r.kind == "ok"]
+    starts = [r.start for r in results]
+    ends = [r.start + r.latency_s for r in results]
+    completion = max(ends) - min(starts) if results else 0.0
+    if window is not None:  # a queued request computes nothing: its audio is spread over first audio -> end
+        computing = [replace(r, start=r.start + r.ttfa_s, latency_s=r.latency_s - r.ttfa_s) if r.ttfa_s else r
+                     for r in ok]
+        goodput = work_in_window(computing, *window, weight=lambda r: r.audio_s)
+    else:
+        goodput = sum(r.audio_s for r in ok) / completion if completion > 0 else 0.0
+    ttfa = [r.ttfa_s for r in ok if r.ttfa_s is not None]
+    lat = [r.latency_s for r in ok]
+    return {
+        "requests": len(results), "ok": len(ok), "rejected": sum(r.kind == "rejected" for r in results),
+        "failed": sum(r.kind in ("error", "timeout") for r in results),
+        "completion_s": completion, "audio_s": sum(r.audio_s for r in ok), "audio_per_s": goodput,
+        "ttfa_p50_s": percentile(ttfa, 50), "latency_p50_s": percentile(lat, 50),
+        "latency_p99_s": percentile(lat, 99), "max_wait_s": max(ttfa) if ttfa else None,
+    }
+
+
+def _priority_goal(goal: str, value: float | str | None, target: str, ok: bool | None, noise: str = "") -> dict[str, Any]:
+    shown = f"{value:.3f}" if isinstance(value, float) else ("-" if value is None else value)
+    return {"goal": goal, "value": shown, "target": target, "pass": ok, "noise": noise}
+
+
+def _alone(a: float | None, a2: float | None) -> tuple[float | None, float | None]:
+    """The alone reference (geometric mean of A and A2, or the one measured) and A2 / A (None: one run)."""
+    if a is None or a2 is None or a <= 0 or a2 <= 0:
+        return (a if a2 is None else a2), None
+    return (a * a2) ** 0.5, a2 / a
+
+
+def _past_drift(meets: Callable[[float], bool], beside: float, a: float, a2: float) -> tuple[bool | None, str]:
+    """A and A2 differ by more than the goal's margin: it passes if it holds against each of them, fails
+    if against neither, and is not resolvable here if it holds against one only."""
+    each = [meets(beside / a), meets(beside / a2)]
+    verdict = True if all(each) else False if not any(each) else None
+    said = {True: "met against each", False: "missed against each", None: "not resolvable here"}[verdict]
+    return verdict, f" past the margin: {said} (B/A {beside / a:.3f}, B/A2 {beside / a2:.3f})"
+
+
+def _latency_goal(name: str, beside: float | None, a: float | None, a2: float | None) -> dict[str, Any]:
+    alone, drift = _alone(a, a2)
+    r = ratio(beside, alone)
+    noise = "" if drift is None else f"A2/A {drift:.3f}"
+    if r is None:
+        return _priority_goal(name, r, f"<= {LATENCY_RATIO_MAX}", None, noise)
+    if drift is not None and max(drift, 1 / drift) > LATENCY_RATIO_MAX:
+        ok, said = _past_drift(lambda x: x <= LATENCY_RATIO_MAX, beside, a, a2)  # type: ignore[arg-type]
+        return _priority_goal(name, r, f"<= {LATENCY_RATIO_MAX}", ok, noise + said)
+    return _priority_goal(name, r, f"<= {LATENCY_RATIO_MAX}", r <= LATENCY_RATIO_MAX, noise)
+
+
+def priority_goals(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's goals, graded on the phases measured (a goal without its numbers is ``None``: not met)."""
+    phases = results.get("phases", {})
+    alone, beside = phases.get("A", {}).get("interactive", {}), phases.get("B", {}).get("interactive", {})
+    again = phases.get("A2", {}).get("interactive", {})
+    bulk_b, bulk_c = phases.get("B", {}).get("bulk", {}), phases.get("C", {}).get("bulk", {})
+    goals = []
+    for key, name in (("latency_p99_s", "interactive p99 latency"), ("ttfa_p99_s", "interactive p99 TTFA")):
+        goals.append(_latency_goal(f"{name} beside the backlog / alone", beside.get(key), alone.get(key),
+                                   again.get(key)))
+    # the best closed-loop point, re-run on both sides of B: the knee's loop alone in A and in A2 (the sweep's
+    # 20 s points are a moment of a host that drifts; its best is shown beside, not graded)
+    total = None if not beside or not bulk_b else beside.get("audio_per_s", 0.0) + bulk_b.get("audio_per_s", 0.0)
+    best, drift = _alone(alone.get("audio_per_s"), again.get("audio_per_s"))
+    r = ratio(total, best)
+    sweep = ratio(total, results.get("knee", {}).get("best_audio_per_s"))
+    noise = "" if drift is None else f"A2/A {drift:.3f}"
+    noise += "" if sweep is None else f"; / the sweep's best point {sweep:.3f}"
+    ok = None if r is None else r >= GOODPUT_RATIO_MIN
+    if ok is not None and drift is not None and max(drift, 1 / drift) > 2 - GOODPUT_RATIO_MIN:
+        ok, said = _past_drift(lambda x: x >= GOODPUT_RATIO_MIN, total, alone["audio_per_s"],  # type: ignore[arg-type]
+                               again["audio_per_s"])
+        noise += f"; A2/A{said}"
+    goals.append(_priority_goal("total goodput beside the backlog / the knee's loop alone (A, A2)", r,
+                       f">= {GOODPUT_RATIO_MIN}", ok, noise))
+    timeout = results.get("bulk_timeout_s")
+    for phase, bulk in (("B", bulk_b), ("C", bulk_c)):
+        if not bulk:
+            goals.append(_priority_goal(f"backlog ({phase}) 503s and failures", None, "0 and 0", None))
+            continue
+        goals.append(_priority_goal(f"backlog ({phase}) 503s and failures", f"{bulk['rejected']} and {bulk['failed']}",
+                           "0 and 0", bulk["requests"] > 0 and bulk["ok"] == bulk["requests"]))
+        wait = bulk.get("max_wait_s")
+        goals.append(_priority_goal(f"backlog ({phase}) longest wait, s", wait, f"<= {timeout} (class timeout)",
+                           None if wait is None or timeout is None else wait <= timeout))
+    return goals
+
+
+def _priority_fmt(v: Any, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if unit == "ms":
+        return f"{v * 1000:.0f}"
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+ROWS: tuple[tuple[str, str, str, str], ...] = (
+    # (label, class, key, unit)
+    ("interactive goodput, audio s/s", "interactive", "audio_per_s", ""),
+    ("bulk goodput, audio s/s", "bulk", "audio_per_s", ""),
+    ("interactive TTFA p50, ms", "interactive", "ttfa_p50_s", "ms"),
+    ("interactive TTFA p99, ms", "interactive", "ttfa_p99_s", "ms"),
+    ("interactive latency p50, ms", "interactive", "latency_p50_s", "ms"),
+    ("interactive latency p99, ms", "interactive", "latency_p99_s", "ms"),
+    ("interactive ok", "interactive", "ok", ""),
+    ("interactive 503s", "interactive", "rejected", ""),
+    ("interactive failures", "interactive", "failed", ""),
+    ("bulk ok / submitted", "bulk", "ok_of", ""),
+    ("bulk completion, s", "bulk", "completion_s", ""),
+    ("bulk 503s", "bulk", "rejected", ""),
+    ("bulk failures", "bulk", "failed", ""),
+    ("bulk longest wait, s", "bulk", "max_wait_s", ""),
+)
+
+
+def _priority_cell(phase: dict[str, Any], cls: str, key: str, unit: str) -> str:
+    part = phase.get(cls)
+    if not part:
+        return ""
+    if key == "ok_of":
+        return f"{part['ok']} / {part['requests']}"
+    if key == "failed" and cls == "interactive":
+        return _priority_fmt(part.get("errors", 0) + part.get("timeouts", 0))
+    return _priority_fmt(part.get(key), unit)
+
+
+def limit_readings(limits: list[float]) -> dict[str, Any] | None:
+    """The admission limit over one phase (``/metrics`` read every 0.5 s): its mean and each value's share."""
+    if not limits:
+        return None
+    shares = {f"{v:g}": round(limits.count(v) / len(limits), 3) for v in sorted(set(limits))}
+    return {"mean": round(sum(limits) / len(limits), 3), "readings": len(limits), "shares": shares}
+
+
+def _limit_cell(phase: dict[str, Any]) -> str:
+    lim = phase.get("limit")
+    if not lim:
+        return ""
+    parts = ", ".join(f"{v}: {share * 100:.0f} %" for v, share in lim["shares"].items())
+    return f"{lim['mean']:.2f} ({parts})"
+
+
+def priority_table(results: dict[str, Any]) -> str:
+    """Side by side per phase, as a markdown table."""
+    phases = results.get("phases", {})
+    lines = ["| | " + " | ".join(f"{k}: {v}" for k, v in PRIORITY_PHASES.items()) + " |", "|---" * (len(PRIORITY_PHASES) + 1) + "|"]
+    for label, cls, key, unit in ROWS:
+        lines.append(f"| {label} | " + " | ".join(_priority_cell(phases.get(k, {}), cls, key, unit) for k in PRIORITY_PHASES) + " |")
+    if any(phases.get(k, {}).get("limit") for k in PRIORITY_PHASES):
+        lines.append("| admission limit, mean (share of readings) | "
+                     + " | ".join(_limit_cell(phases.get(k, {})) for k in PRIORITY_PHASES) + " |")
+    return "\n".join(lines)
+
+
+def priority_markdown(results: dict[str, Any]) -> str:
+    knee = results.get("knee", {})
+    out = [
+        "# Live and bulk on one server (bench.priority)", "",
+        (f"Model {results.get('model')}, {results.get('cores')} cores; closed loop of "
+        f"{results.get('clients', knee.get('concurrency'))} interactive clients (the knee, the admission limit "
+        f"settled on: {_priority_fmt(knee.get('limit'))}; the sweep {knee.get('swept')}: best "
+        f"{_priority_fmt(knee.get('best_audio_per_s'))} audio s/s at c={knee.get('best_concurrency')}), "
+        f"{results.get('phase_s')} s per phase; backlog of {results.get('backlog')} bulk requests submitted at once; "
+        f"bulk class timeout {results.get('bulk_timeout_s')} s."), "",
+        priority_table(results), "", "## Goals", "",
+        "| goal | value | target | | host noise |", "|---|---|---|---|---|",
+    ]
+    for g in results.get("goals", []):
+        mark = {True: "PASS", False: "FAIL", None: "n/a"}[g["pass"]]
+        out.append(f"| {g['goal']} | {g['value']} | {g['target']} | {mark} | {g.get('noise', '')} |")
+    return "\n".join(out) + "\n"
+
+
+# abuse -------------------------------------------------------------------------------------------
+
+MB = 1024 * 1024
+
+
+# the phases graded on the polite client and the server's RSS (huge-chunked: not in the issue's list, graded alike)
+NORMAL_GOALS = ("dribblers", "non-readers", "ws-idle", "ws-chatty", "giant-fields", "huge-body", "huge-chunked")
+
+
+GOODPUT_MIN, P99_MAX, RSS_GROWTH_MAX = 0.9, 1.5, 200 * MB
+
+
+GIANT_ANSWER_MAX_S, HUGE_SENT_MAX = 0.1, MB
+
+
+def ms_label(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f} ms"
+
+
+def mb(v: float | None) -> str:
+    return "-" if v is None else f"{v / MB:.0f} MB"
+
+
+ACCESS = re.compile(r"cosyserve\.access: \S+ (\S+) (\S+) (\d{3}) ([0-9.]+)ms.*?( aborted)?$")
+
+
+HELD = re.compile(r" held=([0-9.]+)ms")  # an error answer held by the server's refusal pacer
+
+
+WS_END = re.compile(r"cosyserve\.ws: \S+ WS \S+ .* ([0-9.]+)s close=(\S+)")
+
+
+def server_log(text: str) -> dict[str, dict[str, Any]]:
+    """The server's own account of a phase, from its log: each ``METHOD path status`` (``aborted``: no complete
+    response) with its count and times as the server measured them, and each WebSocket session's close."""
+    times: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        if m := ACCESS.search(line):
+            key, value = f"{m[1]} {m[2]} {m[3]}{' aborted' if m[5] else ''}", float(m[4])
+        elif m := WS_END.search(line):
+            key, value = f"WS close={m[2]}", float(m[1]) * 1000
+        else:
+            continue
+        times.setdefault(key, []).append(value)
+    return {k: {"count": len(v), "p50_ms": percentile(v, 50), "p99_ms": percentile(v, 99), "max_ms": max(v)}
+            for k, v in sorted(times.items())}
+
+
+def server_refusal_p99_ms(text: str, held: bool = False) -> float | None:
+    """p99 of the server's time for its 4xx answers (the access log's), without the time the refusal pacer held
+    them (``held``: p99 of that hold instead)."""
+    values = []
+    for line in text.splitlines():
+        if (m := ACCESS.search(line)) and m[3][0] == "4":
+            h = HELD.search(line)
+            hold = float(h[1]) if h else 0.0
+            values.append(hold if held else max(0.0, float(m[4]) - hold))
+    return percentile(values, 99)
+
+
+def server_log_text(log: dict[str, dict[str, Any]]) -> str:
+    return ", ".join(f"{k} x{v['count']} (p50 {v['p50_ms']:.0f} ms, max {v['max_ms']:.0f} ms)"
+                     for k, v in log.items()) or "nothing"
+
+
+def reference(phases: list[dict]) -> dict[str, float | None]:
+    """The polite client alone: the mean of the alone phases' goodput and p99 (first and last run)."""
+    alone = [p["polite"] for p in phases if p["adversary"] is None]
+    rps = [a["throughput_rps"] for a in alone]
+    p99 = [a["latency_p99_s"] for a in alone if a["latency_p99_s"] is not None]
+    return {"throughput_rps": statistics.fmean(rps) if rps else None,
+            "latency_p99_s": statistics.fmean(p99) if p99 else None, "runs": len(alone)}
+
+
+def storm_rates(tally: dict, lo: float, hi: float) -> dict[str, float]:
+    """A storm's 200s per second (each by its overlap with [lo, hi], as the closed loop counts) and 503s per second."""
+    ok = [Result(start, 200, latency, None, 0, "ok") for start, latency in tally.get("ok", [])]
+    rejected = sum(n for t, n in tally.get("rejected", {}).items() if lo <= float(t) <= hi)
+    return {"goodput_rps": work_in_window(ok, lo, hi), "rejected_per_s": rejected / (hi - lo) if hi > lo else 0.0}
+
+
+def answers_text(tally: dict | None) -> str:
+    """The adversary's answers: each kind with its count, the time to them, the bytes sent before them."""
+    if not tally:
+        return "-"
+    kinds = sorted(tally["answers"].items(), key=lambda kv: (-kv[1], kv[0]))
+    text = ", ".join(f"{k} x{n}" for k, n in kinds) or "no answer"
+    times = tally.get("answer_s") or []
+    if times:
+        which = "the non-200s " if tally["kind"].startswith("storm") else ""  # a storm's 200s: in ``ok``
+        text += f"; {which}after p50 {ms_label(percentile(times, 50))}, max {ms_label(max(times))}"
+    sent = tally.get("sent_bytes") or []
+    if sent and tally["kind"] in ("dribble", "huge", "huge-chunked"):
+        text += f"; sent max {sent_text(max(sent))}"
+    if tally.get("audio_wall_s"):
+        text += (f"; {tally['audio_s']:.1f} audio-s in {tally['audio_wall_s']:.1f} s: "
+                 f"{tally['audio_s'] / tally['audio_wall_s']:.2f} audio-s per s")
+    got = tally.get("received_bytes") or []
+    if got:
+        text += f"; unread audio queued max {sent_text(max(got))}"
+    return text
+
+
+def sent_text(n: int) -> str:
+    return f"{n} B" if n < 10_000 else f"{n / 1024:.0f} KiB" if n < MB else f"{n / MB:.1f} MiB"
+
+
+def statuses_text(statuses: dict[str, int]) -> str:
+    return ", ".join(f"{k} x{n}" for k, n in sorted(statuses.items())) or "none"
+
+
+def phase_line(p: dict, ref: dict) -> str:
+    """One phase, as printed: the polite client, the server's RSS and CPU, the adversary's answer."""
+    s = p["polite"]
+    g, q = ratio(s["throughput_rps"], ref["throughput_rps"]), ratio(s["latency_p99_s"], ref["latency_p99_s"])
+    out = (f"{p['name']:>13}: polite {s['throughput_rps']:.2f} req/s ({_alone_x(g)}), p50 {ms_label(s['latency_p50_s'])} "
+           f"p99 {ms_label(s['latency_p99_s'])} ({_alone_x(q)}), non-200 (whole phase) {statuses_text(p['polite_statuses'])}; "
+           f"RSS {mb(p['rss_start'])} -> peak {mb(p['rss_peak'])}; CPU cores server {p['cpu']['server']:.2f} "
+           f"bench {p['cpu']['bench']:.2f} adversary {p['cpu']['adversary']:.2f}")
+    if p.get("storm"):
+        st = p["storm"]
+        out += (f"\n{'':>15}storm of {p['clients']}: {st['goodput_rps']:.2f} 200s/s, {st['rejected_per_s']:.0f} 503s/s;"
+                f" with the polite client {st['total_rps']:.2f} 200s/s ({_alone_x(ratio(st['total_rps'], ref['throughput_rps']))})")
+    if p["adversary"] is not None:
+        out += f"\n{'':>15}{p['adversary']} x{p['clients']}: {answers_text(p.get('tally'))}"
+    if p.get("server_log") is not None:
+        out += f"\n{'':>15}server log: {server_log_text(p['server_log'])}"
+    return out
+
+
+def _alone_x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x alone"
+
+
+def _abuse_goal(goals: list, phase: str, goal: str, value: str, target: str, ok: bool | None) -> None:
+    goals.append({"phase": phase, "goal": goal, "value": value, "target": target, "pass": ok})
+
+
+def abuse_goals(phases: list[dict]) -> list[dict]:
+    """The issue's goals per phase (see docs/benchmarks/README.md); ``pass`` None where nothing was measured."""
+    ref, goals = reference(phases), []
+    for p in phases:
+        name, s, tally = p["name"], p["polite"], p.get("tally") or {}
+        if name in NORMAL_GOALS:
+            g, q = ratio(s["throughput_rps"], ref["throughput_rps"]), ratio(s["latency_p99_s"], ref["latency_p99_s"])
+            _abuse_goal(goals, name, "polite goodput vs alone", num(g), f">= {GOODPUT_MIN}", None if g is None else g >= GOODPUT_MIN)
+            if not s["ok"]:  # not one answer in the window: as slow as it gets
+                _abuse_goal(goals, name, "polite p99 vs alone", "no 200 in the window", f"<= {P99_MAX}", False)
+            else:
+                _abuse_goal(goals, name, "polite p99 vs alone", num(q), f"<= {P99_MAX}", None if q is None else q <= P99_MAX)
+            fives = sum(n for k, n in p["polite_statuses"].items() if k.startswith("5"))
+            _abuse_goal(goals, name, "polite 5xx answers", str(fives), "0", fives == 0)
+            growth = p["rss_peak"] - p["rss_start"] if p["rss_peak"] and p["rss_start"] else None
+            _abuse_goal(goals, name, "server RSS growth (peak - phase start)", mb(growth), f"< {mb(RSS_GROWTH_MAX)}",
+                  None if growth is None else growth < RSS_GROWTH_MAX)
+        if name == "giant-fields" and tally:
+            refused = all(k[:1] == "4" for k in tally["answers"])
+            p99 = percentile(tally.get("answer_s") or [], 99)
+            server = p.get("server_4xx_p99_ms")
+            _abuse_goal(goals, name, "every giant field refused (4xx)", statuses_text(tally["answers"]), "4xx only",
+                  refused if tally["answers"] else None)
+            _abuse_goal(goals, name, "4xx answer time p99, as the server timed it (without the pacer's hold)",
+                  ms_label(None if server is None else server / 1000),
+                  f"< {ms_label(GIANT_ANSWER_MAX_S)}", None if server is None else server < GIANT_ANSWER_MAX_S * 1000)
+            held = p.get("server_4xx_held_p99_ms")
+            _abuse_goal(goals, name, "time the refusal pacer held a resent giant field, p99 (server.refusals_per_s)",
+                  ms_label(None if held is None else held / 1000), "info", None)
+            _abuse_goal(goals, name, "giant field answer time p99, as the niced adversary timed it (1 MB upload in)",
+                  ms_label(p99), "info", None)
+        if name == "huge-body" and tally:
+            sent = max(tally.get("sent_bytes") or [0], default=0)
+            answered = [k for k in tally["answers"] if k != "open at end"]
+            _abuse_goal(goals, name, "bytes sent before the answer or close (max)", sent_text(sent),
+                  f"< {sent_text(HUGE_SENT_MAX)}", sent < HUGE_SENT_MAX and bool(answered))
+        if name == "huge-chunked" and tally:  # no goal in the issue: the server can only cut it at its upload limit
+            sent = max(tally.get("sent_bytes") or [0], default=0)
+            _abuse_goal(goals, name, "bytes sent before the answer or close (max)", sent_text(sent),
+                  "info (server.max_upload_mb)", None)
+        if p.get("storm"):
+            t = ratio(p["storm"]["total_rps"], ref["throughput_rps"])
+            _abuse_goal(goals, name, "all 200s/s (storm + polite) vs polite alone", num(t), f">= {GOODPUT_MIN}",
+                  None if t is None else t >= GOODPUT_MIN)
+    return goals
+
+
+def abuse_markdown(results: dict) -> str:
+    phases, ref = results["phases"], reference(results["phases"])
+    lines = [
+        "# Abuse suite (`python -m bench serve --scenario abuse`)", "",
+        (f"Started {results['started']}; {results['cores']} cores; load average at start "
+        f"{results['loadavg_start'][0]:.2f}, at the end {results['loadavg_end'][0]:.2f}; model {results['model']}; "
+        f"server: no pool settings (the defaults); {results['phase_s']:g} s per phase after {results['lead_s']:g} s "
+        f"for the adversary to settle in; load generator: {results['load_generator']}."), "",
+        (f"Alone (reference: the mean of the {ref['runs']} alone phases, first and last): "
+         f"{num(ref['throughput_rps'])} req/s, p99 {ms_label(ref['latency_p99_s'])}. Goodput: the polite client's 200s per "
+         "second in the window; p99: its latency; in brackets, each over the reference."), "",
+        ("| phase | polite req/s (x alone) | p50 | p99 (x alone) | polite non-200 (whole phase) | server RSS start -> peak | "
+        "CPU server / bench / adversary | adversary's answers | the server's log |"),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in phases:
+        s = p["polite"]
+        adv = f"{p['adversary']} x{p['clients']}: {answers_text(p.get('tally'))}" if p["adversary"] else "-"
+        if p.get("storm"):
+            st = p["storm"]
+            adv = (f"storm of {p['clients']}: {st['goodput_rps']:.2f} 200s/s, {st['rejected_per_s']:.0f} 503s/s, "
+                   f"with the polite client {st['total_rps']:.2f} 200s/s; " + adv)
+        lines.append(
+            f"| {p['name']} | {s['throughput_rps']:.2f} ({num(ratio(s['throughput_rps'], ref['throughput_rps']))}) | "
+            f"{ms_label(s['latency_p50_s'])} | {ms_label(s['latency_p99_s'])} ({num(ratio(s['latency_p99_s'], ref['latency_p99_s']))})"
+            f" | {statuses_text(p['polite_statuses'])} | {mb(p['rss_start'])} -> {mb(p['rss_peak'])} | "
+            f"{p['cpu']['server']:.2f} / {p['cpu']['bench']:.2f} / {p['cpu']['adversary']:.2f} | {adv} | "
+            f"{server_log_text(p.get('server_log') or {})} |")
+    if results.get("server_gone_before"):
+        lines += ["", (f"The server was gone (exited, or killed past the RSS guard) before phase "
+                  f"{results['server_gone_before']}: that phase and the ones after it did not run.")]
+    for name, why in (results.get("failed") or {}).items():
+        lines += ["", f"Phase {name} failed: {why}"]
+    lines += ["", "## Goals", "", "| phase | goal | value | target | |", "|---|---|---|---|---|"]
+    for g in results["goals"]:
+        lines.append(f"| {g['phase']} | {g['goal']} | {g['value']} | {g['target']} | {verdict(g['pass'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def verdict(ok: bool | None) -> str:
+    return {True: "PASS", False: "FAIL", None: "n/a"}[ok]
+
+
+# gpu ---------------------------------------------------------------------------------------------
+
+def _gib(v: Any) -> str:
+    return "-" if v is None else f"{v / 2**30:.2f}"
+
+
+def _phase(doc: dict, name: str) -> dict | None:
+    """The phase's result, or None with the reason written by the caller."""
+    value = doc.get(name)
+    return value if isinstance(value, dict) and "skipped" not in value and "failed" not in value else None
+
+
+def _why(doc: dict, name: str) -> str:
+    value = doc.get(name) or {}
+    return value.get("skipped") or value.get("failed") or "not run"
+
+
+def gpu_markdown(doc: dict) -> str:
+    env = doc["environment"]
+    gpu = env.get("name") != "cpu"
+    lines = [f"# GPU check: {env.get('name')} ({doc['mode']})", ""]
+    if not gpu:
+        lines += ["**CPU run** (`--device cpu`): it proves the check works; none of these numbers is a GPU figure.", ""]
+    v = env.get("versions", {})
+    device = (f"{env.get('device')}: {env.get('name')}, compute capability {env.get('capability')}, "
+              f"{env.get('memory_gib')} GiB" if gpu else "cpu")
+    lines += ["| | |", "|---|---|", f"| device | {device} |"]
+    if gpu:
+        lines.append(f"| CUDA / driver | {env.get('cuda')} / {env.get('driver')} |")
+    lines += [f"| torch / transformers / numpy | {v.get('torch')} / {v.get('transformers')} / {v.get('numpy')} |",
+              f"| Python | {env.get('python')} on {env.get('platform')} ({env.get('cpu_count')} CPUs, "
+              f"{env.get('torch_threads')} torch threads) |",
+              f"| PYTORCH_CUDA_ALLOC_CONF | {env.get('alloc_conf') or '(unset)'} |",
+              f"| model | {doc['model']['dir']} ({'full-size' if doc['model']['full_size'] else 'tiny'} random-weight "
+              f"CosyVoice2; built in {doc['model']['build_s']:.0f} s, loaded in {doc['model']['load_s']:.1f} s) |",
+              f"| precision | {', '.join(f'{k} {x}' for k, x in doc['model']['precision'].items())} |",
+              f"| run | {doc['started']}, {doc['elapsed_s']} s of a {doc['budget_s']:.0f} s budget |", ""]
+    lines += ["## Parity", ""]
+    p = _phase(doc, "parity")
+    if p:
+        lines.append(f"- Batched tokens equal CosyVoice's own `llm.inference` (greedy, fp32): **{p['tokens_equal']} of "
+                     f"{p['requests']}** requests (tokens {p['tokens']}, batch {p['batch']}); largest log-prob "
+                     f"difference where a token has any chance: {p['max_logp_diff']:.2e}.")
+    else:
+        lines.append(f"- Batched vs CosyVoice's own: {_why(doc, 'parity')}.")
+    s = _phase(doc, "seeded")
+    if s:
+        lines.append(f"- Seeded, alone vs inside a batch of 3: {'equal' if s['alone_equals_batched'] else 'DIFFERENT'} "
+                     f"({s['tokens']} tokens).")
+        if s.get("cpu_equals_device") is None:
+            lines.append("- Seeded, CPU vs GPU: not applicable (one device).")
+        else:
+            lines.append(f"- Seeded, CPU vs this device: {'equal' if s['cpu_equals_device'] else 'DIFFERENT'} "
+                         f"({s['cpu_tokens']} tokens on the CPU; first difference at "
+                         f"{s['first_difference'] if s['first_difference'] is not None else '-'}).")
+    else:
+        lines.append(f"- Seeded: {_why(doc, 'seeded')}.")
+    d = _phase(doc, "drift")
+    if d:
+        lines += ["", "| LLM dtype | KV cache | steps | max abs log-prob diff (live) | max rel L2 | top-1 agreement |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for name, r in d.items():
+            lines.append(f"| {name} | {r['kv_dtype']} | {r['steps']} | {r['max_abs_live']:.3g} | "
+                         f"{r['max_rel_l2']:.3g} | {r['top1_agree']:.0%} |")
+    else:
+        lines.append(f"- Half-precision drift: {_why(doc, 'drift')}.")
+    lines += ["", "## One request, per stage (non-streamed, device synchronised at each boundary; median)", ""]
+    st = _phase(doc, "stages")
+    if st:
+        lines += ["| frontend ms | LLM ms | flow ms | HiFT ms | speech tokens | audio s |",
+                  "|---:|---:|---:|---:|---:|---:|",
+                  f"| {ms(st['frontend'])} | {ms(st['llm'])} | {ms(st['flow'])} | {ms(st['hift'])} | "
+                  f"{st['tokens']:.0f} | {num(st['audio_s'])} |"]
+    else:
+        lines.append(f"{_why(doc, 'stages')}.")
+    lines += ["", "## Streaming (closed loop, sft, one sentence)", "",
+              "| concurrency | requests | TTFA p50 ms | TTFA p95 ms | audio s / wall s | LLM step ms p50 | mean batch | errors |",
+              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for pt in doc.get("streaming", []):
+        if "skipped" in pt:
+            lines.append(f"| {pt['concurrency']} | skipped: {pt['skipped']} | | | | | | |")
+            continue
+        lines.append(f"| {pt['concurrency']} | {pt['requests']} | {ms(pt['ttfa_p50_s'])} | {ms(pt['ttfa_p95_s'])} | "
+                     f"{num(pt['audio_s_per_wall_s'])} | {num(pt['llm_step_ms_p50'], 1)} | {num(pt['llm_mean_batch'], 1)} | "
+                     f"{pt['error_count']} |")
+    lines += ["", "## Host syncs per decode step (4 sequences)", ""]
+    sy = _phase(doc, "syncs")
+    if sy:
+        px = sy["proxy"]
+        lines.append(f"- CPU proxy (`bench/probes/syncs.py`): max {px.get('max')}, mean {px.get('mean')} over "
+                     f"{px.get('steps')} steps ({px.get('kinds')}).")
+        if "cuda_flagged" in sy:
+            cf = sy["cuda_flagged"]
+            lines.append(f"- `torch.cuda.set_sync_debug_mode`: max {cf.get('max')}, mean {cf.get('mean')} flagged per "
+                         f"step over {cf.get('steps')} steps ({cf.get('messages') or 'none'}); plus {sy['by_design']}.")
+        else:
+            lines.append("- `torch.cuda.set_sync_debug_mode`: not run (no CUDA device).")
+    else:
+        lines.append(f"{_why(doc, 'syncs')}.")
+    lines += ["", "## Prefill: 16 requests join a running batch of 4 at once", ""]
+    pf = _phase(doc, "prefill")
+    if pf:
+        lines += ["| prefill | forwards | running batch's token gap ms | usual gap ms | prefill ms | "
+                  "all 16 joined at one step |", "|---|---:|---:|---:|---:|---|"]
+        for mode in ("one_by_one", "batched"):
+            r = pf[mode]
+            lines.append(f"| {mode.replace('_', ' ')} | {r['prefill_forwards']} | {num(r['gap_ms'], 1)} | "
+                         f"{num(r['usual_gap_ms'], 1)} | {num(r['prefill_ms'], 1)} | {r['all_joined_at_once']} |")
+        lines.append(f"\nInputs of {pf['prompt_tokens'][0]}-{pf['prompt_tokens'][1]} tokens ({pf['input_tokens']} in "
+                     f"all), median of {pf['rounds']} round(s); gap one by one / batched: {num(pf['speedup'], 2)}x; the "
+                     f"joiners' first tokens {'equal' if pf['first_tokens_equal'] else 'DIFFER'} between the modes.")
+    else:
+        lines.append(f"{_why(doc, 'prefill')}.")
+    lines += ["", "## Batched token2wav: engine.token2wav_batch off vs on", ""]
+    tw = _phase(doc, "token2wav")
+    if tw:
+        from bench.probes.t2w_phases import header, line
+
+        lines.append(header())
+        for setting, rows in tw["runs"].items():
+            lines += [line(setting, r) for r in rows]
+        lines.append("\nStreamed requests, one engine per setting, closed loop; flow rounds only with the setting on.")
+    else:
+        lines.append(f"{_why(doc, 'token2wav')}.")
+    mem = doc.get("gpu_memory")
+    lines += ["", "## GPU memory", ""]
+    if mem:
+        lines.append(f"Peak while streaming: {_gib(mem['peak_allocated_bytes'])} GiB allocated, "
+                     f"{_gib(mem['peak_reserved_bytes'])} GiB reserved by the allocator "
+                     f"({_gib(mem['allocated_after_bytes'])} GiB allocated after).")
+    else:
+        lines.append("Not applicable (no CUDA device).")
+    lines += ["", "Written by `python -m bench gpu` (docs/gpu.md); the JSON it writes beside this report "
+              "(default .cache/bench/gpu_check/, not committed) holds every value. Random weights: speed and "
+              "memory are the real model's, audio is noise.", ""]
+    return "\n".join(lines)
