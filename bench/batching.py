@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from bench.lib import prom
 from bench.lib.batching_plan import (
@@ -46,7 +45,7 @@ from bench.lib.procs import (
     ROOT,
     THREAD_ENV,
     ServerProc,
-    free_port,
+    cosyserve,
     python_module,
     results_dir,
 )
@@ -199,13 +198,8 @@ def _f(v: float | None) -> str:
 
 def server(system: SystemSpec, mdir: str, run_dir: Path, plan: ModelPlan, args: argparse.Namespace) -> ServerProc:
     max_queue = 4 * max(args.concurrency)  # closed-loop clients never see a 503
-    cfg = system.config(mdir, run_dir, max_queue, args.timeout_s)
-    path = run_dir / f"{plan.key}-{system.key}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    port = free_port()
-    argv = python_module("app.cli", "serve", "--config", str(path), "--host", "127.0.0.1", "--port", str(port))
-    return ServerProc(f"{plan.key}-{system.key}", argv, port, "/health/ready", run_dir,
-                      rss_limit_bytes=int(args.max_rss_gb * 2**30))
+    return cosyserve(f"{plan.key}-{system.key}", system.config(mdir, run_dir, max_queue, args.timeout_s), run_dir,
+                     rss_limit_bytes=int(args.max_rss_gb * 2**30))
 
 
 def write(results: dict[str, Any], out: Path) -> list[dict]:

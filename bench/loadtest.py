@@ -19,10 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 from bench.lib.model import ensure_model
-from bench.lib.procs import ROOT, ServerProc, free_port, python_module
+from bench.lib.procs import ROOT, cosyserve
 
 
 def parse_duration(text: str) -> float:
@@ -108,12 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         "pool": {"workers": args.workers, "max_queue": args.max_queue, "request_timeout_s": 120},
         "voices": {"dir": str(reports / "loadtest-voices")},
     }
-    config_path = reports / "loadtest-config.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    server = ServerProc("loadtest-server", python_module("app.cli", "serve", "--config", str(config_path),
-                                                         "--host", "127.0.0.1", "--port", str(port)),
-                        port, "/health/ready", reports)
+    server = cosyserve("loadtest-server", config, reports)
     csv_prefix = reports / "loadtest"
     spawn = args.spawn_rate or args.users
     print(f"loadtest: starting cosyserve ({'fake engine' if args.fake else engine['model_dir']}) on {server.base_url}",

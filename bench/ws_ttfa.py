@@ -23,20 +23,16 @@ import os
 import platform
 import re
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import httpx
-import yaml
 from websockets.sync.client import connect
 
-from bench.lib.procs import free_port
+from bench.lib.procs import ROOT, cosyserve
 
-ROOT = Path(__file__).resolve().parents[1]
 COMMAND = ".venv/bin/python -m bench serve --scenario ws"
 TEXTS = {
     "20 words": "The quick brown fox jumps over the lazy dog while a small grey cat watches from the warm window.",
@@ -101,43 +97,18 @@ def post_run(base: str, text: str, rate: float, seed: int) -> tuple[float, float
     return wait + first - t0, wait + done - t0
 
 
-def start_server(tmp: Path, port: int) -> subprocess.Popen:
-    cfg = {"engine": {"torch_threads": 1}, "dev": {"tiny_version": 2, "tiny_cache_dir": str(ROOT / ".cache" / "models")},
-           "pool": {"workers": 2}, "server": {"access_log": False}, "voices": {"dir": str(tmp / "voices")}}
-    (tmp / "config.yaml").write_text(yaml.safe_dump(cfg))
-    with open(tmp / "server.log", "wb") as log:  # the child keeps its own handle
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--config", str(tmp / "config.yaml"),
-                                 "--host", "127.0.0.1", "--port", str(port)], cwd=ROOT, stdout=log,
-                                stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError((tmp / "server.log").read_text()[-3000:])
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health/ready", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("server not ready")
-
-
-def median(xs: list[float]) -> float:
-    return statistics.median(xs)
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=float, default=20.0, help="tokens per second the 'LLM' writes")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "ws_ttfa" / "ws-ttfa.md"))
     args = ap.parse_args(argv)
-    port = free_port()
-    base, url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/v1/audio/speech/stream"
     with tempfile.TemporaryDirectory() as tmp:
-        proc = start_server(Path(tmp), port)
-        try:
+        cfg = {"engine": {"torch_threads": 1}, "pool": {"workers": 2}, "server": {"access_log": False},
+               "dev": {"tiny_version": 2, "tiny_cache_dir": str(ROOT / ".cache" / "models")},
+               "voices": {"dir": str(Path(tmp) / "voices")}}
+        with cosyserve("ws-ttfa", cfg, Path(tmp)) as srv:
+            base, url = srv.base_url, f"ws://127.0.0.1:{srv.port}/v1/audio/speech/stream"
             rows = []
             for label, text in TEXTS.items():
                 ws_run(url, text, args.rate, 0)  # warm-up
@@ -147,12 +118,10 @@ def main(argv: list[str] | None = None) -> None:
                     ws.append(ws_run(url, text, args.rate, rep))
                     post.append(post_run(base, text, args.rate, rep))
                 n = len(tokens(text))
-                rows.append((label, n, (n - 1) / args.rate, median([a for a, _ in ws]), median([a for a, _ in post]),
-                             median([b for _, b in ws]), median([b for _, b in post])))
+                med = [statistics.median(x) for x in ([a for a, _ in ws], [a for a, _ in post],
+                                                      [b for _, b in ws], [b for _, b in post])]
+                rows.append((label, n, (n - 1) / args.rate, *med))
                 print(rows[-1], flush=True)
-        finally:
-            proc.terminate()
-            proc.wait(60)
     lines = [
         f"# Time to first audio: text streamed at {args.rate:g} tokens/s over the WebSocket vs. POST after the text",
         "",

@@ -8,17 +8,15 @@ sends (``work``: one sentence, streamed PCM), the admission gauges read from ``/
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from bench.lib import prom
 from bench.lib.load import RequestSpec
-from bench.lib.procs import ROOT, ServerProc, free_port, python_module
+from bench.lib.procs import ROOT, ServerProc, cosyserve
 
 TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 GAUGES = {"limit": "tts_admission_limit", "load": "tts_admission_load",
@@ -35,13 +33,7 @@ def pool_server(name: str, pool: dict[str, Any], nice: int, model_dir: str, run_
     }
     if pool:
         config["pool"] = pool
-    path = run_dir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    argv = python_module("app.cli", "serve", "--config", str(path), "--host", "127.0.0.1", "--port", str(port))
-    if nice > 0 and shutil.which("nice"):
-        argv = ["nice", "-n", str(nice), *argv]  # nice execs the server: its pid is the server's
-    return ServerProc(name, argv, port, "/health/ready", run_dir)
+    return cosyserve(name, config, run_dir, nice=nice)
 
 
 def work() -> RequestSpec:

@@ -9,6 +9,7 @@ benchmark.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from typing import Self
 
 import httpx
 import psutil
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"
@@ -196,3 +198,14 @@ class ServerProc:
 
 def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
+
+
+def cosyserve(name: str, config: dict, run_dir: Path, *, nice: int = 0, rss_limit_bytes: int = 0) -> ServerProc:
+    """``cosyserve serve`` with ``config`` (written to RUN_DIR/NAME.yaml) on a free port, at ``nice``."""
+    path = run_dir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    port = free_port()
+    argv = python_module("app.cli", "serve", "--config", str(path), "--host", HOST, "--port", str(port))
+    if nice > 0 and shutil.which("nice"):
+        argv = ["nice", "-n", str(nice), *argv]  # nice execs the server: its pid is the server's
+    return ServerProc(name, argv, port, "/health/ready", run_dir, rss_limit_bytes=rss_limit_bytes)

@@ -10,10 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from bench.lib.load import RequestSpec
-from bench.lib.procs import ServerProc, free_port, python_module
+from bench.lib.procs import ServerProc, cosyserve, free_port, python_module
 
 
 @dataclass(frozen=True)
@@ -28,7 +26,6 @@ class System:
                rss_limit: int = 0) -> ServerProc:
         """``workers`` / ``max_queue``: cosyserve's pool settings, None (the default) leaves them to the server,
         so the benchmark measures the server as a user starts it."""
-        port = free_port()
         if self.key == "cosyserve":
             pool = {k: v for k, v in (("workers", workers), ("max_queue", max_queue)) if v is not None}
             config = {
@@ -39,10 +36,8 @@ class System:
             }
             if pool:
                 config["pool"] = pool
-            path = run_dir / "cosyserve.yaml"
-            path.write_text(yaml.safe_dump(config))
-            argv = python_module("app.cli", "serve", "--config", str(path), "--host", "127.0.0.1", "--port", str(port))
-            return ServerProc(self.key, argv, port, "/health/ready", run_dir, rss_limit_bytes=rss_limit)
+            return cosyserve(self.key, config, run_dir, rss_limit_bytes=rss_limit)
+        port = free_port()
         module = {"upstream": "bench.baselines.upstream_pattern", "per_request": "bench.baselines.load_per_request"}
         argv = python_module(module[self.key], "--model-dir", model_dir, "--port", str(port), "--torch-threads", "1")
         return ServerProc(self.key, argv, port, "/health", run_dir, rss_limit_bytes=rss_limit)
