@@ -2,18 +2,7 @@
 
     python -m bench serve --scenario abuse [--phase-s 30] [--only dribblers,storm-8] [--out DIR] [--model-dir DIR]
 
-One ``cosyserve serve`` (the tiny CosyVoice2 model unless ``--model-dir``; no pool settings: the defaults).
-Phase after phase, the polite client (one closed-loop client, the admission suite's request, bench/lib/admission_server.py: one sentence,
-streamed PCM, a 503's Retry-After honoured) runs ``--phase-s`` measured seconds: first alone, then beside
-each adversary (started ``--lead-s`` before it, in its own process: bench/lib/abuse_clients.py), and alone
-again at the end. Adversaries: 4 dribblers (a body byte a second), 4 non-readers (a long stream never
-read), 8 idle and 8 chatty WebSocket sessions (never any text), one long WebSocket utterance (4,000 characters) after
-another and the same text as one HTTP stream after another (their audio-s per wall second reported), 2 clients sending 1 MB fields, a 200 MB
-declared body sent flat out (and the same bytes chunked, no length declared), and retry storms of 8 and 64 clients (503 -> again at once; ``-fresh``: a new
-connection per request). Per phase: the polite client's goodput and p50/p99 against the alone phases'
-mean, its non-200 answers by status, the server's tree RSS at the start and peak, CPU of the server, this
-process and the adversary's, and the adversary's answers. Goals PASS/FAIL at the end; ``abuse.json`` and
-``abuse.md`` in ``--out`` (default .cache/bench/abuse, git-ignored); server logs in .bench/abuse-<time>/.
+The phases, what is printed and the goals: docs/benchmarks/README.md, "Abuse".
 """
 
 from __future__ import annotations

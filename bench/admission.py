@@ -1,28 +1,8 @@
 """Overload with the defaults: admission as a user gets it, against fixed sizings (issue 20).
 
-    python -m bench serve --scenario admission [--quick] [--systems defaults,before,tuned] [--out DIR]
+    python -m bench serve --scenario admission [--quick] [--rounds 3] [--systems defaults,before,tuned] [--out DIR]
 
-The systems' servers (the real ``cosyserve serve`` subprocess on the tiny CosyVoice2 model, or
-``--model-dir``) are started together and measured phase by phase in turn, one at a time while
-the others sit idle (``--sequential``: one server after another), so a machine whose speed
-drifts during the run slows each system's same phase alike; the systems take their turns in
-the given order in even rounds and reversed in odd ones (ABC CBA ABC). Every request ``POST /v1/tts``
-streamed 16-bit PCM of one sentence:
-
-* ``defaults``: cosyserve as a user starts it, no pool settings at all (adaptive admission);
-* ``before``: ``pool.admission: fixed`` with today's defaults otherwise (with batching:
-  16 workers + 16 queued), the behaviour before adaptive admission;
-* ``tuned``: ``pool.admission: fixed`` sized by hand (``--tuned-workers``, ``--tuned-queue``).
-
-Per system: closed loop at 1, 2, 4, 8, 16 clients (a 503 costs its client the pause its
-``Retry-After`` names, as clients that honour it do; ``--reject-backoff-s`` for a fixed one),
-then open loop (Poisson) at 1.5x and 3x the best closed-loop throughput, each right after the
-best closed-loop point run again (goodput is graded against both; ``--no-paired``: no rerun), then a step test:
-open loop at 0.5x -> 3x -> 0.5x while ``/metrics`` is read every 0.5 s (the admission limit,
-load, predicted wait, in-flight requests). Per point: admitted latency p50/p99, time to first
-audio, 503 count and p99, goodput (audio seconds and requests per wall second), errors,
-timeouts. Output: ``admission.json`` and ``admission.md`` in ``--out`` (default
-.cache/bench/admission; --quick: .cache/bench/admission/quick); the goals are printed.
+The systems, phases, points and goals: docs/benchmarks/README.md, "Overload with the defaults".
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
-"""Continuous LLM batching benchmark: per-request pool vs batched, full-size and tiny CosyVoice2.
+"""Continuous LLM batching: the per-request pool vs the batched LLM, full-size and tiny CosyVoice2.
 
     python -m bench serve --scenario batching [--models full,tiny] [--quick] [--out DIR]     # or: make bench-batching
 
-One run, one machine, ONE server at a time (the real ``cosyserve serve`` subprocess):
-
-* per-request pool: ``engine.batching: false``, ``pool.workers: 2`` (the best count on 2 cores)
-* batched: ``engine.batching: true``, ``engine.max_batch_size: 16``, ``pool.workers: 16``
-  (``--batched-workers``), so up to 16 requests are in the LLM batch at once
-
-For each model (full-size random-weight CosyVoice2 = primary, then tiny) and system:
-closed-loop points at concurrency 1, 2, 4, 8, 16 with a fixed number of non-streaming
-requests each (throughput, latency), then streamed requests (time to first audio). Per
-point also the server's peak RSS and, from ``/metrics`` deltas, the LLM's speech tokens/s,
-mean batch size and step time (null where the server has no such metric).
-Output: ``batching.json``, ``batching.md``, ``batching.png`` in ``--out`` (default
-.cache/bench/batching, or .cache/bench/batching/quick with ``--quick``); goal ratios printed.
+The systems, points and goals: docs/benchmarks/README.md, "Batching benchmark".
 """
 
 from __future__ import annotations

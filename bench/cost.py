@@ -1,39 +1,9 @@
 """What one request costs: CPU seconds, real-time factor, first audio, flow frames, per stage.
 
-    python -m bench cost                       # full-size v2 (.cache/full2) and tiny v2; writes .cache/bench/cost/cost.*
-    python -m bench cost --models tiny --quick # a smoke run (~1 min)
+    python -m bench cost [--plan levers] [--models tiny --quick] [--merge]   # make bench-cost: both plans
 
-One system at a time: each (model, variant) runs in its own subprocess (one torch
-thread, the server's batched engine path, ``CosyVoiceEngine`` called in-process,
-no HTTP), zero-shot requests with a 2 s prompt (50 prompt speech tokens):
-
-* concurrency 1, whole and streamed: CPU seconds of the process per request,
-  wall seconds, real-time factor (wall / audio), time to the first chunk, flow
-  frames computed (prompt + tokens of every ``flow.inference`` call, in mel frames),
-  and the request's stage timings (``app/engines/timings.py``);
-* concurrency 8, whole: 8 requests at once through the batched LLM; CPU seconds per
-  request and audio seconds per wall second.
-
-``--plan levers`` (``make bench-cost`` runs both plans) measures the CPU cost levers instead,
-into ``cost-cpu.*``: today's default (``fp32``: torch flow, fp32 LLM), each lever
-alone (``int8``: ``engine.llm_quantization``; ``ort``: ``engine.flow_runtime: onnxruntime``;
-``steps5``: ``engine.flow_steps: 5``; ``nocfg``: ``engine.flow_cfg: false``), ``int8-ort`` and
-``all`` (the four together), each at c=1 whole and streamed and c=8 whole (short text):
-
-    python -m bench cost --plan levers                          # full-size + tiny (~25 min here)
-    python -m bench cost --plan levers --models tiny --quick    # a smoke run
-
-Variants: ``fp32``, ``bf16`` (``engine.dtype``), ``fp32-cache`` (``engine.flow_cache``:
-streaming without recomputing the prefix) and ``fp32-cache-voice`` (also
-``engine.flow_prompt_cache_mb``: the requests use a registered voice made from the same
-prompt, whose prompt part of the flow state is computed once; one streamed request
-fills that cache before the cases run). ``first_hop_flow_frames``: estimator frames
-computed before the first chunk of a c=1 stream. Full size runs the long text (~86 speech
-tokens, 3.5 s) for fp32 whole/streamed, and the short text (~38 tokens) for the fp32 vs
-bf16 comparison, which is expensive where bf16 is emulated. Results: ``cost.json`` and
-``cost.md`` (levers: ``cost-cpu.*``) in ``--out`` (default .cache/bench/cost, git-ignored);
-``--merge`` updates the JSON already there with the re-run cases. docs/benchmarks/ takes the
-Markdown only, copied on purpose (bench/README.md).
+Each (model, variant) runs in its own subprocess, the engine in-process (no HTTP). Variants,
+cases and outputs: docs/benchmarks/README.md, "Request cost benchmark" and "The CPU cost levers".
 """
 
 from __future__ import annotations

@@ -2,31 +2,10 @@
 
     python -m bench gpu                       # CUDA: full-size v2 built here, .cache/bench/gpu_check/gpu.{md,json}
     python -m bench gpu --device cpu --quick  # CI: tiny v2 on the CPU, .cache/bench/gpu_check/cpu.{md,json}
-    make gpu-check                                  # the first, after installing the wheels in .whl/ (docs/gpu.md)
+    make gpu-check                            # the first, after installing the wheels in .whl/ (docs/gpu.md)
 
-In-process (the engine, no HTTP server), so the machine needs torch and the CosyVoice
-runtime only (docs/gpu.md: carrying the wheels to a machine without network). It builds
-the full-size random-weight CosyVoice2 dir on the spot (``cosyserve make-tiny-model
---full-size --version 2``; reused when already there) and, within ``--budget-s`` (480 s),
-reports:
-
-* parity: the batched LLM's tokens against CosyVoice's own ``llm.inference`` on this
-  device (greedy, fp32; log-prob differences too); seeded tokens on the CPU and on this
-  device; seeded alone and inside a batch; fp16/bf16 log-prob drift against fp32;
-* one request's time per stage (frontend, LLM, flow, HiFT; the device synchronised at
-  each boundary);
-* streaming time to first audio p50/p95 at concurrency 1, 4 and 16, audio seconds per
-  wall second, LLM step time and mean batch;
-* host syncs per decode step (``set_sync_debug_mode`` on CUDA, and the CPU proxy's
-  count), peak GPU memory;
-* prefill: the running batch's stall when 16 requests join it at once, one-by-one vs
-  batched prefill (``bench/probes/prefill_stall.py``);
-* token2wav: ``engine.token2wav_batch`` off vs on, one engine each (``bench/probes/t2w_phases.py``):
-  time to first audio p50/p95, audio seconds per wall second, flow rounds (batch, ms) and
-  LLM step ms at 1, 4, 8 and 16 streams (quick: 1 and 4).
-
-A phase that would overrun the budget is skipped and says so. Nothing here is a
-benchmark of the real model: random weights, a calibrated stop (docs/benchmarks/fullsize-model.md).
+In-process (the engine, no HTTP server); what it reports: docs/gpu.md, "The GPU check". A
+phase that would overrun ``--budget-s`` is skipped and says so. Random weights: speed, not audio.
 """
 
 from __future__ import annotations

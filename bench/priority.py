@@ -2,28 +2,8 @@
 
     python -m bench serve --scenario priority [--quick] [--model-dir DIR] [--out DIR]      (make bench-priority)
 
-One ``cosyserve serve`` subprocess on the defaults (the tiny CosyVoice2 model of bench/model.py,
-or ``--model-dir``, e.g. a full-size dir from ``python -m app.devmodels``), started as
-bench.admission starts its servers. Every request is ``POST /v1/tts`` streaming 16-bit PCM of one
-sentence, bulk ones with ``"priority": "bulk"``.
-
-1. **The knee**: a short closed-loop sweep (``--concurrency``, bench.admission's closed loop);
-   the interactive load is a closed loop of as many clients as the admission limit settled on
-   (the knee), or the best point's where no limit was read.
-2. **A**: that interactive closed loop alone for ``--phase-s``.
-3. **B**: the same loop beside a backlog of ``--backlog`` bulk requests submitted at once (each
-   awaited to its end, however long the backlog takes after the loop ended).
-4. **A2**: the loop alone again: how far the host drifted across B (A and A2 together are
-   "alone"; where that drift is larger than a goal's margin, the goal is graded against each, and
-   one met against only one of them is reported as not resolvable).
-5. **C**: the backlog alone.
-
-Per phase, side by side: goodput per class (audio s per wall s; in B over the loop's window),
-interactive TTFA and latency p50/p99, bulk completion time (first submit to last done), 503s and
-failures per class, the longest bulk wait (its time to first audio) against the class timeout, the
-admission limit each interactive loop ran under (``/metrics`` every 0.5 s: its mean and each value's
-share; the bulk room follows it); then the goals (bench/report.py). Output:
-``priority.json`` and ``priority.md`` in ``--out`` (default .cache/bench/priority).
+Phases A (interactive alone), B (beside the backlog), A2 (alone again), C (the backlog alone) and
+the goals: docs/benchmarks/README.md, "(h) Live and bulk on one server", and docs/priority.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,8 @@
-"""The side-by-side benchmark: ``make bench`` (full, ~25 min) or ``python -m bench serve --scenario run --quick``.
+"""The headline suite, ``make bench`` (~25 min) or ``python -m bench serve --scenario run --quick``.
 
-One run, one machine, the same tiny CosyVoice2 model, ONE system at a time:
-
-  (a) ceilings: the engine in-process (threads like cosyserve's slots; one process per core)
-  (b) cosyserve: the real server as a subprocess
-  (c) load per request: the seed's "before" (bench/baselines/load_per_request.py)
-  (d) upstream pattern: one shared model behind streaming endpoints (bench/baselines/upstream_pattern.py)
-
-Each HTTP system gets closed-loop points at concurrency 1, 2, 4, 8, 16 and an
-open-loop overload at 3x its own measured capacity; cosyserve also gets a
-time-to-first-audio series and a memory run. Results go to ``--out``
-(run.json, run.md, *.png); goals are printed as ratios.
-
-  (e) batching: ``bench/batching.py`` (per-request pool vs batched LLM, full-size and tiny
-      CosyVoice2; ~20 min more), run last as its own subprocess; batching.{json,md,png}
-  (f) admission: ``bench/admission.py`` (overload with the defaults vs fixed sizings, streamed,
-      closed and open loop in three rounds, each open-loop rate right after the best closed point again,
-      and a step test; ~45 min), its own subprocess; admission.{json,md}
-
-cosyserve runs with no pool settings (the server's defaults, as a user starts it) unless
-``--server-workers`` / ``--max-queue`` say otherwise.
+One machine, the tiny CosyVoice2 model, one system at a time: (a) the ceilings in-process,
+(b) cosyserve, (c) the seed's load per request, (d) upstream's pattern; then (e) batching and
+(f) admission as subprocesses. The method and goals: docs/benchmarks/README.md, "The headline suite".
 """
 
 from __future__ import annotations
