@@ -3,8 +3,8 @@
 Sections, in this order: run (``make bench``: run.json, run.md, PNG plots), admission (when
 the limit settled, the goals of issue 20), batching (per-point summaries, goal ratios, the
 plot), priority (the bulk backlog, the side-by-side table, issue 39's goals), abuse (the
-reference, each phase's line, issue 36's goals), gpu (the GPU check's JSON as Markdown,
-docs/benchmarks/gpu.md). The helpers first are shared.
+reference, each phase's line, issue 36's goals), cost (a request's cost, the CPU levers), gpu
+(the GPU check's JSON as Markdown, docs/benchmarks/gpu.md). The helpers first are shared.
 """
 
 from __future__ import annotations
@@ -1172,6 +1172,154 @@ def abuse_markdown(results: dict) -> str:
 
 def verdict(ok: bool | None) -> str:
     return {True: "PASS", False: "FAIL", None: "n/a"}[ok]
+
+
+# cost --------------------------------------------------------------------------------------------
+
+def _cost_ratio(a: float | None, b: float | None) -> float | None:
+    return None if not a or not b else a / b
+
+
+def cost_goals(results: dict) -> list[str]:
+    out = []
+    full = results.get("full", {})
+    fp32, bf16 = full.get("fp32", {}).get("cases", {}), full.get("bf16", {}).get("cases", {})
+    if "short-whole" in fp32 and "short-whole" in bf16:
+        r = _cost_ratio(fp32["short-whole"]["cpu_s_per_request"], bf16["short-whole"]["cpu_s_per_request"])
+        out.append(f"bf16 CPU time at c=1: fp32/bf16 = {r:.2f}x (goal >= 1.35x): {'met' if r >= 1.35 else 'MISSED'}")
+    if "short-c8" in fp32 and "short-c8" in bf16:
+        r = _cost_ratio(fp32["short-c8"]["cpu_s_per_request"], bf16["short-c8"]["cpu_s_per_request"])
+        out.append(f"bf16 CPU time per request at c=8 (batched LLM): fp32/bf16 = {r:.2f}x")
+    for model, res in results.items():
+        cases = res.get("fp32", {}).get("cases", {})
+        cached = res.get("fp32-cache", {}).get("cases", {})
+        whole = cases.get("long-whole")
+        for label, c in (("recomputing", cases.get("long-stream")), ("flow_cache", cached.get("long-stream"))):
+            if whole is None or c is None:
+                continue
+            r = _cost_ratio(c["flow_frames_per_request"], whole["flow_frames_per_request"])
+            out.append(f"{model}, {label}: streamed flow frames / unstreamed = {r:.2f}x (goal <= 1.3x): "
+                       f"{'met' if r <= 1.3 else 'MISSED'}; flow {c['stages_s_per_request'].get('flow', 0):.2f} s vs "
+                       f"{whole['stages_s_per_request'].get('flow', 0):.2f} s unstreamed; CPU "
+                       f"{c['cpu_s_per_request']:.2f} s vs {whole['cpu_s_per_request']:.2f} s")
+            out.append(f"{model}, {label}: time to first audio streamed {c['ttfa_s']:.2f} s (whole answer: "
+                       f"{whole['ttfa_s']:.2f} s)")
+        voiced = res.get("fp32-cache-voice", {}).get("cases", {}).get("long-stream")
+        if voiced is not None and "long-stream" in cached:
+            c = cached["long-stream"]
+            out.append(f"{model}: registered voice's prompt cache hit vs flow_cache alone: flow frames/request "
+                       f"{voiced['flow_frames_per_request']:.0f} vs {c['flow_frames_per_request']:.0f}, first hop "
+                       f"{voiced.get('first_hop_flow_frames') or 0:.0f} vs {c.get('first_hop_flow_frames') or 0:.0f} "
+                       f"frames, CPU {voiced['cpu_s_per_request']:.2f} s vs {c['cpu_s_per_request']:.2f} s, time to "
+                       f"first audio {voiced['ttfa_s']:.2f} s vs {c['ttfa_s']:.2f} s")
+        if "long-stream" in cases and "long-stream" in cached:
+            out.append(f"{model}: time to first audio, flow_cache vs recomputing: {cached['long-stream']['ttfa_s']:.2f} s "
+                       f"vs {cases['long-stream']['ttfa_s']:.2f} s")
+    return out
+
+
+def lever_goals(results: dict) -> list[str]:
+    """The issue's goals for the CPU levers (full size), and tiny's no-regression check, from one run."""
+    out = []
+    for model, res in results.items():
+        base = res.get("fp32", {}).get("cases", {})
+        if not base:
+            continue
+        for variant, r in res.items():
+            c = r.get("cases", {})
+            if variant == "fp32" or not c:
+                continue
+            parts = []
+            if "short-whole" in c and "short-whole" in base:
+                parts.append(f"CPU s/req at c=1 {_cost_ratio(base['short-whole']['cpu_s_per_request'], c['short-whole']['cpu_s_per_request']):.2f}x lower")
+            if "short-stream" in c and "short-stream" in base:
+                parts.append(f"first audio (c=1 stream) {c['short-stream']['ttfa_s']:.2f} s vs {base['short-stream']['ttfa_s']:.2f} s")
+            if "short-c8" in c and "short-c8" in base:
+                parts.append(f"audio s per wall s at c=8 {_cost_ratio(c['short-c8']['audio_s_per_wall_s'], base['short-c8']['audio_s_per_wall_s']):.2f}x")
+            out.append(f"{model}, {variant} vs fp32: " + "; ".join(parts))
+        full = model == "full"
+
+        def cpu1(v: str) -> float | None:
+            return _cost_ratio(base.get("short-whole", {}).get("cpu_s_per_request"),
+                         res.get(v, {}).get("cases", {}).get("short-whole", {}).get("cpu_s_per_request"))
+
+        def wall8(v: str) -> float | None:
+            return _cost_ratio(res.get(v, {}).get("cases", {}).get("short-c8", {}).get("audio_s_per_wall_s"),
+                         base.get("short-c8", {}).get("audio_s_per_wall_s"))
+
+        if full:
+            for v, goal, what in (("int8-ort", 1.4, "int8 + ONNX Runtime"), ("ort", 1.2, "exact-only levers (ONNX Runtime)")):
+                r = cpu1(v)
+                if r is not None:
+                    out.append(f"GOAL full, {what}: CPU s/req at c=1 {r:.2f}x lower (goal >= {goal}x): "
+                               f"{'met' if r >= goal else 'MISSED'}")
+            for v in ("int8-ort", "all"):
+                r = wall8(v)
+                if r is not None:
+                    out.append(f"GOAL full, {v}: audio s per wall s at c=8 {r:.2f}x fp32's (goal >= 1.6x): "
+                               f"{'met' if r >= 1.6 else 'MISSED'}")
+        else:
+            worse = [f"{v} {case} {c['cpu_s_per_request']:.3f} vs {base[case]['cpu_s_per_request']:.3f} CPU s"
+                     for v, r in res.items() if v != "fp32" for case, c in r.get("cases", {}).items()
+                     if case in base and c["cpu_s_per_request"] > 1.05 * base[case]["cpu_s_per_request"]]
+            out.append(f"GOAL {model}: no regression (CPU s/req within 5% of fp32 or lower) in any case: "
+                       + ("met" if not worse else "MISSED: " + "; ".join(worse)))
+    return out
+
+
+def lever_markdown(doc: dict) -> str:
+    host = ", ".join(f"{k} {v}" for k, v in doc["host"].items())
+    cmds = " then ".join(f"`{c}`" for c in doc["commands"])
+    lines = ["# Request cost on a CPU: the cost levers", "",
+             f"Commands: {cmds}. Host: {host}. One torch thread, batched engine path, zero-shot with a 2 s prompt, "
+             "the short text (~38 speech tokens). `fp32`: today's default before this work (torch flow, fp32 LLM); "
+             "`int8`: `engine.llm_quantization: int8`; `ort`: `engine.flow_runtime: onnxruntime`; `steps5`: "
+             "`engine.flow_steps: 5`; `nocfg`: `engine.flow_cfg: false`; `int8-ort`: both; `all`: all four. "
+             "`steps5`, `nocfg` and `all` change the audio (docs/cpu.md).", "",
+             "| model | variant | case | c | CPU s/req | wall s | RTF | audio s / wall s | TTFA s | audio s/req | "
+             "flow frames/req | llm | flow | hift | load s |", "|" + "---|" * 15]
+    for model, by_variant in doc["results"].items():
+        for variant, res in by_variant.items():
+            for name, c in res["cases"].items():
+                st = c["stages_s_per_request"]
+                lines.append(f"| {model} | {variant} | {name} | {c['concurrency']} | {c['cpu_s_per_request']:.2f} | "
+                             f"{c['wall_s']:.2f} | {c['rtf']:.2f} | {c['audio_s_per_wall_s']:.3f} | {c['ttfa_s']:.2f} | "
+                             f"{c['audio_s_per_request']:.2f} | {c['flow_frames_per_request']:.0f} | "
+                             + " | ".join(f"{st.get(s, 0.0):.2f}" for s in ("llm", "flow", "hift"))
+                             + f" | {res.get('load_s', 0):.1f} |")
+    lines += ["", "Stage columns: seconds per request (`llm` is wall time from start to last token, waiting for "
+              "the batch included). `load s`: engine load, a fresh ONNX export included for `ort` variants.",
+              "", "## Goals", ""]
+    lines += [f"- {g}" for g in doc["goals"]]
+    return "\n".join(lines) + "\n"
+
+
+def cost_markdown(doc: dict, plan: str = "cost") -> str:
+    if plan == "levers":
+        return lever_markdown(doc)
+    host = ", ".join(f"{k} {v}" for k, v in doc["host"].items())
+    cmds = " then ".join(f"`{c}`" for c in doc["commands"])
+    intro = (f"Commands: {cmds}. Host: {host}. One torch thread, batched engine path, "
+             "zero-shot with a 2 s prompt (50 prompt tokens).")
+    header = ("| model | dtype (ran) | case | c | CPU s/req | wall s | RTF | CPU RTF | TTFA s | audio s/req | "
+              "flow frames/req | first hop frames | frontend | llm | flow | hift |")
+    lines = ["# Request cost: fp32 vs bf16, streamed vs whole", "", intro, "", header, "|" + "---|" * 16]
+    for model, by_dtype in doc["results"].items():
+        for dtype, res in by_dtype.items():
+            for name, c in res["cases"].items():
+                st = c["stages_s_per_request"]
+                lines.append(f"| {model} | {dtype} ({res['ran']}) | {name} | {c['concurrency']} | "
+                             f"{c['cpu_s_per_request']:.2f} | {c['wall_s']:.2f} | {c['rtf']:.2f} | {c['cpu_rtf']:.2f} | "
+                             f"{c['ttfa_s']:.2f} | {c['audio_s_per_request']:.2f} | {c['flow_frames_per_request']:.0f} | "
+                             f"{num(c.get('first_hop_flow_frames'), 0)} | "
+                             + " | ".join(f"{st.get(s, 0.0):.2f}" for s in ("frontend", "llm", "flow", "hift")) + " |")
+    note = ("Stage columns: seconds per request (`llm` is wall time from start to last token; it overlaps "
+            "flow/HiFT when streaming, and includes waiting for the batch at c=8). `fp32-cache-voice`: the same "
+            "requests with a registered voice made from the same prompt, its prompt cache filled by one earlier "
+            "stream (a hit). First hop frames: estimator frames computed before the first chunk (c=1 streams).")
+    lines += ["", note, "", "## Goals", ""]
+    lines += [f"- {g}" for g in doc["goals"]]
+    return "\n".join(lines) + "\n"
 
 
 # gpu ---------------------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from bench.cost import LEVER_PLAN, LEVER_VARIANTS, VARIANTS, lever_goals, markdown
+from bench.cost import LEVER_PLAN, LEVER_VARIANTS, VARIANTS
+from bench.report import cost_markdown as markdown
+from bench.report import lever_goals
 
 
 def case(cpu: float, audio_per_wall: float, ttfa: float = 1.0, conc: int = 1) -> dict:
