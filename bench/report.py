@@ -86,20 +86,14 @@ def run_goals(r: dict) -> list[dict]:
     th, pr = r.get("ceiling_threads"), r.get("ceiling_processes")
     b = r["systems"].get("cosyserve")
     c = r["systems"].get("per_request")
-    if b and th:
-        ceiling = th["cw"]["throughput_rps"]
+    ceilings = ([(f"{workers}-thread", th["cw"]["throughput_rps"])] if th else []) + \
+        ([(f"{pr['processes']}-process", pr["closed"]["throughput_rps"])] if pr else [])
+    for what, ceiling in ceilings if b else ():
         for p in b["points"]:
             if p["concurrency"] >= workers and ceiling:
                 ratio = p["throughput_rps"] / ceiling
-                add_goal(goals, f"(b) throughput at c={p['concurrency']} / (a) {workers}-thread ceiling",
-                      f"{ratio:.3f}", ">= 0.95", ratio >= 0.95)
-    if b and pr:
-        ceiling = pr["closed"]["throughput_rps"]
-        for p in b["points"]:
-            if p["concurrency"] >= workers and ceiling:
-                ratio = p["throughput_rps"] / ceiling
-                add_goal(goals, f"(b) throughput at c={p['concurrency']} / (a) {pr['processes']}-process ceiling",
-                      f"{ratio:.3f}", ">= 0.95", ratio >= 0.95)
+                add_goal(goals, f"(b) throughput at c={p['concurrency']} / (a) {what} ceiling",
+                         f"{ratio:.3f}", ">= 0.95", ratio >= 0.95)
     if b:
         base = _run_point(b, workers)
         base_p99 = base["latency_p99_s"] if base else None
