@@ -47,7 +47,7 @@ TAGS = {"cpu": f"cosyserve:{VERSION}", "cuda": f"cosyserve-cuda:{VERSION}"}
 K8S_RUN = ["--read-only", "--tmpfs", "/tmp:rw,mode=1777,size=2g", "--cap-drop=ALL",
            "--security-opt", "no-new-privileges", "--user", "10001:0",
            "-e", "HOME=/tmp", "-e", "XDG_CACHE_HOME=/tmp/cache", "-e", "NUMBA_CACHE_DIR=/tmp/numba",
-           "-e", "COSYSERVE_DEV__TINY_CACHE_DIR=/tmp/cosyserve-models", "-e", "OMP_NUM_THREADS=1"]
+           "-e", "COSYSERVE_DEV__TINY_CACHE_DIR=~/cosyserve-models", "-e", "OMP_NUM_THREADS=1"]
 CUDA_WARNING = "built for CUDA"
 results: list[tuple[str, str]] = []
 
