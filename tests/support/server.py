@@ -23,6 +23,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def fake_engine_config(tmp: Path, **pool: object) -> dict:
+    """A ``cosyserve serve`` config on the fake engine, for e2e tests of the HTTP layer and its clients:
+    2 workers, a queue of 8, quiet logs, a short drain, voices under ``tmp``; ``pool`` overrides."""
+    return {
+        "dev": {"fake_engine": True},
+        "pool": {"workers": 2, "max_queue": 8, "request_timeout_s": 30, **pool},
+        "server": {"log_level": "warning", "drain_timeout_s": 5},
+        "voices": {"dir": str(tmp / "voices")},
+    }
+
+
 class ServerProcess:
     """Start ``cosyserve serve`` with a config dict; wait until ready; stop with a signal."""
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, fake_engine_config
 
 pytestmark = pytest.mark.e2e
 
@@ -25,13 +25,7 @@ SECONDS = 3 * 0.2  # FakeBehaviour default: 3 chunks of 0.2 s of tone
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("livekit")
-    config = {
-        "dev": {"fake_engine": True},
-        "pool": {"workers": 2, "max_queue": 8, "request_timeout_s": 30},
-        "server": {"log_level": "warning", "drain_timeout_s": 5},
-        "voices": {"dir": str(tmp / "voices")},
-    }
-    proc = ServerProcess(tmp, config).start(timeout=60)
+    proc = ServerProcess(tmp, fake_engine_config(tmp)).start(timeout=60)
     try:
         yield proc
     finally:

@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.support.decoding import FORMATS, check_audio
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, fake_engine_config
 from tests.support.sounds import prompt_wav
 from tests.support.sse import parse_sse, sse_audio
 
@@ -30,13 +30,7 @@ MODEL = "gpt-4o-mini-tts"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("openai-sdk")
-    config = {
-        "dev": {"fake_engine": True},
-        "pool": {"workers": 2, "max_queue": 8, "request_timeout_s": 30},
-        "server": {"log_level": "warning", "drain_timeout_s": 5},
-        "voices": {"dir": str(tmp / "voices")},
-    }
-    proc = ServerProcess(tmp, config).start(timeout=60)
+    proc = ServerProcess(tmp, fake_engine_config(tmp)).start(timeout=60)
     try:
         yield proc
     finally:

@@ -10,19 +10,13 @@ import pytest
 
 from bench.loadtest import locust_argv
 from tests.support.paths import ROOT
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, fake_engine_config
 
 pytestmark = pytest.mark.e2e
 
 
 def test_locustfile_runs_the_mix_without_failures(tmp_path: Path):
-    config = {
-        "dev": {"fake_engine": True},
-        "pool": {"workers": 2, "max_queue": 16, "request_timeout_s": 30},
-        "server": {"log_level": "warning", "drain_timeout_s": 5},
-        "voices": {"dir": str(tmp_path / "voices")},
-    }
-    server = ServerProcess(tmp_path, config).start(timeout=60)
+    server = ServerProcess(tmp_path, fake_engine_config(tmp_path, max_queue=16)).start(timeout=60)
     prefix = tmp_path / "lt"
     try:
         cmd = locust_argv(ROOT / "locustfiles" / "locustfile.py", server.base_url, users=4, spawn_rate=4,
