@@ -104,6 +104,7 @@ class EngineInfo:
     voice_family: str = ""  # stored voice features are only usable by engines with the same value
     first_chunk_tokens: tuple[int, int] | None = None  # (lowest, highest) first streamed chunk; None: not settable
     device: str = "cpu"  # where it computes: "cpu" or an accelerator ("cuda", "cuda:1"); sizes admission
+    fingerprint: str = ""  # the model's files (e.g. their sizes and first MiB): answers cached for it are its own
 
 
 @runtime_checkable

@@ -171,6 +171,17 @@ class VoiceLibrary:
             entry = self._voices.get(name)
             return entry.features.get(voice_family) if entry is not None else None
 
+    def features_and_id(self, name: str, voice_family: str) -> tuple[Any | None, str]:
+        """``features(name, voice_family)`` and, read under the same lock, the voice's identity: a hash of
+        its stored audio, transcript and registration time (a re-registered voice has another)."""
+        with self._lock:
+            entry = self._voices.get(name)
+            if entry is None:
+                return None, ""
+            meta = entry.meta
+            ident = f"{meta.get('audio_sha256')}|{meta.get('transcript')}|{meta.get('created_at')}"
+            return entry.features.get(voice_family), hashlib.sha256(ident.encode()).hexdigest()[:32]
+
     def broken(self) -> dict[str, str]:
         with self._lock:
             return dict(self._broken)

@@ -58,7 +58,7 @@ class RecordingEngine(FakeEngine):
 
 
 class StubLibrary:
-    """Stands in for the voice library: names() and features(name, family)."""
+    """Stands in for the voice library: names(), features(name, family) and features_and_id."""
 
     def __init__(self, *names: str) -> None:
         self._names = list(names)
@@ -68,6 +68,9 @@ class StubLibrary:
 
     def features(self, name: str, family: str) -> Any:
         return {"voice": name} if name in self._names else None
+
+    def features_and_id(self, name: str, family: str) -> tuple[Any, str]:
+        return self.features(name, family), f"stub-{name}"
 
 
 def client_maker(stack: ExitStack, tmp_path, behaviour: FakeBehaviour, seen: list) -> Callable[..., TestClient]:

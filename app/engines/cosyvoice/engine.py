@@ -88,7 +88,11 @@ class CosyVoiceEngine:
 
         from app.engines.cosyvoice.cancel import CancelRegistry
         from app.engines.cosyvoice.device import device_text, resolve_device
-        from app.engines.cosyvoice.layout import CAMPPLUS, SPEECH_TOKENIZER_FILES
+        from app.engines.cosyvoice.layout import (
+            CAMPPLUS,
+            SPEECH_TOKENIZER_FILES,
+            files_fingerprint,
+        )
         from app.engines.cosyvoice.load import load_model_dir
 
         resolve_device(self.config.device)  # a missing GPU fails here, before the slow parts
@@ -140,7 +144,8 @@ class CosyVoiceEngine:
         self._info = EngineInfo(name=self.name, family=family, sample_rate=self.sample_rate, modes=self._modes(),
                                 tiny=lm.tiny, voice_family=self.prompts.family,
                                 first_chunk_tokens=self.runner.first_hop_bounds if self.runner is not None else None,
-                                device=str(getattr(lm.model, "device", "cpu")))
+                                device=str(getattr(lm.model, "device", "cpu")),
+                                fingerprint=files_fingerprint(lm.model_dir))
         log.info(
             "loaded CosyVoice%d model %s in %.1fs on %s (rate %d Hz, %s, %s, modes %s%s; CosyVoice code from %s; "
             "text normalization %s)",

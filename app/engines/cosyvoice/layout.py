@@ -23,6 +23,7 @@ Pure Python (no torch, no CosyVoice): the config and the CLI may import it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -115,6 +116,20 @@ def unreadable(model_dir: Path) -> str | None:
             if not name.startswith(".") and not os.access(os.path.join(parent, name), os.R_OK):
                 return denied(Path(parent, name))
     return None
+
+
+def files_fingerprint(model_dir: Path, head_bytes: int = 1 << 20) -> str:
+    """A hash of a model dir's files: each one's relative path, size and first ``head_bytes`` (dot files and
+    dot dirs skipped). Two copies of one release agree; changed weights (another size or head) do not."""
+    h = hashlib.sha256()
+    for parent, dirs, files in os.walk(model_dir):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(f for f in files if not f.startswith(".")):
+            path = Path(parent, name)
+            h.update(f"{path.relative_to(model_dir)}\0{path.stat().st_size}\0".encode())
+            with open(path, "rb") as f:
+                h.update(f.read(head_bytes))
+    return h.hexdigest()[:32]
 
 
 def read_tiny_marker(model_dir: Path) -> dict[str, Any]:
