@@ -25,6 +25,7 @@ from app.serving.pool import EnginePool
 from app.serving.speech import SpeechService
 from app.settings import Settings
 from app.settings.runtime import (
+    answer_cache,
     engine_config,
     pool_config,
     session_limits,
@@ -134,12 +135,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
     voices = VoiceLibrary(v.dir, max_voices=v.max_voices, sync_interval_s=v.sync_interval_s)
     try:
         await voices.start(pool)
-    except BaseException:  # e.g. the voices dir cannot be created: do not leak the loaded slots
+        answers = answer_cache(settings, pool.info) if settings.cache.enabled else None
+    except BaseException:  # e.g. the voices or cache dir cannot be created: do not leak the loaded slots
         await pool.close()
         raise
     runtime = Runtime(settings=settings, pool=pool, speech=SpeechService(pool, speech_limits(settings), library=voices),
                       voices=voices, session_limits=session_limits(settings), model_created=int(time.time()),
-                      metrics=metrics)
+                      metrics=metrics, answers=answers)
     app.state.runtime = runtime
     info = pool.info
     log.info("ready: model %s (%s, %d Hz, %s), %d worker(s), queue %d", info.name, info.family, info.sample_rate,
@@ -155,5 +157,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
         if not await pool.wait_idle(settings.server.drain_timeout_s):
             log.warning("drain timeout (%.0fs) reached with work in flight; cancelling it", settings.server.drain_timeout_s)
         await pool.close()
+        if answers is not None:
+            await answers.close()  # the directory writes still running
         gcpolicy.thaw()
         log.info("engine pool closed")

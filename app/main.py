@@ -28,9 +28,11 @@ from app.api.respond import install_quiet_cut
 from app.api.routes import ENDPOINTS
 from app.lifespan import lifespan
 from app.metrics import Metrics
+from app.metrics.cache import CacheCollector
 from app.metrics.edge import EdgeCollector
 from app.middleware import RequestContextMiddleware
 from app.runtime import Boot, running
+from app.serving.answers import AnswerCache
 from app.serving.pool import EnginePool
 from app.settings import Settings
 
@@ -45,6 +47,10 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
         runtime = running(app)
         return runtime.pool if runtime is not None else None
 
+    def answers() -> AnswerCache | None:  # the answer cache, likewise
+        runtime = running(app)
+        return runtime.answers if runtime is not None else None
+
     metrics = Metrics(stats=lambda: p.stats() if (p := pool()) is not None else None,
                       routes=ENDPOINTS) if settings.metrics.enabled else None
     app.state.boot = Boot(settings=settings, metrics=metrics, engine_factory=engine_factory)
@@ -53,6 +59,7 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
     if metrics is not None:
         metrics.registry.register(EdgeCollector(bodies, pacer, lambda: (p.stats().get("stream_buffers")
                                                                          if (p := pool()) is not None else None)))
+        metrics.registry.register(CacheCollector(lambda: a.stats() if (a := answers()) is not None else None))
     for module in (health, tts, openai, upstream, voices, ws_speech, playground):
         app.include_router(module.router)
     playground.mount(app)
@@ -64,7 +71,7 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
         document_keys(app, metrics_open=not settings.metrics.require_key)
     # Outermost last: CORS (so its headers reach 401s and 503s too) -> request id + access log
     # -> API keys (before admission: a request without a key takes no permit) -> admission.
-    app.add_middleware(AdmissionMiddleware, pool=pool, bodies=bodies, pacer=pacer)
+    app.add_middleware(AdmissionMiddleware, pool=pool, bodies=bodies, pacer=pacer, cache=answers)
     app.add_middleware(APIKeyMiddleware, keys=settings.server.keys, metrics_open=not settings.metrics.require_key,
                        on_refused=metrics.on_unauthorized if metrics is not None else None,
                        priorities=settings.server.key_priorities)

@@ -69,10 +69,11 @@ class RequestContextMiddleware:
             if self.access_log and not scope.get("path", "").startswith("/health"):
                 ttfa = ctx.ttfa_s
                 log.info(
-                    "%s %s %s %d %.1fms ttfa=%s audio=%.2fs%s%s%s%s",
+                    "%s %s %s %d %.1fms ttfa=%s audio=%.2fs%s%s%s%s%s",
                     rid, scope.get("method", ""), scope.get("path", ""), ctx.status, elapsed * 1000,
                     f"{ttfa * 1000:.1f}ms" if ttfa is not None else "-", ctx.audio_s,
                     f" class={ctx.priority}" if ctx.endpoint is not None else "",
+                    f" cache={ctx.cache}" if ctx.cache is not None else "",
                     f" stages={ctx.timings.text()}" if ctx.timings is not None else "",
                     f" held={ctx.held_s * 1000:.0f}ms" if ctx.held_s > 0 else "",
                     "" if status["completed"] else " aborted",

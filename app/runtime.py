@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
 
     from app.metrics import Metrics
+    from app.serving.answers import AnswerCache
     from app.serving.pool import EnginePool
     from app.serving.speech import SpeechService
     from app.voices.library import VoiceLibrary
@@ -47,6 +48,7 @@ class Runtime:
     session_limits: SessionLimits
     model_created: int  # unix time the model was loaded (OpenAI's "created")
     metrics: Metrics | None = None  # None when metrics.enabled is false
+    answers: AnswerCache | None = None  # the answer cache (app/api/cached.py); None when cache.enabled is false
     sessions: SessionRegistry = field(default_factory=SessionRegistry)  # live WebSocket sessions (drain)
     draining: bool = False
 

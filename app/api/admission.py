@@ -37,13 +37,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from app.api.bodies import BodyGate, ClientLeft, declared_length, has_body, replay
+from app.api.cached import defers_admission, reads_before_check
 from app.api.context import CLIENT_LEFT, context_of
 from app.api.errors import classify, render_scope
 from app.api.priority import body_priority, client_of, header_priority
 from app.api.refusals import RefusalPacer
 from app.api.routes import match
 from app.serving.admission import Ticket
-from app.serving.errors import PayloadTooLarge, RequestError, ServingError
+from app.serving.answers import AnswerCache
+from app.serving.errors import ClientGone, PayloadTooLarge, RequestError, ServingError
 from app.serving.pool import EnginePool
 from app.serving.priority import Priority, parse_priority
 
@@ -59,9 +61,9 @@ async def _left(receive: Callable) -> None:
         pass
 
 
-async def _unless_left(admitting: Awaitable[Ticket], receive: Callable) -> Ticket:
+async def _unless_left(admitting: Awaitable[Ticket], leaving: Awaitable[Any]) -> Ticket:
     """The permit, or ClientLeft if the client disconnects first (the wait is cancelled: its queue place freed)."""
-    admit, left = asyncio.ensure_future(admitting), asyncio.ensure_future(_left(receive))
+    admit, left = asyncio.ensure_future(admitting), asyncio.ensure_future(leaving)
     try:
         await asyncio.wait({admit, left}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:  # this request was cancelled: a permit granted just now goes back
@@ -79,11 +81,12 @@ async def _unless_left(admitting: Awaitable[Ticket], receive: Callable) -> Ticke
 
 class AdmissionMiddleware:
     def __init__(self, app: Callable, pool: Callable[[], EnginePool | None], bodies: BodyGate,
-                 pacer: RefusalPacer) -> None:
+                 pacer: RefusalPacer, cache: Callable[[], AnswerCache | None] = lambda: None) -> None:
         self.app = app
         self.pool = pool  # None until the lifespan built the runtime (app.runtime.running)
         self.bodies = bodies
         self.pacer = pacer
+        self.cache = cache  # the answer cache (app/api/cached.py): may answer before a permit
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -110,36 +113,50 @@ class AdmissionMiddleware:
             ctx.endpoint = route.path
         try:
             known = (header_priority(scope) or ctx.key_priority) if pool is not None else None
-            if pool is not None:
+            cache = self.cache() if pool is not None else None
+            if pool is not None and not reads_before_check(scope, cache):
                 pool.gate.check(parse_priority(known) if known else None)  # refused now: no body read
             raw = await self.bodies.read(scope, receive) if body else b""
             connection = receive
             if body:
                 receive = replay(raw, receive)
-            ticket = None
             if pool is not None:
                 priority = body_priority(scope, raw) or parse_priority(known or Priority.INTERACTIVE)
                 ctx.priority = priority.value
-                if priority is Priority.BULK:  # it may wait long: a client that leaves meanwhile gives its place up
-                    receive = replay(raw, connection)
-                    ticket = await _unless_left(pool.gate.admit(priority, client_of(scope, ctx.key_id)), connection)
+                client = client_of(scope, ctx.key_id)
+
+                async def admit(gone: asyncio.Event | None, leaving: Awaitable[Any] | None = None) -> Ticket:
+                    admitting = pool.gate.admit(priority, client)
+                    if priority is not Priority.BULK or (leaving is None and gone is None):
+                        return await admitting
+                    # it may wait long: a client that leaves meanwhile gives its place up
+                    if leaving is not None:
+                        return await _unless_left(admitting, leaving)
+                    try:
+                        return await _unless_left(admitting, gone.wait())
+                    except ClientLeft:
+                        raise ClientGone("the client closed the connection while its request waited") from None
+
+                if defers_admission(scope, raw, cache):
+                    ctx.admit = admit  # the handler admits after its answer-cache lookup
                 else:
-                    ticket = await pool.gate.admit(priority, client_of(scope, ctx.key_id))
+                    if priority is Priority.BULK:
+                        receive = replay(raw, connection)
+                    ctx.ticket = await admit(None, _left(connection) if priority is Priority.BULK else None)
         except ClientLeft:
             ctx.error_code = CLIENT_LEFT  # nobody to answer: logged and counted as the client's leaving (499)
             return
         except (ServingError, RequestError) as exc:
             await self._refuse(scope, receive, send, exc)
             return
-        if ticket is None:
+        if pool is None:
             await self.app(scope, receive, send)
             return
-        ctx.ticket = ticket
         try:
             await self.app(scope, receive, send)
         finally:
-            ctx.ticket = None
-            if ticket.held:
+            ticket, ctx.ticket, ctx.admit = ctx.ticket, None, None
+            if ticket is not None and ticket.held:
                 ticket.release()  # the service took it (moved: nothing to do), or nobody used it
 
     async def _refuse(self, scope: dict, receive: Callable, send: Callable, exc: BaseException) -> None:

@@ -9,8 +9,10 @@ the ASGI scope, typed fields: nothing else writes request state into the scope.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +51,17 @@ class RequestContext:
     priority: str = "interactive"  # the traffic class (app/api/priority.py), set by admission
     key_id: str | None = None  # the API key's id (a short hash, never the key), set by the key check
     key_priority: str | None = None  # that key's default class (the keys file's ``priority=``), if any
+    # the edge left admission to the handler (after its answer-cache lookup, app/api/cached.py): how to take it
+    admit: Callable[[asyncio.Event | None], Awaitable[Ticket]] | None = None
+    cache: str | None = None  # "hit" or "miss": the answer cache was asked (X-Cache, the access log)
+
+    async def admitted(self, gone: asyncio.Event | None = None) -> Ticket:
+        """The request's permit, moved to the caller: the edge's, or taken now if the edge left it to the
+        handler (refused like at the edge: 503; ClientGone if ``gone`` fires while a bulk request waits)."""
+        if self.ticket is None and self.admit is not None:
+            admit, self.admit = self.admit, None
+            self.ticket = await admit(gone)
+        return self.take_ticket()
 
     def take_ticket(self) -> Ticket:
         """Move the edge's permit to the caller (the speech service); PermitError if the edge took none."""

@@ -78,7 +78,7 @@ async def create_speech(request: Request, speech: SpeechDep) -> Response:
     check_model(speech, body.model)
     ctx = context_of(request.scope)
     fields = SpeechFields(text=body.input, voice=body.voice_name, instructions=body.instructions, speed=body.speed,
-                          stream=True, aliases=True, text_param="input", priority=ctx.priority)
+                          stream=True, aliases=True, text_param="input", priority=ctx.priority, seed=body.seed)
     plan = speech.plan(fields, ctx.request_id)
     headers = {"X-Instructions-Ignored": "true"} if plan.instructions_ignored else {}
     out = speech.output(body.response_format, stream=body.response_format not in WHOLE_FORMATS,

@@ -54,6 +54,9 @@ class SpeechRequest(BaseModel):
     speed: float = 1.0
     stream_format: str = "audio"
     priority: PriorityName | None = Field(None, description=PRIORITY_DOC)
+    seed: int | None = Field(None, ge=0, le=2**32 - 1, description=(
+        "Extension (not in OpenAI's API; the SDKs send it with extra_body): the same request and seed give the "
+        "same audio bytes, and a repeat is answered from the server's answer cache (X-Cache)."))
 
     @field_validator("voice", mode="before")
     @classmethod

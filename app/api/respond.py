@@ -23,8 +23,11 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from app.api.cached import directives, fill, hit_result
 from app.api.context import RequestContext, context_of
 from app.api.disconnect import watch_disconnect
+from app.serving.answers import Answer, AnswerCache
+from app.serving.answers.cache import Flight
 from app.serving.encoded import OutputSpec
 from app.serving.plan import Plan
 from app.serving.speech import SpeechResult, SpeechService
@@ -137,11 +140,34 @@ async def _framed(result: SpeechResult, ctx: RequestContext, sink: Sink | None) 
 async def synthesize(request: Request, speech: SpeechService, plan: Plan, out: OutputSpec, *,
                      media_type: str | None = None, headers: dict[str, str] | None = None,
                      sink: Sink | None = None) -> Response:
-    """Run ``plan`` (with the edge's permit), watching for the client leaving, and answer."""
+    """Run ``plan`` (with the edge's permit, or one taken here after an answer-cache miss), watching for
+    the client leaving, and answer; a reproducible answer comes from, or goes to, the cache."""
     ctx = context_of(request.scope)
-    async with watch_disconnect(request) as gone:
-        result = await speech.run(plan, out, ticket=ctx.take_ticket(), gone=gone)
     runtime = request.state.runtime
+    cache: AnswerCache | None = runtime.answers
+    refresh, bypass = directives(request.scope)
+    key = None if cache is None or bypass else cache.key(plan.request, plan.voice_id, out, ctx.key_id)
+    flight: Flight | None = None
+    async with watch_disconnect(request) as gone:
+        if key is not None:
+            assert cache is not None
+            found = await cache.fetch(key, refresh=refresh, gone=gone)
+            if isinstance(found, Answer):
+                if ctx.ticket is not None and ctx.ticket.held:
+                    ctx.ticket.release()  # a multipart request admitted at the edge: not needed
+                ctx.cache = "hit"
+                return speech_response(request, hit_result(found, out.stream), media_type=media_type,
+                                       headers={**(headers or {}), "X-Cache": "hit"}, sink=sink)
+            flight, ctx.cache = found, "miss"
+            headers = {**(headers or {}), "X-Cache": "miss"}
+        try:
+            result = await speech.run(plan, out, ticket=await ctx.admitted(gone), gone=gone)
+        except BaseException:
+            if flight is not None:
+                flight.end(False)
+            raise
+    if flight is not None:
+        fill(result, flight)
     try:
         return speech_response(request, result, media_type=media_type, headers=headers, sink=sink,
                                send_timeout_s=runtime.settings.server.send_timeout_s,

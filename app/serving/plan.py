@@ -75,6 +75,7 @@ class SpeechFields:
 class Plan:
     request: SynthesisRequest
     instructions_ignored: bool = False
+    voice_id: str | None = None  # a library voice's identity (its stored audio and registration): the cache key
 
 
 def alias_speaker(name: str, presets: Sequence[str]) -> str | None:

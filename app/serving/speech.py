@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -65,10 +65,11 @@ class SpeechResult:
     queue_wait_s: float = 0.0
     job: Job | None = field(default=None, repr=False)
     timings: StageTimings | None = field(default=None, repr=False)  # seconds per stage, filled as the job runs
+    stored_audio_s: float = 0.0  # an answer from the cache (no job): its audio seconds
 
     @property
     def audio_s(self) -> float:
-        return self.job.audio_s if self.job is not None else 0.0
+        return self.job.audio_s if self.job is not None else self.stored_audio_s
 
     async def aclose(self) -> None:
         """Cancel (if still running) and wait for the slot thread; idempotent (``Job.aclose``)."""
@@ -90,15 +91,18 @@ class SpeechService:
     def voice_names(self) -> list[str]:
         return self.library.names() if self.library is not None else []
 
-    def _library_voice(self, name: str) -> Any | None:
-        if self.library is None:
-            return None
-        return self.library.features(name, self.info.voice_family)
-
     def plan(self, fields: SpeechFields, request_id: str = "") -> Plan:
-        p = plan(fields, self.info, self.presets, self.limits, self._library_voice, self.voice_names)
+        found: dict[str, str] = {}
+
+        def library_voice(name: str) -> Any | None:
+            if self.library is None:
+                return None
+            features, found["id"] = self.library.features_and_id(name, self.info.voice_family)
+            return features
+
+        p = plan(fields, self.info, self.presets, self.limits, library_voice, self.voice_names)
         p.request.request_id = request_id
-        return p
+        return replace(p, voice_id=found.get("id")) if p.request.voice is not None else p
 
     def output(self, fmt: str, stream: bool, sample_rate: int | None = None) -> OutputSpec:
         return OutputSpec.build(fmt, stream, self.info.sample_rate, sample_rate)

@@ -21,6 +21,7 @@ from pydantic_settings import (
 )
 
 from app.settings.sections import (
+    CacheSettings,
     DevSettings,
     EngineSettings,
     MetricsSettings,
@@ -44,6 +45,7 @@ class Settings(BaseSettings):
     voices: VoicesSettings = Field(default_factory=VoicesSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     websocket: WebSocketSettings = Field(default_factory=WebSocketSettings)
+    cache: CacheSettings = Field(default_factory=CacheSettings)
     dev: DevSettings = Field(default_factory=DevSettings)
 
     @model_validator(mode="after")

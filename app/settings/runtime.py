@@ -8,14 +8,19 @@ through these functions too (tests/support/configs.py).
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 from typing import Any
 
+from app.engines.base import EngineInfo
 from app.engines.cosyvoice.config import (
     MAX_SEGMENT_CHARS,
     MAX_SEGMENT_TOKENS,
     CosyVoiceConfig,
 )
 from app.engines.cosyvoice.levers import Levers
+from app.serving.answers import AnswerCache, CacheConfig
 from app.serving.bounds import SpeechLimits
 from app.serving.config import PoolConfig
 from app.serving.limit.adaptive import (
@@ -86,6 +91,32 @@ def session_limits(settings: Settings) -> SessionLimits:
     return SessionLimits(idle_timeout_s=w.idle_timeout_s, max_session_chars=w.max_session_chars,
                          max_utterance_chars=settings.server.max_text_chars, max_sessions=w.max_sessions,
                          max_session_s=w.max_session_s, max_message_bytes=w.max_message_bytes)
+
+
+def cache_config(settings: Settings) -> CacheConfig:
+    c = settings.cache
+    return CacheConfig(enabled=c.enabled, memory_bytes=round(c.memory_mb * MB), disk_dir=c.dir,
+                       disk_bytes=round(c.disk_mb * MB), max_entry_bytes=round(c.max_entry_mb * MB),
+                       derive_seed=c.derive_seed, per_key=not c.shared_between_keys)
+
+
+# Engine settings that name where things are, not what is computed: replicas that mount one model at
+# different paths share answers.
+_PLACES = frozenset({"model_dir", "cosyvoice_path", "onnx_cache_dir", "name"})
+
+
+def model_fingerprint(settings: Settings, info: EngineInfo) -> str:
+    """What fixes an answer's bytes besides the request: the loaded model (its files' fingerprint, family,
+    device) and every engine setting that may change the numbers (precision, runtimes, steps, batching...)."""
+    engine = {k: v for k, v in settings.engine.model_dump(mode="json").items() if k not in _PLACES}
+    dev = settings.dev
+    what = {"info": {k: v for k, v in dataclasses.asdict(info).items() if k != "name"}, "engine": engine,
+            "dev": {"fake_engine": dev.fake_engine, "llm_greedy": dev.llm_greedy}}
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def answer_cache(settings: Settings, info: EngineInfo) -> AnswerCache:
+    return AnswerCache(cache_config(settings), model_fingerprint(settings, info))
 
 
 def speech_limits(settings: Settings) -> SpeechLimits:

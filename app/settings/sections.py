@@ -222,6 +222,23 @@ class VoicesSettings(_Section):
         return os.path.expanduser(v)
 
 
+class CacheSettings(_Section):
+    """Answers to reproducible (seeded) requests, sent again without the engine (docs/cache.md)."""
+
+    enabled: bool = True
+    memory_mb: float = Field(64.0, ge=0)  # in-memory answers, least recently used out beyond it (0: none)
+    dir: str | None = None  # also keep answers in this directory, which replicas may share (None: memory only)
+    disk_mb: float = Field(1024.0, gt=0)  # ... within this many MB
+    max_entry_mb: float = Field(8.0, gt=0)  # a larger answer is sent, not stored
+    derive_seed: bool = False  # an unseeded request gets a seed derived from itself: every repeat is cached
+    shared_between_keys: bool = False  # with API keys: one key may get an answer another key's request stored
+
+    @field_validator("dir")
+    @classmethod
+    def _expand(cls, v: str | None) -> str | None:
+        return os.path.expanduser(v) if v else v
+
+
 class MetricsSettings(_Section):
     enabled: bool = True
     require_key: bool = False  # with API keys on: /metrics needs a key too (else it stays open for scrapers)

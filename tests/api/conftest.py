@@ -39,14 +39,16 @@ def start_app(behaviour) -> Iterator[Callable[[Settings], TestClient]]:
 
 @pytest.fixture
 def open_client(tmp_path, start_app) -> Callable[..., TestClient]:
-    """``make(pool=None, server=None, websocket=None)``: a started TestClient over FakeEngines, sections overridden."""
-    def make(pool=None, server=None, websocket=None) -> TestClient:
+    """``make(pool=None, server=None, websocket=None, cache=None)``: a started TestClient over FakeEngines,
+    sections overridden."""
+    def make(pool=None, server=None, websocket=None, cache=None) -> TestClient:
         return start_app(Settings(
             dev={"fake_engine": True},
             pool={"workers": 2, "max_queue": 2, "queue_timeout_s": 5.0, "request_timeout_s": 30.0, **(pool or {})},
             server={"access_log": False, "drain_timeout_s": 5, **(server or {})},
             voices={"dir": str(tmp_path / "voices")},
             websocket=websocket or {},
+            cache=cache or {},
         ))
 
     return make
