@@ -1,0 +1,168 @@
+"""Benchmark: a replay of repeated prompts with a popularity skew, the answer cache off and on.
+
+    .venv/bin/python -m bench serve --scenario cache   # prints a Markdown table, writes .cache/bench/cache/cache.md
+
+Two real ``cosyserve serve`` on the tiny CosyVoice2, one after the other in one run: the defaults
+with ``cache.enabled: false``, then the defaults (cache on). Each gets the same replay:
+``--clients`` closed-loop clients send ``--requests`` seeded whole-WAV ``/v1/tts`` requests, each
+line drawn from ``--lines`` distinct prompts by a Zipf law (``--zipf``), the same draw sequence for
+both. A 503 is retried after 50 ms (counted). Printed per run: audio seconds per wall second,
+p50/p99 latency, the hit rate, the server's CPU seconds (``process_cpu_seconds_total``) and the
+cache's bytes against its budget (sampled every second: the largest seen).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import random
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.lib.procs import ROOT, cosyserve
+
+COMMAND = ".venv/bin/python -m bench serve --scenario cache"
+SUBJECTS = ("your order", "the train to Paris", "your appointment", "the package", "flight 42", "the meeting",
+            "your table", "the next bus", "your refund", "the elevator")
+STATES = ("is on its way", "has been delayed by ten minutes", "is ready", "was cancelled", "arrives at platform two",
+          "starts in five minutes", "needs your confirmation", "is now boarding", "has been moved to Friday",
+          "is complete", "is waiting for you at the front desk", "will be ready tomorrow morning",
+          "has arrived", "is running late", "is confirmed", "was rescheduled", "is out for delivery",
+          "is being prepared", "is closed today", "will call you back")
+
+
+def prompt_lines(n: int) -> list[str]:
+    lines = [f"{s.capitalize()} {v}." for v in STATES for s in SUBJECTS]
+    assert n <= len(lines), f"at most {len(lines)} distinct lines"
+    return lines[:n]
+
+
+def zipf_draws(n_lines: int, s: float, count: int, seed: int = 0) -> list[int]:
+    weights = [1.0 / (rank + 1) ** s for rank in range(n_lines)]
+    return random.Random(seed).choices(range(n_lines), weights=weights, k=count)
+
+
+def parse(text: str) -> dict[str, float]:
+    """``{series as written, labels included: value}``."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def sample_cache(base: str, stop: threading.Event, peak: dict) -> None:
+    """Every second until ``stop``, and once more then: the largest cache bytes seen per tier."""
+    while True:
+        stopped = stop.wait(1.0)
+        try:
+            m = parse(httpx.get(base + "/metrics", timeout=5).text)
+        except httpx.HTTPError:
+            continue
+        for tier in ("memory", "disk"):
+            peak[tier] = max(peak.get(tier, 0.0), m.get(f'tts_cache_bytes{{tier="{tier}"}}', 0.0))
+            peak[f"{tier}_budget"] = m.get(f'tts_cache_budget_bytes{{tier="{tier}"}}', 0.0)
+        if stopped:
+            return
+
+
+async def replay(base: str, lines: list[str], draws: list[int], clients: int, seed: int = 1) -> dict:
+    queue = list(reversed(draws))
+    latencies: list[float] = []
+    stats = {"audio_s": 0.0, "hits": 0, "refused": 0, "errors": 0}
+
+    async def client(http: httpx.AsyncClient) -> None:
+        while queue:
+            line = lines[queue.pop()]
+            t0 = time.perf_counter()
+            while True:
+                r = await http.post("/v1/tts", json={"text": line, "seed": seed, "format": "wav"})
+                if r.status_code != 503:
+                    break
+                stats["refused"] += 1
+                await asyncio.sleep(0.05)
+            if r.status_code != 200:
+                stats["errors"] += 1
+                continue
+            latencies.append(time.perf_counter() - t0)
+            stats["audio_s"] += (len(r.content) - 44) / 2 / int(r.headers["x-sample-rate"])
+            stats["hits"] += r.headers.get("x-cache") == "hit"
+
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient(base_url=base, timeout=300) as http:
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+    wall = time.perf_counter() - t0
+    latencies.sort()
+    return {**stats, "wall_s": wall, "n": len(latencies), "p50": statistics.median(latencies),
+            "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]}
+
+
+def run(label: str, cache: dict, args: argparse.Namespace, lines: list[str], draws: list[int], tmp: Path) -> dict:
+    cfg = {"engine": {"torch_threads": 1}, "server": {"access_log": False}, "cache": cache,
+           "dev": {"tiny_version": 2, "tiny_cache_dir": str(ROOT / ".cache" / "models")},
+           "voices": {"dir": str(tmp / "voices")}}
+    with cosyserve(f"cache-{label}", cfg, tmp) as srv:
+        base = srv.base_url
+        asyncio.run(replay(base, lines, draws[:8], 1, seed=0))  # warm-up: another seed, so nothing it stores is hit
+        cpu0 = parse(httpx.get(base + "/metrics", timeout=10).text).get("process_cpu_seconds_total", 0.0)
+        stop, peak = threading.Event(), {}
+        sampler = threading.Thread(target=sample_cache, args=(base, stop, peak), daemon=True)
+        sampler.start()
+        result = asyncio.run(replay(base, lines, draws, args.clients))
+        stop.set()
+        sampler.join()
+        cpu1 = parse(httpx.get(base + "/metrics", timeout=10).text).get("process_cpu_seconds_total", 0.0)
+    return {**result, "cpu_s": cpu1 - cpu0, "peak": peak}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lines", type=int, default=200, help="distinct prompts")
+    ap.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of their popularity")
+    ap.add_argument("--requests", type=int, default=600)
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "cache" / "cache.md"))
+    args = ap.parse_args(argv)
+    lines = prompt_lines(args.lines)
+    draws = zipf_draws(args.lines, args.zipf, args.requests)
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, cache in (("off", {"enabled": False}), ("on", {})):
+            rows[label] = run(label, cache, args, lines, draws, Path(tmp))
+            print(label, rows[label], flush=True)
+    off, on = rows["off"], rows["on"]
+    lines_md = [
+        (f"# Answer cache: {args.requests} seeded requests over {args.lines} lines (Zipf s={args.zipf:g}), "
+        f"{args.clients} clients"),
+        "",
+        (f"Command: `{COMMAND} --lines {args.lines} --zipf {args.zipf:g} --requests {args.requests} "
+        f"--clients {args.clients}` (tiny random-weight CosyVoice2, defaults; off: `cache.enabled: false`)"),
+        (f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
+        f"Distinct lines drawn: {len(set(draws))}."),
+        "",
+        ("| cache | audio s / wall s | p50 (s) | p99 (s) | hit rate | server CPU s | 503 retried | errors "
+        "| peak memory tier (MB) / budget |"),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, r in rows.items():
+        peak = r["peak"]
+        lines_md.append(
+            f"| {label} | {r['audio_s'] / r['wall_s']:.2f} | {r['p50']:.3f} | {r['p99']:.3f} | "
+            f"{r['hits'] / max(1, r['n']):.1%} | {r['cpu_s']:.1f} | {r['refused']} | {r['errors']} | "
+            f"{peak.get('memory', 0) / 2**20:.2f} / {peak.get('memory_budget', 0) / 2**20:.0f} |")
+    speedup = (on["audio_s"] / on["wall_s"]) / max(1e-9, off["audio_s"] / off["wall_s"])
+    lines_md += ["", (f"Throughput on / off: **{speedup:.2f}x** at a {on['hits'] / max(1, on['n']):.1%} hit rate; "
+                 f"p99 {on['p99']:.3f} s vs {off['p99']:.3f} s; server CPU {on['cpu_s']:.1f} s vs {off['cpu_s']:.1f} s.")]
+    report = "\n".join(lines_md) + "\n"
+    print(report)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(report)
+    print(f"wrote {args.out}")
