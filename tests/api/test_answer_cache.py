@@ -5,9 +5,14 @@ from __future__ import annotations
 import threading
 import time
 
-from tests.api.test_voices_api import register
 from tests.support.fake_app import hold
 from tests.support.metrics import scrape, value
+from tests.support.sounds import prompt_wav
+
+
+def register(client, name: str, transcript: str = "hello there, this is my voice"):
+    return client.post("/v1/voices", data={"name": name, "transcript": transcript},
+                       files={"audio": ("a.wav", prompt_wav(), "application/octet-stream")})
 
 
 def wait_for(pred, timeout: float = 5.0) -> None:
