@@ -25,7 +25,7 @@ from app.engines.base import (
     SynthesisRequest,
     check_mode_inputs,
 )
-from app.text.stream import sentences
+from app.text.segments import segment_texts
 
 
 @dataclass
@@ -138,7 +138,7 @@ class FakeEngine:
                     return
             else:  # sentence by sentence, as each one completes
                 spoken = False
-                for sentence in sentences(req.text_stream.pieces(cancel)):
+                for sentence in segment_texts(req.text_stream, cancel, min_chars=0):
                     with self.b.lock:
                         self.b.spoken.append(sentence)
                     spoken = True

@@ -1,4 +1,4 @@
-"""Text processing: one definition of scripts and sentence ends; splitting, streaming, normalization.
+"""Text processing: one definition of scripts and sentence ends; planning, streaming, normalization.
 
 Pure Python, no model imports.
 """

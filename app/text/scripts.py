@@ -2,7 +2,7 @@
 
 **Scripts.** Which characters are Japanese kana, Han ideographs or Korean Hangul. Text in these
 scripts has no spaces between words, so the text modules treat each such character as a word:
-``split.py`` weighs it like a short word and joins CJK sentences without a space,
+``segments.py`` weighs it like a short word and joins CJK sentences without a space,
 ``stream.py`` releases streamed text after it, ``normalize.py`` picks zh / ja from it and
 ``app/api/sse.py`` counts it as one token of its usage estimate. The ranges are Unicode blocks
 (``\\u`` code points, both ends included):

@@ -3,13 +3,14 @@
 A :class:`TextStream` is written by the serving layer on the event loop
 (``put`` each piece as the client sends it, ``end`` at ``input.done``) and read
 by an engine in its own thread (``pieces``), which blocks until the next piece,
-the end, or its cancel flag. Two helpers turn the pieces into units an engine
+the end, or its cancel flag. A helper turns the pieces into units an engine
 can use without re-reading what it already consumed:
 
 * :class:`WordBuffer` holds back a trailing partial word, so text cut anywhere
-  ("Hel" + "lo wor" + "ld") is tokenised in whole words, as if sent at once;
-* :func:`sentences` yields complete sentences as they end (engines that speak
-  sentence by sentence: CosyVoice-300M, or the unbatched path).
+  ("Hel" + "lo wor" + "ld") is tokenised in whole words, as if sent at once.
+
+Cutting it into segments (sentences within the LLM's budget) is ``segments.py``'s, the one
+planner of every door.
 
 Pure Python, no model imports.
 """
@@ -22,8 +23,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 
-from app.text.scripts import CJK, FULLWIDTH_CLAUSE_MARKS, FULLWIDTH_ENDS, SENTENCE_END
-from app.text.split import split_sentences
+from app.text.scripts import CJK, FULLWIDTH_CLAUSE_MARKS, FULLWIDTH_ENDS
 
 POLL_S = 0.05  # how often a blocked reader re-checks its cancel flag
 
@@ -107,26 +107,3 @@ class WordBuffer:
     def flush(self) -> str:
         out, self._held = self._held, ""
         return out
-
-
-def sentences(pieces: Iterator[str], max_len: int = 240) -> Iterator[str]:
-    """Complete sentences from text pieces, each as soon as it ends; the rest at the end.
-
-    A sentence ends where :data:`app.text.scripts.SENTENCE_END` matches: an ASCII mark is an end
-    only once whitespace has arrived after it ("3." may go on "50"), a full-width mark at once.
-    Text that grows past ``max_len`` without one is cut at a comma or space.
-    """
-    buf = ""
-    for piece in pieces:
-        buf += piece
-        while True:
-            end = SENTENCE_END.search(buf)
-            if end is None:
-                break
-            done, buf = buf[:end.end()], buf[end.end():]
-            yield from split_sentences(done, max_len=max_len, min_len=0)
-        if len(buf) > max_len:
-            parts = split_sentences(buf, max_len=max_len, min_len=0)
-            yield from parts[:-1]
-            buf = (parts[-1] + (" " if buf[-1].isspace() else "")) if parts else ""
-    yield from split_sentences(buf, max_len=max_len, min_len=0)

@@ -44,9 +44,7 @@ from app.engines.cosyvoice.voices import (
 )
 from app.engines.timings import bound_iter, current, instrument
 from app.text.normalize import TextNormalizer
-from app.text.segments import StreamSegments
-from app.text.split import speakable
-from app.text.stream import sentences
+from app.text.segments import StreamSegments, segment_texts, speakable
 
 __all__ = ["CosyVoiceConfig", "CosyVoiceEngine", "VoiceFeatures"]
 
@@ -345,7 +343,7 @@ class CosyVoiceEngine:
             yield from self._run_bistream_segments(req, cancel, started)
             return
         spoken = False
-        for sentence in sentences(req.text_stream.pieces(cancel), max_len=self.config.max_segment_chars):
+        for sentence in segment_texts(req.text_stream, cancel, min_chars=0, max_chars=self.config.max_segment_chars):
             for model_input in self.inputs.for_request(replace(req, text=sentence, text_stream=None),
                                                        self.sample_rate):
                 if cancel.is_set():

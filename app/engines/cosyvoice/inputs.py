@@ -1,7 +1,7 @@
 """A request as CosyVoice model inputs: normalized text cut into segments, prompt features, markers.
 
 ``ModelInputs`` turns a ``SynthesisRequest`` into the dicts CosyVoice's ``tts()`` (or our
-batched path) takes, one per text segment: the text normalized and split into sentences
+batched path) takes, one per text segment: the text normalized and planned into sentences
 within the character and text-token budgets, the model family's prompt markers
 (``prompts.py``), and the prompt's features (``voices.PromptFrontend``) shared by every
 segment of a request.
@@ -16,7 +16,7 @@ from app.engines.base import InvalidInput, SynthesisRequest
 from app.engines.cosyvoice import prompts
 from app.engines.cosyvoice.voices import PromptFrontend
 from app.text.normalize import TextNormalizer
-from app.text.split import fit_token_budget, split_sentences
+from app.text.segments import plan_text
 
 _LLM_PROMPT_KEYS = ("llm_prompt_speech_token", "llm_prompt_speech_token_len")
 _TEXT_PROMPT_KEYS = ("prompt_text", "prompt_text_len")
@@ -45,11 +45,11 @@ class ModelInputs:
         return [int(t) for t in self.frontend._extract_text_token(text)[0].flatten().tolist()]
 
     def segments(self, req: SynthesisRequest) -> list[str]:
-        """The text pieces one LLM call each speaks, in order: normalized, split into sentences within the
-        character and text-token budgets (without the v3 system prompt the adapter adds to some modes)."""
-        text = self.normalized(req, req.text)
-        pieces = split_sentences(text, max_len=self.max_segment_chars)
-        return fit_token_budget(pieces, self.text_tokens, self.max_segment_tokens)
+        """The text pieces one LLM call each speaks, in order: normalized, then planned as every door plans
+        text (``app/text/segments.py``: sentences within the character and text-token budgets; without the
+        v3 system prompt the adapter adds to some modes)."""
+        return plan_text(self.normalized(req, req.text), max_chars=self.max_segment_chars, count=self.text_tokens,
+                         max_tokens=self.max_segment_tokens)
 
     # -- model inputs ------------------------------------------------------------------------------
     def prompt_inputs(self, req: SynthesisRequest) -> dict:

@@ -8,7 +8,7 @@ import pytest
 
 from app.text.scripts import SENTENCE_END
 from app.text.segments import StreamSegments
-from app.text.split import split_sentences
+from app.text.segments import plan_text
 from app.text.stream import TextStream
 
 GO = threading.Event()  # never set: nothing is cancelled
@@ -53,7 +53,7 @@ def test_four_thousand_characters_sent_at_once_become_sentence_segments():
     for s in got:  # each ends where a sentence ends (these sentences are all shorter than the budget)
         assert SENTENCE_END.search(s[-3:]) or s is got[-1], repr(s)
         assert len(s) >= 30 or s is got[-1], repr(s)  # short sentences ride with the next ("Nobody saw it.")
-    assert len(got) == pytest.approx(len(split_sentences(text, max_len=240)), rel=0.35)  # as HTTP cuts it
+    assert [g.strip() for g in got] == plan_text(text, min_chars=30, max_chars=240)  # as whole text is cut
 
 
 def test_pieces_cut_anywhere_give_the_same_segments():

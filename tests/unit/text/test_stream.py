@@ -1,4 +1,4 @@
-"""Streamed text: the thread-safe TextStream, whole-word release, sentences as they end, the bistream feed."""
+"""Streamed text: the thread-safe TextStream, whole-word release, the bistream feed (segments: test_segments)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from app.engines.cosyvoice.llm.bistream import SOS, TASK, BistreamFeed
-from app.text.stream import TextStream, WordBuffer, sentences
+from app.text.stream import TextStream, WordBuffer
 
 
 def test_text_stream_blocks_until_a_piece_or_the_end_and_stops_on_cancel():
@@ -39,24 +39,6 @@ def test_word_buffer_releases_whole_words_only():
     assert w.flush() == "   more"
     assert "".join(out) + "   more" == "Hello world, and   more"
     assert WordBuffer().feed("你好世界") == "你好世界"  # CJK: every character is a boundary
-
-
-def test_sentences_come_out_as_soon_as_they_end():
-    seen: list[tuple[int, str]] = []
-    pieces = ["Hello wor", "ld. How ", "are you? I am", " fine"]
-
-    def gen():
-        for i, p in enumerate(pieces):
-            yield p
-            seen.append((i, "sent"))
-
-    out = []
-    for s in sentences(gen()):
-        out.append((len(seen), s))
-    # "Hello world." is complete once the space after it arrived (piece 1), before piece 2 is read
-    assert out == [(1, "Hello world."), (2, "How are you?"), (4, "I am fine")]
-    long = list(sentences(iter(["word " * 100]), max_len=50))
-    assert len(long) > 5 and all(len(s) <= 50 for s in long) and " ".join(long).split() == ["word"] * 100
 
 
 def feed(prompt_speech=0, prompt_text=(9, 9)) -> BistreamFeed:
@@ -116,20 +98,6 @@ def test_feed_forces_a_fill_every_15_speech_tokens_and_masks_other_markers():
     assert tokens == [7] * 15 + [102]  # the 16th decision is the forced fill, not sampled
     assert len(seen) == 15 and seen[0][100] == float("-inf") and seen[0][101] == float("-inf")
     assert seen[0][102] == 0.0  # the fill may be sampled
-
-
-
-def test_an_ascii_mark_ends_a_streamed_sentence_only_when_whitespace_follows():
-    """ "3." may go on as "3.50": the sentence is complete only once the space after it arrived."""
-    seen: list[int] = []
-
-    def gen():
-        for i, p in enumerate(["It costs 3.", "50 today.", " Bye。", "好"]):
-            seen.append(i)
-            yield p
-
-    out = [(seen[-1], s) for s in sentences(gen())]
-    assert out == [(2, "It costs 3.50 today."), (2, "Bye。"), (3, "好")]  # a full-width mark ends it at once
 
 
 def test_word_buffer_treats_halfwidth_katakana_and_compatibility_ideographs_as_words():
