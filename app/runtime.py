@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from app.serving.errors import Draining
 from app.serving.session import SessionLimits, SessionRegistry
 from app.settings import Settings
 
@@ -49,8 +50,14 @@ class Runtime:
     model_created: int  # unix time the model was loaded (OpenAI's "created")
     metrics: Metrics | None = None  # None when metrics.enabled is false
     answers: AnswerCache | None = None  # the answer cache (app/api/cached.py); None when cache.enabled is false
-    sessions: SessionRegistry = field(default_factory=SessionRegistry)  # live WebSocket sessions (drain)
+    sessions: SessionRegistry = field(default_factory=SessionRegistry)  # live WebSocket and Wyoming sessions (drain)
     draining: bool = False
+
+    def open_session(self, handle: object, limit: int, surface: str = "websocket") -> None:
+        """Count a streaming session in: Draining once the server drains, TooManySessions at its surface's limit."""
+        if self.draining or self.pool.draining:
+            raise Draining("the server is draining and takes no new sessions", self.pool.gate.retry_after_s())
+        self.sessions.add(handle, limit, surface)
 
 
 def running(app: Starlette) -> Runtime | None:

@@ -190,9 +190,7 @@ class Connection:
             return
         self.priority = priority
         try:  # no synthesis permit here: the session counts against its own limit
-            if self.runtime.draining or speech.pool.draining:
-                raise Draining("the server is draining and takes no new sessions", speech.pool.gate.retry_after_s())
-            sessions.add(self, limits.max_sessions)
+            self.runtime.open_session(self, limits.max_sessions)
         except ServingError as exc:
             if metrics is not None:
                 metrics.on_ws_refused("session_limit" if isinstance(exc, TooManySessions) else "draining")

@@ -107,6 +107,7 @@ class SessionSink(Protocol):
 
 
 _ENDS_SESSION = (Draining, NotReady)
+SURFACE_NAMES = {"websocket": "WebSocket sessions", "wyoming": "Wyoming connections"}
 
 
 class SpeechSession:
@@ -301,25 +302,28 @@ class SpeechSession:
 
 
 class SessionRegistry:
-    """The live sessions of one server, for their limit and the drain: each entry has ``drain()`` and
-    ``force_close()``."""
+    """The live sessions of one server, for their limits and the drain: each entry has ``drain()`` and
+    ``force_close()``, and belongs to one surface (``websocket``, ``wyoming``), counted against its own limit."""
 
     def __init__(self) -> None:
-        self._live: set = set()
+        self._live: dict[object, str] = {}  # handle -> its surface
         self._changed: asyncio.Event | None = None
 
     def __len__(self) -> int:
         return len(self._live)
 
-    def add(self, handle: object, limit: int | None = None) -> None:
-        """Count ``handle`` in; TooManySessions when ``limit`` sessions are open already."""
-        if limit is not None and len(self._live) >= limit and handle not in self._live:
-            raise TooManySessions(f"{len(self._live)} WebSocket sessions are open, the most this server takes "
-                                  "(websocket.max_sessions); try again later")
-        self._live.add(handle)
+    def count(self, surface: str) -> int:
+        return sum(1 for s in self._live.values() if s == surface)
+
+    def add(self, handle: object, limit: int | None = None, surface: str = "websocket") -> None:
+        """Count ``handle`` in; TooManySessions when ``limit`` sessions of its surface are open already."""
+        if limit is not None and handle not in self._live and (open_ := self.count(surface)) >= limit:
+            raise TooManySessions(f"{open_} {SURFACE_NAMES.get(surface, surface)} are open, the most this server "
+                                  f"takes ({surface}.max_sessions); try again later")
+        self._live[handle] = surface
 
     def discard(self, handle: object) -> None:
-        self._live.discard(handle)
+        self._live.pop(handle, None)
         if self._changed is not None:
             self._changed.set()
 
