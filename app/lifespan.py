@@ -30,8 +30,10 @@ from app.settings.runtime import (
     pool_config,
     session_limits,
     speech_limits,
+    wyoming_config,
 )
 from app.voices.library import VoiceLibrary
+from app.wyoming.server import WyomingServer
 
 log = logging.getLogger("cosyserve")
 
@@ -107,6 +109,23 @@ def log_admission(settings: Settings, pool: EnginePool) -> None:
              p.queue_limit, why)
 
 
+async def start_wyoming(runtime: Runtime) -> WyomingServer | None:
+    """The Wyoming TTS service when ``wyoming.port`` is set (else None); a failed start closes the runtime."""
+    config = wyoming_config(runtime.settings)
+    if config is None:
+        return None
+    server = WyomingServer(runtime, config)
+    try:
+        await server.start()
+    except BaseException:  # e.g. the port is taken: do not leak the loaded slots
+        await runtime.voices.close()
+        await runtime.pool.close()
+        if runtime.answers is not None:
+            await runtime.answers.close()
+        raise
+    return server
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
     boot: Boot = app.state.boot
@@ -142,6 +161,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
     runtime = Runtime(settings=settings, pool=pool, speech=SpeechService(pool, speech_limits(settings), library=voices),
                       voices=voices, session_limits=session_limits(settings), model_created=int(time.time()),
                       metrics=metrics, answers=answers)
+    wyoming = await start_wyoming(runtime)
     app.state.runtime = runtime
     info = pool.info
     log.info("ready: model %s (%s, %d Hz, %s), %d worker(s), queue %d", info.name, info.family, info.sample_rate,
@@ -150,10 +170,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
         yield {"runtime": runtime}
     finally:
         runtime.draining = True
+        if wyoming is not None:
+            wyoming.stop_listening()
         await voices.close()
         await pool.begin_drain()
         if len(runtime.sessions):  # not drained by the server (e.g. a TestClient): close them now
             await runtime.sessions.drain(0)
+        if wyoming is not None:
+            await wyoming.close()
         if not await pool.wait_idle(settings.server.drain_timeout_s):
             log.warning("drain timeout (%.0fs) reached with work in flight; cancelling it", settings.server.drain_timeout_s)
         await pool.close()

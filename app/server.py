@@ -68,8 +68,8 @@ class DrainingServer(uvicorn.Server):
         # uvicorn closes WebSockets at once (1012) when it stops: let sessions finish first
         forced = await runtime.sessions.drain(settings.drain_timeout_s)
         if forced:
-            log.warning("drain timeout (%.0fs): closed %d WebSocket session(s) with 1001", settings.drain_timeout_s,
-                        forced)
+            log.warning("drain timeout (%.0fs): closed %d streaming session(s) (WebSocket: 1001; Wyoming)",
+                        settings.drain_timeout_s, forced)
         self.should_exit = True
 
 

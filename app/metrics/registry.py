@@ -54,6 +54,8 @@ STREAM_TIMEOUT_ERRORS = frozenset({"DeadlineExceeded"})
 STREAM_CLIENT_ERRORS = frozenset({"ClientStalled"})  # the client read nothing for server.send_timeout_s: it left
 ENGINE_ERROR_CODES = frozenset({"engine_failure"})
 WS_REFUSALS: tuple[str, ...] = ("session_limit", "draining")
+WYOMING_MODES: tuple[str, ...] = ("synthesize", "stream")  # one text; text streamed in (synthesize-start ...)
+WYOMING_OUTCOMES: tuple[str, ...] = ("ok", "client_error", "rejected", "error")
 
 
 def outcome_of(ctx: RequestContext) -> str:
@@ -100,6 +102,14 @@ class Metrics:
         self.ws_cancels = Counter("tts_ws_cancels_total", "WebSocket input.cancel messages (barge-in), by whether "
                                   "an utterance was dropped (utterance) or none was in progress (none)", ["target"],
                                   registry=r)
+        self.wyoming_connections = Gauge("tts_wyoming_connections", "Open Wyoming connections "
+                                         "(wyoming.max_sessions)", registry=r)
+        self.wyoming_refused = Counter("tts_wyoming_connections_refused_total", "Wyoming connections refused at "
+                                       "connect (session_limit: wyoming.max_sessions reached; draining)",
+                                       ["reason"], registry=r)
+        self.wyoming_syntheses = Counter("tts_wyoming_syntheses_total", "Wyoming synthesis requests by mode "
+                                         "(synthesize: one text; stream: synthesize-start ... synthesize-stop) "
+                                         "and outcome (rejected: over capacity)", ["mode", "outcome"], registry=r)
         self.queue_wait = Histogram("tts_queue_wait_seconds", "Time from admission to an engine slot",
                                     buckets=WAIT_BUCKETS, registry=r)
         self.class_wait = Histogram("tts_class_wait_seconds", "Wait per traffic class: interactive, from admission "
@@ -156,6 +166,10 @@ class Metrics:
             self.ws_refused.labels(reason=reason)
         for target in ("utterance", "none"):
             self.ws_cancels.labels(target=target)
+        for reason in WS_REFUSALS:
+            self.wyoming_refused.labels(reason=reason)
+        self._wyoming = {(m, o): self.wyoming_syntheses.labels(mode=m, outcome=o)
+                         for m in WYOMING_MODES for o in WYOMING_OUTCOMES}
         r.register(PoolCollector(stats))
         self._gpu = GpuMemoryCollector()
         r.register(self._gpu)
@@ -189,6 +203,23 @@ class Metrics:
     def on_ws_cancel(self, dropped: bool) -> None:
         """An input.cancel handled: it dropped an utterance (True) or there was none (False)."""
         self.ws_cancels.labels(target="utterance" if dropped else "none").inc()
+
+    def on_wyoming_connection(self, opened: bool) -> None:
+        """A Wyoming connection opened (True) or ended (False)."""
+        if opened:
+            self.wyoming_connections.inc()
+        else:
+            self.wyoming_connections.dec()
+
+    def on_wyoming_refused(self, reason: str) -> None:
+        """A Wyoming connection refused at connect: one of WS_REFUSALS."""
+        self.wyoming_refused.labels(reason=reason).inc()
+
+    def on_wyoming_synthesis(self, mode: str, outcome: str) -> None:
+        """A Wyoming request ended: mode in WYOMING_MODES, outcome in WYOMING_OUTCOMES."""
+        child = self._wyoming.get((mode, outcome))
+        if child is not None:
+            child.inc()
 
     def on_unauthorized(self, reason: str) -> None:
         """The API key middleware's callback: ``missing_api_key`` or ``invalid_api_key``."""

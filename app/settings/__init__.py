@@ -12,9 +12,10 @@ from app.settings.sections import (
     ServerSettings,
     VoicesSettings,
     WebSocketSettings,
+    WyomingSettings,
     batches_llm,
 )
 
 __all__ = ["DEFAULT_CACHE", "ConfigError", "DevSettings", "EngineSettings", "MetricsSettings", "PoolSettings",
-           "ServerSettings", "Settings", "VoicesSettings", "WebSocketSettings", "batches_llm", "load_settings",
+           "ServerSettings", "Settings", "VoicesSettings", "WebSocketSettings", "WyomingSettings", "batches_llm", "load_settings",
            "read_keys_file"]

@@ -29,6 +29,7 @@ from app.settings.sections import (
     ServerSettings,
     VoicesSettings,
     WebSocketSettings,
+    WyomingSettings,
     batches_llm,
     default_workers,
 )
@@ -46,6 +47,7 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     websocket: WebSocketSettings = Field(default_factory=WebSocketSettings)
     cache: CacheSettings = Field(default_factory=CacheSettings)
+    wyoming: WyomingSettings = Field(default_factory=WyomingSettings)
     dev: DevSettings = Field(default_factory=DevSettings)
 
     @model_validator(mode="after")

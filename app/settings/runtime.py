@@ -29,8 +29,10 @@ from app.serving.limit.adaptive import (
     PAIR_S,
     AdaptiveConfig,
 )
+from app.serving.priority import Priority
 from app.serving.session import SessionLimits
 from app.settings.load import Settings
+from app.wyoming.config import WyomingConfig
 
 MB = 1024 * 1024
 STREAM_BUFFER_CHUNKS = 1 << 16  # a stream's buffered items when pool.stream_buffer_chunks is unset (bytes bound it)
@@ -117,6 +119,15 @@ def model_fingerprint(settings: Settings, info: EngineInfo) -> str:
 
 def answer_cache(settings: Settings, info: EngineInfo) -> AnswerCache:
     return AnswerCache(cache_config(settings), model_fingerprint(settings, info))
+def wyoming_config(settings: Settings) -> WyomingConfig | None:
+    """The Wyoming service's config; None when ``wyoming.port`` is unset (no service)."""
+    w = settings.wyoming
+    if w.port is None:
+        return None
+    limits = dataclasses.replace(session_limits(settings), max_sessions=w.max_sessions, max_message_bytes=w.max_event_bytes)
+    return WyomingConfig(host=w.host or settings.server.host, port=w.port, limits=limits,
+                         priority=Priority(w.priority), samples_per_chunk=w.samples_per_chunk,
+                         max_event_bytes=w.max_event_bytes)
 
 
 def speech_limits(settings: Settings) -> SpeechLimits:

@@ -254,3 +254,17 @@ class WebSocketSettings(_Section):
     max_message_bytes: int = Field(65536, ge=1024, le=16 * 1024 * 1024)  # one client message; bigger: invalid_message
 
 
+class WyomingSettings(_Section):
+    """Home Assistant's Wyoming protocol: a TTS service on its own TCP port (docs/home-assistant.md).
+
+    Wyoming has no authentication: off unless ``port`` is set, bound to ``server.host`` unless ``host``
+    says otherwise. Each utterance's text: server.max_text_chars; idle timeout, session lifetime and text
+    per connection: the ``websocket`` section's.
+    """
+
+    port: int | None = Field(None, ge=0, le=65535)  # None: no Wyoming service
+    host: str | None = None  # None: server.host
+    max_sessions: int = Field(16, ge=1)  # open connections at once; beyond: an error event, then closed
+    priority: Literal["interactive", "bulk"] = "interactive"  # the traffic class of every Wyoming utterance
+    samples_per_chunk: int = Field(1024, ge=64, le=65536)  # most samples in one audio-chunk event
+    max_event_bytes: int = Field(65536, ge=1024, le=16 * 1024 * 1024)  # one event's header, data and payload
