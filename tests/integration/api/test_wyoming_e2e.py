@@ -243,6 +243,24 @@ def test_an_oversized_event_ends_the_connection(server):
     assert then is None
 
 
+@pytest.mark.parametrize("line", [b"not json\n", b"[1, 2]\n", b'{"type": "synthesize", "data_length": "x"}\n',
+                                  b'{"no": "type"}\n', b'{"type": "synthesize", "data": 5}\n'])
+def test_a_line_that_is_no_event_gets_an_error_or_a_close(server, line):
+    async def go():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port_of(server))
+        writer.write(line)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.readline(), 30)  # an error event's header, or closed
+        writer.close()
+        async with connect(server) as c:  # the server goes on
+            await c.write_event(Describe().event())
+            return answer, (await next_event(c)).type
+
+    answer, then = run(go())
+    assert then == "info"
+    assert answer == b"" or b'"error"' in answer
+
+
 def test_the_drain_lets_a_running_request_finish(tmp_path):
     with wyoming_server(tmp_path) as srv:
         async def go():
