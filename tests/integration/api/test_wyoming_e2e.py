@@ -15,7 +15,9 @@ import signal
 import time
 
 import httpx
+import psutil
 import pytest
+import yaml
 from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
@@ -61,8 +63,6 @@ def server(tmp_path_factory):
 
 
 def port_of(srv: ServerProcess) -> int:
-    import yaml
-
     return yaml.safe_load(srv.config_path.read_text())["wyoming"]["port"]
 
 
@@ -282,6 +282,24 @@ def test_the_drain_lets_a_running_request_finish(tmp_path):
         assert "Traceback" not in srv.log()
 
 
+def test_an_idle_connection_is_closed(tmp_path):
+    srv = wyoming_server(tmp_path)
+    cfg = yaml.safe_load(srv.config_path.read_text())
+    cfg["websocket"] = {"idle_timeout_s": 1.0}  # the streaming surfaces' idle timeout
+    srv.config_path.write_text(yaml.safe_dump(cfg))
+    with srv:
+        async def go():
+            async with connect(srv) as c:
+                await c.write_event(Describe().event())
+                assert Info.is_type((await next_event(c)).type)  # describe keeps nothing alive
+                started = time.monotonic()
+                closed = await asyncio.wait_for(c.read_event(), 30)
+                return closed, time.monotonic() - started
+
+        closed, after_s = run(go())
+    assert closed is None and after_s < 10
+
+
 def test_off_unless_a_port_is_set(tmp_path):
     from app.settings import Settings
     from app.settings.runtime import wyoming_config
@@ -289,3 +307,10 @@ def test_off_unless_a_port_is_set(tmp_path):
     assert wyoming_config(Settings(dev={"fake_engine": True})) is None
     cfg = wyoming_config(Settings(dev={"fake_engine": True}, server={"host": "10.0.0.5"}, wyoming={"port": 10200}))
     assert cfg is not None and (cfg.host, cfg.port) == ("10.0.0.5", 10200)
+    config = fake_engine_config(tmp_path)
+    config["server"]["log_level"] = "info"
+    with ServerProcess(tmp_path, config) as srv:  # no wyoming section: the HTTP port is all it listens on
+        listening = {c.laddr.port for c in psutil.Process(srv.proc.pid).net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN}
+        assert listening == {srv.port}
+        assert "Wyoming" not in srv.log()
