@@ -9,8 +9,9 @@ asks.
 Server -> client: each utterance as ``audio-start``, ``audio-chunk`` (raw s16le mono PCM at the model's
 rate), ``audio-stop``; a streamed one then ``synthesize-stopped``. A request that fails (over capacity,
 text too long, an unknown voice, the engine) gets an ``error`` event (``code`` as the HTTP API's) instead
-of its ``audio-stop``, and a streamed one still ends with ``synthesize-stopped``; the connection stays
-open. The utterances are the WebSocket route's: each takes a synthesis permit from the one admission gate
+of its ``audio-stop``. A streamed one still ends with ``synthesize-stopped`` and the connection stays open;
+after a one-text ``synthesize``'s error the connection is closed, because Home Assistant's client reads no
+``error`` event and would otherwise wait for an ``audio-stop`` that never comes. The utterances are the WebSocket route's: each takes a synthesis permit from the one admission gate
 when it has text, so admission, classes, text limits and the drain are the same (``app/serving/session.py``).
 """
 
@@ -245,6 +246,8 @@ class WyomingConnection:
             if kind.startswith("synthesize") and self.runtime.metrics is not None:
                 self.runtime.metrics.on_wyoming_synthesis(mode, "client_error")
             await self._error(exc)
+            if Synthesize.is_type(kind):
+                await self._close()  # a one-text request's client waits for audio-stop or the close
 
     async def _synthesize(self, request: Synthesize) -> None:
         assert self.session is not None
@@ -343,8 +346,12 @@ class WyomingConnection:
 
     async def utterance_failed(self, utt: Utterance, exc: BaseException) -> None:
         status = classify(exc).status
+        one_text = self._modes.get(utt) == "synthesize"
         self._finished(utt, "rejected" if status == 503 else "client_error" if 400 <= status < 500 else "error")
         await self._error(exc, utt)
+        if one_text:
+            await self._close()  # its client (Home Assistant's) waits for audio-stop or the close: close
+            return
         if self._stream is not None and self._stream.utt is utt:
             self._stream.failed = True  # still taking text: synthesize-stop ends it
         elif utt in self._stop_after:

@@ -156,53 +156,59 @@ def test_a_request_over_capacity_gets_an_error_event_not_a_hang(server):
     before = metric(server, series)
 
     async def go():
-        async with connect(server) as busy, connect(server) as refused:
+        async with connect(server) as busy, connect(server) as refused, connect(server) as streamed:
             await busy.write_event(Synthesize(text="This one holds the only permit.").event())
             started = await next_event(busy)
             assert AudioStart.is_type(started.type)  # it runs now
             await refused.write_event(Synthesize(text="No room for this one.").event())
             over = await read_reply(refused, streamed=False)
-            await refused.write_event(SynthesizeStart().event())
-            await refused.write_event(SynthesizeChunk(text="Nor for a streamed one.").event())
-            await refused.write_event(SynthesizeStop().event())
-            over_streamed = await read_reply(refused, streamed=True)
+            closed = await refused.read_event()  # a one-text request's error closes: its client stops waiting
+            await streamed.write_event(SynthesizeStart().event())
+            await streamed.write_event(SynthesizeChunk(text="Nor for a streamed one.").event())
+            await streamed.write_event(SynthesizeStop().event())
+            over_streamed = await read_reply(streamed, streamed=True)
             done = await read_reply(busy, reply=Reply([started]))
-            await refused.write_event(Synthesize(text="Room again.").event())  # the same connection
-            again = await read_reply(refused)
-            return over, over_streamed, done, again
+            await streamed.write_event(Synthesize(text="Room again.").event())  # a streamed error keeps it open
+            again = await read_reply(streamed)
+            return over, closed, over_streamed, done, again
 
-    over, over_streamed, done, again = run(go())
-    assert over.types == ["error"] and over.error.code == "overloaded"
+    over, closed, over_streamed, done, again = run(go())
+    assert over.types == ["error"] and over.error.code == "overloaded" and closed is None
     assert over_streamed.types == ["error", "synthesize-stopped"] and over_streamed.error.code == "overloaded"
     check_audio(done)
     check_audio(again)
     assert metric(server, series) == before + 1
 
 
-def test_bad_requests_get_error_events_and_the_connection_stays(server):
-    async def go():
+def test_bad_requests_get_error_events_and_a_one_text_request_closes(server):
+    async def one(event):
         async with connect(server) as c:
-            replies = []
-            for event in (Synthesize(text="x" * (MAX_TEXT + 1)).event(),
-                          Synthesize(text="Hi.", voice=SynthesizeVoice(name="nobody")).event(),
-                          Synthesize(text="   ").event()):
-                await c.write_event(event)
-                replies.append(await read_reply(c))
+            await c.write_event(event)
+            reply = await read_reply(c)
+            return reply, await c.read_event()
+
+    async def go():
+        replies = [await one(e) for e in (Synthesize(text="x" * (MAX_TEXT + 1)).event(),
+                                          Synthesize(text="Hi.", voice=SynthesizeVoice(name="nobody")).event(),
+                                          Synthesize(text="   ").event())]
+        async with connect(server) as c:
+            streamed = []
             await c.write_event(SynthesizeStart().event())
             await c.write_event(SynthesizeChunk(text="y" * MAX_TEXT).event())
             await c.write_event(SynthesizeChunk(text="one too many").event())
             await c.write_event(SynthesizeStop().event())
-            replies.append(await read_reply(c, streamed=True))
+            streamed.append(await read_reply(c, streamed=True))
             await c.write_event(SynthesizeChunk(text="no stream is open").event())
-            replies.append(await read_reply(c))
+            streamed.append(await read_reply(c))
             await c.write_event(Synthesize(text="Fine.").event())
-            replies.append(await read_reply(c))
-            return replies
+            streamed.append(await read_reply(c))
+        return replies, streamed
 
-    too_long, unknown, empty, stream_too_long, no_stream, fine = run(go())
-    assert too_long.types == ["error"] and too_long.error.code == "text_too_long"
-    assert unknown.types == ["error"] and "nobody" in unknown.error.text
-    assert empty.types == ["error"] and empty.error.code == "empty_input"
+    (too_long, unknown, empty), (stream_too_long, no_stream, fine) = run(go())
+    assert too_long[0].types == ["error"] and too_long[0].error.code == "text_too_long"
+    assert unknown[0].types == ["error"] and "nobody" in unknown[0].error.text
+    assert empty[0].types == ["error"] and empty[0].error.code == "empty_input"
+    assert too_long[1] is None and unknown[1] is None and empty[1] is None  # each closed after its error
     assert stream_too_long.types == ["error", "synthesize-stopped"]
     assert stream_too_long.error.code == "text_too_long"
     assert no_stream.types == ["error"] and no_stream.error.code == "no_stream"
