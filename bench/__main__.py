@@ -7,7 +7,8 @@
 
 Scenarios of ``serve``: run (the headline suite, make bench), admission, abuse (make bench-abuse),
 priority (make bench-priority), batching (make bench-batching), ws (WebSocket vs POST time to
-first audio), cache (a Zipf replay, the answer cache off and on), loadtest (locust, make loadtest). ARGS go to the scenario or command:
+first audio), cache (a Zipf replay, the answer cache off and on), soak (memory under mixed traffic),
+loadtest (locust, make loadtest). ARGS go to the scenario or command:
 ``python -m bench serve --scenario admission --help`` lists its own. bench/README.md has them all.
 """
 
@@ -18,7 +19,7 @@ import sys
 
 SCENARIOS = {"run": "bench.run", "admission": "bench.admission", "abuse": "bench.abuse",
              "priority": "bench.priority", "batching": "bench.batching", "ws": "bench.ws_ttfa",
-             "cache": "bench.cache", "loadtest": "bench.loadtest"}
+             "cache": "bench.cache", "soak": "bench.soak", "loadtest": "bench.loadtest"}
 COMMANDS = {"cost": "bench.cost", "gpu": "bench.gpu_check", "queueing": "bench.queueing"}
 
 

@@ -1,0 +1,195 @@
+"""Benchmark: memory under mixed traffic for a given time; RSS growth per hour after a warm-up.
+
+    .venv/bin/python -m bench serve --scenario soak [--minutes 70 --warmup 10 --clients 4]
+
+A real ``cosyserve serve`` on the defaults (tiny CosyVoice2 unless ``--model-dir``). ``--clients``
+threads each pick at random, request after request: a whole or streamed ``/v1/tts`` in any of the
+formats, a stream cut after two chunks, a zero-shot upload (prompt audio of a random length), the
+library voice, the OpenAI route, a WebSocket session of two utterances. Texts vary in length, so
+every shape the engines see varies too; a refused request (503) backs off 0.2-1 s. Every ``--sample-s`` the server's RSS and its memory metrics
+are sampled; printed: RSS by minute, and the growth per hour after the warm-up (a least-squares
+slope over the samples after ``--warmup`` minutes, and the same slope over each half: the spread).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import platform
+import random
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+import soundfile as sf
+from websockets.sync.client import connect
+
+from bench.lib.procs import ROOT, cosyserve
+
+COMMAND = ".venv/bin/python -m bench serve --scenario soak"
+FORMATS = ("wav", "mp3", "opus", "aac", "flac", "pcm")
+WORDS = ("the quick brown fox jumps over a lazy dog while seven small birds sing about rain and "
+         "the long road home past 12 old houses at 3:45 pm on a cold winter evening").split()
+METRICS = ("tts_stream_buffered_bytes", "tts_body_buffered_bytes", "tts_cache_bytes", "process_heap_bytes")
+
+
+def text(rng: random.Random) -> str:
+    n = rng.choice((3, 8, 20, 45, 90))
+    words = [rng.choice(WORDS) for _ in range(n)]
+    return " ".join(words).capitalize() + rng.choice((".", "!", "?"))
+
+
+def prompt_wav(rng: random.Random) -> bytes:
+    seconds = rng.uniform(2.0, 6.0)
+    t = np.arange(int(seconds * 16000)) / 16000
+    buf = io.BytesIO()
+    sf.write(buf, 0.3 * np.sin(2 * np.pi * rng.uniform(120, 260) * t), 16000, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def one_request(http: httpx.Client, ws_url: str, rng: random.Random) -> str:
+    kind = rng.choice(("whole", "stream", "cut", "upload", "library", "openai", "ws"))
+    fmt = rng.choice(FORMATS)
+    if kind == "whole":
+        r = http.post("/v1/tts", json={"text": text(rng), "format": fmt})
+    elif kind in ("stream", "cut"):
+        with http.stream("POST", "/v1/tts", json={"text": text(rng), "format": fmt, "stream": True}) as r:
+            for i, _ in enumerate(r.iter_bytes()):
+                if kind == "cut" and i >= 1:
+                    break
+        return f"{kind}:{r.status_code}"
+    elif kind == "upload":
+        r = http.post("/v1/tts", data={"text": text(rng), "prompt_text": "a voice for the soak test", "format": fmt},
+                      files={"prompt_audio": ("p.wav", prompt_wav(rng), "audio/wav")})
+    elif kind == "library":
+        r = http.post("/v1/tts", json={"text": text(rng), "voice": "soak", "format": fmt})
+    elif kind == "openai":
+        r = http.post("/v1/audio/speech", json={"model": "tts-1", "input": text(rng), "voice": "alloy",
+                                                "response_format": fmt})
+    else:
+        with connect(ws_url, max_size=None, open_timeout=30) as ws:
+            ws.send(json.dumps({"type": "session.config", "response_format": "pcm"}))
+            for _ in range(2):
+                ws.send(json.dumps({"type": "input.text", "text": text(rng)}))
+                ws.send(json.dumps({"type": "input.done"}))
+                while True:
+                    m = ws.recv(timeout=120)
+                    if isinstance(m, str) and (event := json.loads(m)["type"]) in ("audio.done", "error"):
+                        break
+            ws.send(json.dumps({"type": "session.close"}))
+        return f"ws:{'ok' if event == 'audio.done' else 'error'}"
+    return f"{kind}:{r.status_code}"
+
+
+def client(base: str, ws_url: str, seed: int, stop: threading.Event, counts: dict, lock: threading.Lock) -> None:
+    rng = random.Random(seed)
+    with httpx.Client(base_url=base, timeout=300) as http:
+        while not stop.is_set():
+            try:
+                outcome = one_request(http, ws_url, rng)
+            except Exception as exc:  # noqa: BLE001 - counted: the soak goes on
+                outcome = f"exception:{type(exc).__name__}"
+            with lock:
+                counts[outcome] = counts.get(outcome, 0) + 1
+            if not outcome.endswith(("200", "ok")):
+                time.sleep(rng.uniform(0.2, 1.0))  # refused (503) or failed: back off as a client would
+
+
+def memory_metrics(base: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in httpx.get(base + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(METRICS):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def slope_mb_per_h(samples: list[tuple[float, int]]) -> float:
+    """Least-squares slope of RSS over time, MB per hour."""
+    if len(samples) < 3:
+        return float("nan")
+    t = np.array([s for s, _ in samples]) / 3600.0
+    rss = np.array([r for _, r in samples]) / 2**20
+    return float(np.polyfit(t, rss, 1)[0])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--minutes", type=float, default=70.0)
+    ap.add_argument("--warmup", type=float, default=10.0, help="minutes left out of the slope")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--sample-s", type=float, default=30.0)
+    ap.add_argument("--model-dir", help="a model dir (default: the tiny CosyVoice2)")
+    ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server's environment")
+    ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "soak" / "soak.md"))
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg: dict = {"server": {"access_log": False}, "voices": {"dir": str(Path(tmp) / "voices")},
+                     "dev": {"tiny_version": 2, "tiny_cache_dir": str(ROOT / ".cache" / "models")}}
+        if args.model_dir:
+            cfg["engine"] = {"model_dir": args.model_dir}
+        srv = cosyserve("soak", cfg, Path(tmp))
+        srv.env.update(dict(e.split("=", 1) for e in args.env))
+        with srv:
+            base = srv.base_url
+            ws_url = f"ws://127.0.0.1:{srv.port}/v1/audio/speech/stream"
+            proc = psutil.Process(srv.proc.pid)
+            r = httpx.post(base + "/v1/voices", data={"name": "soak", "transcript": "a voice for the soak test"},
+                           files={"audio": ("v.wav", prompt_wav(random.Random(0)), "audio/wav")}, timeout=120)
+            r.raise_for_status()
+            ready_rss = proc.memory_info().rss
+            stop, lock, counts = threading.Event(), threading.Lock(), {}
+            threads = [threading.Thread(target=client, args=(base, ws_url, i, stop, counts, lock), daemon=True)
+                       for i in range(args.clients)]
+            t0 = time.monotonic()
+            for t in threads:
+                t.start()
+            samples: list[tuple[float, int]] = []
+            mem: list[dict] = []
+            while (elapsed := time.monotonic() - t0) < args.minutes * 60:
+                time.sleep(min(args.sample_s, args.minutes * 60 - elapsed))
+                samples.append((time.monotonic() - t0, proc.memory_info().rss))
+                mem.append(memory_metrics(base))
+                print(f"{samples[-1][0] / 60:6.1f} min  RSS {samples[-1][1] / 2**20:8.1f} MB  {sum(counts.values())} "
+                      "requests", flush=True)
+            stop.set()
+            for t in threads:
+                t.join(300)
+            live = httpx.get(base + "/health/live", timeout=10).status_code
+    after = [s for s in samples if s[0] >= args.warmup * 60]
+    half = len(after) // 2
+    slope, first, second = slope_mb_per_h(after), slope_mb_per_h(after[:half]), slope_mb_per_h(after[half:])
+    by_minute = {int(s // 60): r for s, r in samples}
+    lines = [
+        f"# Memory soak: {args.minutes:g} min of mixed traffic, {args.clients} clients",
+        "",
+        f"Command: `{COMMAND} --minutes {args.minutes:g} --warmup {args.warmup:g} --clients {args.clients}"
+        + (f" --model-dir {args.model_dir}" if args.model_dir else "") + "".join(f" --env {e}" for e in args.env)
+        + "` (defaults; tiny random-weight CosyVoice2 unless a model dir is given)",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}.",
+        "",
+        f"Requests: {sum(counts.values())} ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}); "
+        f"/health/live at the end: {live}. RSS when ready: {ready_rss / 2**20:.0f} MB.",
+        "",
+        "| minute | " + " | ".join(str(m) for m in sorted(by_minute)[::max(1, len(by_minute) // 12)]) + " |",
+        "|---|" + "---|" * len(sorted(by_minute)[::max(1, len(by_minute) // 12)]),
+        "| RSS (MB) | " + " | ".join(f"{by_minute[m] / 2**20:.0f}" for m in sorted(by_minute)[::max(1, len(by_minute)
+                                                                                                    // 12)]) + " |",
+        "",
+        f"Growth after the {args.warmup:g}-minute warm-up: **{slope:+.1f} MB/h** (first half {first:+.1f}, second "
+        f"half {second:+.1f}).",
+        "",
+        "Memory metrics at the end: " + ", ".join(f"`{k}` {v / 2**20:.1f} MB" for k, v in sorted(mem[-1].items()))
+        if mem else "",
+    ]
+    report = "\n".join(lines) + "\n"
+    print(report)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(report)
+    print(f"wrote {args.out}")
