@@ -40,7 +40,6 @@ from bench.lib.procs import (
 from bench.report import (
     batching_goals,
     batching_markdown,
-    batching_plot,
     batching_point_summary,
     goal_lines,
 )
@@ -196,7 +195,6 @@ def write(results: dict[str, Any], out: Path) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "batching.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     (out / "batching.md").write_text(batching_markdown(results, goals))
-    batching_plot(results, out / "batching.png")
     return goals
 
 
@@ -249,5 +247,5 @@ def main(argv: list[str] | None = None) -> int:
     results["loadavg_end"] = os.getloadavg()
     goals = write(results, args.out)
     print("\n".join(goal_lines(goals)), flush=True)
-    log(f"done in {(time.monotonic() - started) / 60:.1f} min; wrote {args.out}/batching.json, .md, .png")
+    log(f"done in {(time.monotonic() - started) / 60:.1f} min; wrote {args.out}/batching.json, .md")
     return 0

@@ -1,8 +1,8 @@
-"""Every suite's report, in one module: the goals, the Markdown, the plots, from a run's JSON.
+"""Every suite's report, in one module: the goals and the Markdown, from a run's JSON.
 
-Sections, in this order: run (``make bench``: run.json, run.md, PNG plots), admission (when
-the limit settled, the goals of issue 20), batching (per-point summaries, goal ratios, the
-plot), priority (the bulk backlog, the side-by-side table, issue 39's goals), abuse (the
+Sections, in this order: run (``make bench``: run.json, run.md), admission (when
+the limit settled, the goals of issue 20), batching (per-point summaries, goal ratios),
+priority (the bulk backlog, the side-by-side table, issue 39's goals), abuse (the
 reference, each phase's line, issue 36's goals), cost (a request's cost, the CPU levers), gpu
 (the GPU check's JSON as Markdown, docs/benchmarks/gpu.md). The helpers first are shared.
 """
@@ -38,19 +38,7 @@ def add_goal(goals: list, name: str, value: str, target: str, ok: bool | None) -
     goals.append({"goal": name, "value": value, "target": target, "pass": ok})
 
 
-def pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 # run ---------------------------------------------------------------------------------------------
-
-PLOTS = ("throughput.png", "latency.png", "ttfa.png", "rss.png")
-
 
 def _ms1(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.1f}"
@@ -206,85 +194,13 @@ def run_markdown(r: dict) -> str:
     lines += ["", "## Goals", "", "| goal | value | target | result |", "|---|---|---|---|"]
     for g in r.get("goals", []):
         lines.append(f"| {g['goal']} | {g['value']} | {g['target']} | {({True: 'PASS', False: 'FAIL', None: 'info'})[g['pass']]} |")
-    lines += ["", *[f"![{p}]({p})" for p in PLOTS], ""]
-    return "\n".join(lines)
-
-
-def plots(r: dict, out: Path) -> None:
-    plt = pyplot()
-
-    systems = r["systems"]
-    th, pr = r.get("ceiling_threads"), r.get("ceiling_processes")
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for sys_ in systems.values():
-        xs = [p["concurrency"] for p in sys_["points"]]
-        ax.plot(xs, [p["throughput_rps"] for p in sys_["points"]], marker="o", label=sys_["label"])
-    if th:
-        ax.axhline(th["cw"]["throughput_rps"], color="k", ls="--", label=f"(a) {th['workers']} threads")
-        ax.axhline(0.95 * th["cw"]["throughput_rps"], color="k", ls=":", label="0.95 x (a) threads")
-    if pr:
-        ax.axhline(pr["closed"]["throughput_rps"], color="grey", ls="-.", label=f"(a) {pr['processes']} processes")
-    ax.set(xscale="log", xlabel="concurrent clients", ylabel="successful requests / s", title="Throughput")
-    ax.set_xticks(r["config"]["concurrency"], [str(c) for c in r["config"]["concurrency"]])
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "throughput.png", dpi=110)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for i, sys_ in enumerate(systems.values()):
-        xs = [p["concurrency"] for p in sys_["points"]]
-        color = f"C{i}"
-        ax.plot(xs, [(p["latency_p50_s"] or float("nan")) * 1000 for p in sys_["points"]], marker="o", color=color,
-                label=f"{sys_['label']} p50")
-        ax.plot(xs, [(p["latency_p99_s"] or float("nan")) * 1000 for p in sys_["points"]], marker="^", ls="--",
-                color=color, label=f"{sys_['label']} p99")
-    if th and th["c1"]["latency_p50_s"]:
-        ax.axhline(th["c1"]["latency_p50_s"] * 1000, color="k", ls=":", label="(a) in-process, 1 thread")
-    has_data = any(p["latency_p50_s"] for sys_ in systems.values() for p in sys_["points"])
-    ax.set(xscale="log", yscale="log" if has_data else "linear", xlabel="concurrent clients", ylabel="latency (ms)",
-           title="Latency (admitted)")
-    ax.set_xticks(r["config"]["concurrency"], [str(c) for c in r["config"]["concurrency"]])
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "latency.png", dpi=110)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    b = systems.get("cosyserve")
-    if b and b.get("ttfa_series"):
-        ys = [(v or float("nan")) * 1000 for v in b["ttfa_series"]]
-        ax.plot(range(1, len(ys) + 1), ys, marker=".", ls="-", label="(b) cosyserve, HTTP stream")
-    if th and th.get("first_chunk_s"):
-        ys = [v * 1000 for v in th["first_chunk_s"]]
-        ax.plot(range(1, len(ys) + 1), ys, marker=".", ls="-", label="(a) engine's own first chunk")
-    ax.set(xlabel="stream number (sequential)", ylabel="time to first audio (ms)", title="Time to first audio")
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "ttfa.png", dpi=110)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for sys_ in systems.values():
-        series = sys_.get("rss_series") or []
-        if series:
-            ax.plot([t for t, _ in series], [v / 2**20 for _, v in series], label=sys_["label"])
-    ax.set(xlabel="seconds since the server was ready", ylabel="RSS of the server process tree (MiB)",
-           title="Memory")
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "rss.png", dpi=110)
-    plt.close(fig)
+    return "\n".join(lines) + "\n"
 
 
 def write_outputs(r: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(json.dumps(r, indent=1, default=_jsonable) + "\n")
     (out / "run.md").write_text(run_markdown(r))
-    plots(r, out)
 
 
 def _jsonable(v: Any) -> Any:
@@ -712,34 +628,6 @@ def _batching_n(p: dict | None) -> str:
 def _batching_levels(model: dict, mode: str) -> list[int]:
     return sorted({p["concurrency"] for s in model.get("systems", {}).values() for p in s.get("points", [])
                    if p.get("mode") == mode})
-
-
-def batching_plot(results: dict, path: Path) -> None:
-    plt = pyplot()
-
-    panels = (("nonstream", "audio_s_per_s", "audio s / wall s (non-streaming)"),
-              ("nonstream", "latency_p50_s", "latency p50, s (non-streaming)"),
-              ("stream", "ttfa_p50_s", "time to first audio p50, s (streaming)"),
-              ("nonstream", "tokens", "speech tokens / s (non-streaming)"))
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for ax, (mode, key, title) in zip(axes.flat, panels, strict=True):
-        for model, m in results.get("models", {}).items():
-            for system, style in zip(BATCHING_SYSTEMS, ("--", "-"), strict=True):
-                pts = sorted((p for p in m.get("systems", {}).get(system, {}).get("points", [])
-                              if p.get("mode") == mode), key=lambda p: p["concurrency"])
-                ys = [tokens_per_s(p)[0] if key == "tokens" else p.get(key) for p in pts]
-                xy = [(p["concurrency"], y) for p, y in zip(pts, ys, strict=True) if y is not None]
-                if xy:
-                    ax.plot(*zip(*xy, strict=True), style, marker="o", label=f"{model} {system}")
-        ax.set_xscale("log", base=2)
-        ax.set_ylim(bottom=0)
-        ax.set_xlabel("concurrent clients")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 # priority ----------------------------------------------------------------------------------------

@@ -146,7 +146,6 @@ async def bench_system(sys_: System, srv: ServerProc, args: argparse.Namespace) 
         await memory_run(sys_, srv, args, out)
         out["server_counters"] = scrape_counters(url)
     out["peak_rss"] = rss.peak()
-    out["rss_series"] = downsample(rss.samples, 400)
     return out
 
 
@@ -191,13 +190,6 @@ async def stable_rss(srv: ServerProc) -> int:
         vals.append(srv.rss.now())
         await asyncio.sleep(0.2)
     return sorted(vals)[len(vals) // 2]
-
-
-def downsample(samples: list[tuple[float, int]], n: int) -> list[tuple[float, int]]:
-    if len(samples) <= n:
-        return list(samples)
-    step = len(samples) / n
-    return [samples[int(i * step)] for i in range(n)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     results["goals"] = goals
     write_outputs(results, args.out)
     print_goals(goals)
-    log(f"done in {results['elapsed_s'] / 60:.1f} min; wrote {args.out}/run.json, run.md, *.png")
+    log(f"done in {results['elapsed_s'] / 60:.1f} min; wrote {args.out}/run.json, run.md")
     if "admission" in args.systems:
         run_admission(args)
     if "batching" in args.systems:
