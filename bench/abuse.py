@@ -30,11 +30,12 @@ from bench.report import (
     abuse_goals,
     abuse_markdown,
     phase_line,
+    print_goals,
     reference,
+    save,
     server_log,
     server_refusal_p99_ms,
     storm_rates,
-    verdict,
 )
 
 # phase -> (adversary kind for bench/lib/abuse_clients.py, its clients); None: the polite client alone
@@ -272,12 +273,6 @@ def main(argv: list[str] | None = None) -> int:
     results["loadavg_end"] = os.getloadavg()
     results["reference"] = reference(results["phases"])
     results["goals"] = abuse_goals(results["phases"])
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "abuse.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "abuse.md").write_text(abuse_markdown(results))
-    ref = results["reference"]
-    print(f"\nGoals (against the mean of the {ref['runs']} alone phases)")
-    for g in results["goals"]:
-        print(f"  [{verdict(g['pass'])}] {g['phase']}: {g['goal']}: {g['value']} (target {g['target']})")
-    log(f"wrote {shown(args.out)}/abuse.json, abuse.md")
+    save(args.out, "abuse", results, abuse_markdown(results))
+    print_goals(results["goals"], f"Goals (against the mean of the {results['reference']['runs']} alone phases)")
     return 0

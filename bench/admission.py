@@ -11,7 +11,6 @@ import argparse
 import asyncio
 import contextlib
 import functools
-import json
 import os
 import random
 import re
@@ -44,6 +43,7 @@ from bench.report import (
     paired_ratios,
     per_point,
     print_goals,
+    save,
     settle_times,
 )
 
@@ -353,9 +353,6 @@ def main(argv: list[str] | None = None) -> int:
             run_systems(args, args.systems, model_dir, run_dir, results)
     results["loadavg_end"] = os.getloadavg()
     results["goals"] = admission_goals(results)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "admission.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "admission.md").write_text(admission_markdown(results))
+    save(args.out, "admission", results, admission_markdown(results))
     print_goals(results["goals"])
-    log(f"wrote {args.out}/admission.json, admission.md")
     return 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import time
@@ -41,7 +40,8 @@ from bench.report import (
     batching_goals,
     batching_markdown,
     batching_point_summary,
-    goal_lines,
+    print_goals,
+    save,
 )
 
 FULL_DIR = ROOT / ".cache" / "full2"
@@ -192,9 +192,7 @@ def server(system: SystemSpec, mdir: str, run_dir: Path, plan: ModelPlan, args: 
 def write(results: dict[str, Any], out: Path) -> list[dict]:
     goals = batching_goals(results)
     results["goals"] = goals
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "batching.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-    (out / "batching.md").write_text(batching_markdown(results, goals))
+    save(out, "batching", results, batching_markdown(results, goals))
     return goals
 
 
@@ -246,6 +244,6 @@ def main(argv: list[str] | None = None) -> int:
             write(results, args.out)  # after every system: a later crash keeps what was measured
     results["loadavg_end"] = os.getloadavg()
     goals = write(results, args.out)
-    print("\n".join(goal_lines(goals)), flush=True)
-    log(f"done in {(time.monotonic() - started) / 60:.1f} min; wrote {args.out}/batching.json, .md")
+    print_goals(goals)
+    log(f"done in {(time.monotonic() - started) / 60:.1f} min")
     return 0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import time
 from pathlib import Path
@@ -25,9 +24,11 @@ from bench.report import (
     best_closed,
     limit_readings,
     ms_label,
+    print_goals,
     priority_goals,
     priority_markdown,
     priority_table,
+    save,
 )
 
 TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
@@ -173,12 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             results["failed"] = f"{type(exc).__name__}: {exc}"[:4000]
     results["loadavg_end"] = os.getloadavg()
     results["goals"] = priority_goals(results)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "priority.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "priority.md").write_text(priority_markdown(results))
-    print("\n" + priority_table(results) + "\n\nGoals")
-    for g in results["goals"]:
-        mark = {True: "PASS", False: "FAIL", None: "n/a"}[g["pass"]]
-        print(f"  [{mark}] {g['goal']}: {g['value']} (target {g['target']}) {g.get('noise', '')}")
-    log(f"wrote {shown(args.out)}/priority.json, priority.md")
+    save(args.out, "priority", results, priority_markdown(results))
+    print("\n" + priority_table(results))
+    print_goals(results["goals"])
     return 0 if "failed" not in results else 1

@@ -34,8 +34,47 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or b <= 0 else a / b
 
 
-def add_goal(goals: list, name: str, value: str, target: str, ok: bool | None) -> None:
-    goals.append({"goal": name, "value": value, "target": target, "pass": ok})
+def goal(name: str, value: Any, target: str, ok: bool | None, **extra: str) -> dict[str, Any]:
+    """One goal, as every suite lists it: a float value shown to 3 places, None as "-"; ``extra``: more columns."""
+    shown = f"{value:.3f}" if isinstance(value, float) else "-" if value is None else str(value)
+    return {"goal": name, "value": shown, "target": target, "pass": ok, **extra}
+
+
+def add_goal(goals: list, *args: Any, **extra: str) -> None:
+    goals.append(goal(*args, **extra))
+
+
+def verdict(g: dict) -> str:
+    return {True: "PASS", False: "FAIL", None: "info" if g["target"] == "info" else "n/a"}[g["pass"]]
+
+
+def table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    """A Markdown table's lines."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)]
+
+
+def goals_table(goals: list[dict], lead: tuple[str, ...] = (), tail: tuple[str, ...] = ()) -> list[str]:
+    """The goals as a Markdown table: ``lead`` columns, goal, value, target, result, ``tail`` columns."""
+    return table([*lead, "goal", "value", "target", "result", *tail],
+                 [[*(g.get(k, "") for k in lead), g["goal"], g["value"], g["target"], verdict(g),
+                   *(g.get(k, "") for k in tail)] for g in goals])
+
+
+def save(out: Path, name: str, doc: dict, markdown: str) -> None:
+    """A suite's raw JSON and its Markdown report: OUT/NAME.json, OUT/NAME.md."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    (out / f"{name}.md").write_text(markdown)
+    print(f"wrote {out}/{name}.json, {name}.md", flush=True)
+
+
+def print_goals(goals: list[dict], title: str = "Goals") -> None:
+    print(f"\n{title}")
+    for g in goals:
+        where = f"{g['phase']}: " if g.get("phase") else ""
+        more = f" {g['detail']}" if g.get("detail") else f" {g['noise']}" if g.get("noise") else ""
+        print(f"  [{verdict(g)}] {where}{g['goal']}: {g['value']} (target {g['target']}){more}")
 
 
 # run ---------------------------------------------------------------------------------------------
@@ -138,13 +177,6 @@ def run_goals(r: dict) -> list[dict]:
     return goals
 
 
-def print_goals(goals: list[dict]) -> None:
-    print("\nGoals")
-    for g in goals:
-        mark = {True: "PASS", False: "FAIL", None: "info"}[g["pass"]]
-        print(f"  [{mark}] {g['goal']}: {g['value']} (target {g['target']})")
-
-
 def run_markdown(r: dict) -> str:
     cfg = r["config"]
     lines = [
@@ -191,22 +223,8 @@ def run_markdown(r: dict) -> str:
         if sys_.get("rss_limit_hit"):
             lines.append(f"\n**{sys_['label']} was killed at the RSS limit ({r['config']['max_rss_gb']:g} GiB)**"
                          f"{'; points after that were skipped' if sys_.get('stopped') else ''}.")
-    lines += ["", "## Goals", "", "| goal | value | target | result |", "|---|---|---|---|"]
-    for g in r.get("goals", []):
-        lines.append(f"| {g['goal']} | {g['value']} | {g['target']} | {({True: 'PASS', False: 'FAIL', None: 'info'})[g['pass']]} |")
+    lines += ["", "## Goals", "", *goals_table(r.get("goals", []))]
     return "\n".join(lines) + "\n"
-
-
-def write_outputs(r: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "run.json").write_text(json.dumps(r, indent=1, default=_jsonable) + "\n")
-    (out / "run.md").write_text(run_markdown(r))
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, Path):
-        return str(v)
-    raise TypeError(f"not JSON serialisable: {type(v).__name__}")
 
 
 # admission ---------------------------------------------------------------------------------------
@@ -315,7 +333,7 @@ def admission_goals(r: dict) -> list[dict]:
             continue
         graded = key == "defaults"  # the issue's goals are for the defaults; the others are shown for comparison
 
-        def verdict(ok: bool) -> bool | None:
+        def graded_ok(ok: bool) -> bool | None:
             return ok if graded else None
 
         k = knee(sys_["points"])
@@ -327,31 +345,31 @@ def admission_goals(r: dict) -> list[dict]:
             name = f"[{key}] open loop {o['factor']:g}x"
             if o["latency_p99_s"] is not None and k_p99:
                 ratio = o["latency_p99_s"] / k_p99
-                add_goal(goals, f"{name}: admitted p99 / p99 at the knee", f"{ratio:.2f}", "<= 2", verdict(ratio <= 2))
+                add_goal(goals, f"{name}: admitted p99 / p99 at the knee", f"{ratio:.2f}", "<= 2", graded_ok(ratio <= 2))
             ratio = o["throughput_rps"] / best if best else 0.0
-            add_goal(goals, f"{name}: throughput / best closed loop", f"{ratio:.2f}", ">= 0.95", verdict(ratio >= 0.95))
+            add_goal(goals, f"{name}: throughput / best closed loop", f"{ratio:.2f}", ">= 0.95", graded_ok(ratio >= 0.95))
             pair = next((x for x in sys_.get("paired") or [] if x["factor"] == o["factor"]), None)
             if pair:
                 rounds = " / ".join(f"{x:.2f}" for x in pair["ratios"])
                 add_goal(goals, f"{name}: throughput / the best closed point re-measured just before it (median of "
-                             f"rounds: {rounds})", f"{pair['median']:.2f}", ">= 0.95", verdict(pair["median"] >= 0.95))
+                             f"rounds: {rounds})", f"{pair['median']:.2f}", ">= 0.95", graded_ok(pair["median"] >= 0.95))
             rej = o.get("reject_p99_s")
-            add_goal(goals, f"{name}: 503 p99 (ms)", ms(rej), "< 10", verdict(rej is None or rej < 0.010))
+            add_goal(goals, f"{name}: 503 p99 (ms)", ms(rej), "< 10", graded_ok(rej is None or rej < 0.010))
             bad = o["errors"] + o["timeouts"]
-            add_goal(goals, f"{name}: errors + timeouts", str(bad), "0", verdict(bad == 0))
+            add_goal(goals, f"{name}: errors + timeouts", str(bad), "0", graded_ok(bad == 0))
         p8 = next((p for p in sys_["points"] if p["concurrency"] == 8), None)
         if p8 and p8["latency_p50_s"]:
             ratio = p8["latency_p99_s"] / p8["latency_p50_s"]
-            add_goal(goals, f"[{key}] c=8: p99 / p50 (starvation)", f"{ratio:.2f}", "<= 2", verdict(ratio <= 2))
+            add_goal(goals, f"[{key}] c=8: p99 / p50 (starvation)", f"{ratio:.2f}", "<= 2", graded_ok(ratio <= 2))
         rej = sys_.get("server_503") or {}
         if rej.get("count"):  # the client's clock adds its own scheduling on the same 2 cores as the server
             add_goal(goals, f"[{key}] 503 p99 as the server timed it, whole run (ms)", f"{rej['p99_ms']:.1f}", "< 10",
-                  verdict(rej["p99_ms"] < 10))
+                  graded_ok(rej["p99_ms"] < 10))
         settle = (sys_.get("step") or {}).get("settle_s") or []
         if settle and all(s is not None for s in settle):
             worst = max(settle)
             add_goal(goals, f"[{key}] step 0.5x -> 3x -> 0.5x: the limit settles within (s)",
-                  " / ".join(f"{s:g}" for s in settle), f"<= {SETTLE_GOAL_S:g}", verdict(worst <= SETTLE_GOAL_S))
+                  " / ".join(f"{s:g}" for s in settle), f"<= {SETTLE_GOAL_S:g}", graded_ok(worst <= SETTLE_GOAL_S))
     d = systems.get("defaults") or {}
     fixed = [s for k, s in systems.items() if k != "defaults" and s.get("points")]
     for p in d.get("points", []):
@@ -441,10 +459,7 @@ def admission_markdown(r: dict) -> str:
                           f"{step.get('poll_offset_s', 0):.1f} s; phases change every {step['step_s']:g} s; "
                           f"settled {step.get('settle_s')} s after each change): {pts}"]
         lines.append("")
-    lines += ["## Goals", "", "| goal | value | target | result |", "|---|---|---|---|"]
-    for g in r.get("goals", []):
-        lines.append(f"| {g['goal']} | {g['value']} | {g['target']} | "
-                     f"{({True: 'PASS', False: 'FAIL', None: 'info'})[g['pass']]} |")
+    lines += ["## Goals", "", *goals_table(r.get("goals", []))]
     return "\n".join(lines) + "\n"
 
 
@@ -465,10 +480,7 @@ def merge_admission_runs(runs: list[dict]) -> dict:
 def merge_admission_files(out_dir: Path, runs: list[str]) -> int:
     """``python -m bench serve --scenario admission --merge RUN.json... --out DIR``: runs into DIR/admission.*."""
     merged = merge_admission_runs([json.loads(Path(p).read_text()) for p in runs])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "admission.json").write_text(json.dumps(merged, indent=1) + "\n")
-    (out_dir / "admission.md").write_text(admission_markdown(merged))
-    print(f"wrote {out_dir}/admission.json, admission.md")
+    save(out_dir, "admission", merged, admission_markdown(merged))
     return 0
 
 
@@ -524,7 +536,7 @@ def tokens_per_s(p: dict | None) -> tuple[float | None, str]:
 
 def _batching_goal(name: str, value: float | None, op: str, target: float, detail: str = "") -> dict[str, Any]:
     ok = None if value is None else (value >= target if op == ">=" else value <= target)
-    return {"goal": name, "value": value, "op": op, "target": target, "ok": ok, "detail": detail}
+    return goal(name, value, f"{op} {target:g}", ok, detail=detail)
 
 
 def batching_goals(results: dict) -> list[dict[str, Any]]:
@@ -559,14 +571,6 @@ def batching_goals(results: dict) -> list[dict[str, Any]]:
 
 def _batching_mib(v: float | None) -> str:
     return "-" if not v else f"{v / 2**20:.0f} MiB"
-
-
-def goal_lines(goals: list[dict[str, Any]]) -> list[str]:
-    out = []
-    for g in goals:
-        mark = {True: "PASS", False: "FAIL", None: "n/a "}[g["ok"]]
-        out.append(f"{mark}  {g['goal']}: {num(g['value'])} (goal {g['op']} {g['target']:g}) [{g['detail']}]")
-    return out
 
 
 def batching_markdown(results: dict, goals: list[dict[str, Any]]) -> str:
@@ -612,10 +616,7 @@ def batching_markdown(results: dict, goals: list[dict[str, Any]]) -> str:
                 num(_batching_get(pb, "audio_s_per_s")),
                 num(ratio(_batching_get(pb, "audio_s_per_s"), _batching_get(pr, "audio_s_per_s")))]) + " |")
         lines.append("")
-    lines += ["## Goals", "", "| | goal | value | target | detail |", "|---|---|---|---|---|"]
-    for g in goals:
-        mark = {True: "pass", False: "**FAIL**", None: "n/a"}[g["ok"]]
-        lines.append(f"| {mark} | {g['goal']} | {num(g['value'])} | {g['op']} {g['target']:g} | {g['detail']} |")
+    lines += ["## Goals", "", *goals_table(goals, tail=("detail",))]
     lines += ["", ("tok/s: the server's `tts_llm_tokens_total` over the point when it has the metric, else "
               "the rate implied by the audio length (25 tokens per second of audio); the goal lines say which."), ""]
     return "\n".join(lines)
@@ -672,11 +673,6 @@ def backlog_summary(results: list[Result], window: tuple[float, float] | None = 
     }
 
 
-def _priority_goal(goal: str, value: float | str | None, target: str, ok: bool | None, noise: str = "") -> dict[str, Any]:
-    shown = f"{value:.3f}" if isinstance(value, float) else ("-" if value is None else value)
-    return {"goal": goal, "value": shown, "target": target, "pass": ok, "noise": noise}
-
-
 def _alone(a: float | None, a2: float | None) -> tuple[float | None, float | None]:
     """The alone reference (geometric mean of A and A2, or the one measured) and A2 / A (None: one run)."""
     if a is None or a2 is None or a <= 0 or a2 <= 0:
@@ -698,11 +694,11 @@ def _latency_goal(name: str, beside: float | None, a: float | None, a2: float | 
     r = ratio(beside, alone)
     noise = "" if drift is None else f"A2/A {drift:.3f}"
     if r is None:
-        return _priority_goal(name, r, f"<= {LATENCY_RATIO_MAX}", None, noise)
+        return goal(name, r, f"<= {LATENCY_RATIO_MAX}", None, noise=noise)
     if drift is not None and max(drift, 1 / drift) > LATENCY_RATIO_MAX:
         ok, said = _past_drift(lambda x: x <= LATENCY_RATIO_MAX, beside, a, a2)  # type: ignore[arg-type]
-        return _priority_goal(name, r, f"<= {LATENCY_RATIO_MAX}", ok, noise + said)
-    return _priority_goal(name, r, f"<= {LATENCY_RATIO_MAX}", r <= LATENCY_RATIO_MAX, noise)
+        return goal(name, r, f"<= {LATENCY_RATIO_MAX}", ok, noise=noise + said)
+    return goal(name, r, f"<= {LATENCY_RATIO_MAX}", r <= LATENCY_RATIO_MAX, noise=noise)
 
 
 def priority_goals(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -728,17 +724,17 @@ def priority_goals(results: dict[str, Any]) -> list[dict[str, Any]]:
         ok, said = _past_drift(lambda x: x >= GOODPUT_RATIO_MIN, total, alone["audio_per_s"],  # type: ignore[arg-type]
                                again["audio_per_s"])
         noise += f"; A2/A{said}"
-    goals.append(_priority_goal("total goodput beside the backlog / the knee's loop alone (A, A2)", r,
-                       f">= {GOODPUT_RATIO_MIN}", ok, noise))
+    goals.append(goal("total goodput beside the backlog / the knee's loop alone (A, A2)", r,
+                       f">= {GOODPUT_RATIO_MIN}", ok, noise=noise))
     timeout = results.get("bulk_timeout_s")
     for phase, bulk in (("B", bulk_b), ("C", bulk_c)):
         if not bulk:
-            goals.append(_priority_goal(f"backlog ({phase}) 503s and failures", None, "0 and 0", None))
+            goals.append(goal(f"backlog ({phase}) 503s and failures", None, "0 and 0", None))
             continue
-        goals.append(_priority_goal(f"backlog ({phase}) 503s and failures", f"{bulk['rejected']} and {bulk['failed']}",
+        goals.append(goal(f"backlog ({phase}) 503s and failures", f"{bulk['rejected']} and {bulk['failed']}",
                            "0 and 0", bulk["requests"] > 0 and bulk["ok"] == bulk["requests"]))
         wait = bulk.get("max_wait_s")
-        goals.append(_priority_goal(f"backlog ({phase}) longest wait, s", wait, f"<= {timeout} (class timeout)",
+        goals.append(goal(f"backlog ({phase}) longest wait, s", wait, f"<= {timeout} (class timeout)",
                            None if wait is None or timeout is None else wait <= timeout))
     return goals
 
@@ -819,12 +815,8 @@ def priority_markdown(results: dict[str, Any]) -> str:
         f"{_priority_fmt(knee.get('best_audio_per_s'))} audio s/s at c={knee.get('best_concurrency')}), "
         f"{results.get('phase_s')} s per phase; backlog of {results.get('backlog')} bulk requests submitted at once; "
         f"bulk class timeout {results.get('bulk_timeout_s')} s."), "",
-        priority_table(results), "", "## Goals", "",
-        "| goal | value | target | | host noise |", "|---|---|---|---|---|",
+        priority_table(results), "", "## Goals", "", *goals_table(results.get("goals", []), tail=("noise",)),
     ]
-    for g in results.get("goals", []):
-        mark = {True: "PASS", False: "FAIL", None: "n/a"}[g["pass"]]
-        out.append(f"| {g['goal']} | {g['value']} | {g['target']} | {mark} | {g.get('noise', '')} |")
     return "\n".join(out) + "\n"
 
 
@@ -962,10 +954,6 @@ def _alone_x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x alone"
 
 
-def _abuse_goal(goals: list, phase: str, goal: str, value: str, target: str, ok: bool | None) -> None:
-    goals.append({"phase": phase, "goal": goal, "value": value, "target": target, "pass": ok})
-
-
 def abuse_goals(phases: list[dict]) -> list[dict]:
     """The issue's goals per phase (see docs/benchmarks/README.md); ``pass`` None where nothing was measured."""
     ref, goals = reference(phases), []
@@ -973,43 +961,43 @@ def abuse_goals(phases: list[dict]) -> list[dict]:
         name, s, tally = p["name"], p["polite"], p.get("tally") or {}
         if name in NORMAL_GOALS:
             g, q = ratio(s["throughput_rps"], ref["throughput_rps"]), ratio(s["latency_p99_s"], ref["latency_p99_s"])
-            _abuse_goal(goals, name, "polite goodput vs alone", num(g), f">= {GOODPUT_MIN}", None if g is None else g >= GOODPUT_MIN)
+            add_goal(goals, "polite goodput vs alone", num(g), f">= {GOODPUT_MIN}", None if g is None else g >= GOODPUT_MIN, phase=name)
             if not s["ok"]:  # not one answer in the window: as slow as it gets
-                _abuse_goal(goals, name, "polite p99 vs alone", "no 200 in the window", f"<= {P99_MAX}", False)
+                add_goal(goals, "polite p99 vs alone", "no 200 in the window", f"<= {P99_MAX}", False, phase=name)
             else:
-                _abuse_goal(goals, name, "polite p99 vs alone", num(q), f"<= {P99_MAX}", None if q is None else q <= P99_MAX)
+                add_goal(goals, "polite p99 vs alone", num(q), f"<= {P99_MAX}", None if q is None else q <= P99_MAX, phase=name)
             fives = sum(n for k, n in p["polite_statuses"].items() if k.startswith("5"))
-            _abuse_goal(goals, name, "polite 5xx answers", str(fives), "0", fives == 0)
+            add_goal(goals, "polite 5xx answers", str(fives), "0", fives == 0, phase=name)
             growth = p["rss_peak"] - p["rss_start"] if p["rss_peak"] and p["rss_start"] else None
-            _abuse_goal(goals, name, "server RSS growth (peak - phase start)", mb(growth), f"< {mb(RSS_GROWTH_MAX)}",
-                  None if growth is None else growth < RSS_GROWTH_MAX)
+            add_goal(goals, "server RSS growth (peak - phase start)", mb(growth), f"< {mb(RSS_GROWTH_MAX)}",
+                  None if growth is None else growth < RSS_GROWTH_MAX, phase=name)
         if name == "giant-fields" and tally:
             refused = all(k[:1] == "4" for k in tally["answers"])
             p99 = percentile(tally.get("answer_s") or [], 99)
             server = p.get("server_4xx_p99_ms")
-            _abuse_goal(goals, name, "every giant field refused (4xx)", statuses_text(tally["answers"]), "4xx only",
-                  refused if tally["answers"] else None)
-            _abuse_goal(goals, name, "4xx answer time p99, as the server timed it (without the pacer's hold)",
+            add_goal(goals, "every giant field refused (4xx)", statuses_text(tally["answers"]), "4xx only",
+                  refused if tally["answers"] else None, phase=name)
+            add_goal(goals, "4xx answer time p99, as the server timed it (without the pacer's hold)",
                   ms_label(None if server is None else server / 1000),
-                  f"< {ms_label(GIANT_ANSWER_MAX_S)}", None if server is None else server < GIANT_ANSWER_MAX_S * 1000)
+                  f"< {ms_label(GIANT_ANSWER_MAX_S)}", None if server is None else server < GIANT_ANSWER_MAX_S * 1000, phase=name)
             held = p.get("server_4xx_held_p99_ms")
-            _abuse_goal(goals, name, "time the refusal pacer held a resent giant field, p99 (server.refusals_per_s)",
-                  ms_label(None if held is None else held / 1000), "info", None)
-            _abuse_goal(goals, name, "giant field answer time p99, as the niced adversary timed it (1 MB upload in)",
-                  ms_label(p99), "info", None)
+            add_goal(goals, "time the refusal pacer held a resent giant field, p99 (server.refusals_per_s)",
+                  ms_label(None if held is None else held / 1000), "info", None, phase=name)
+            add_goal(goals, "giant field answer time p99, as the niced adversary timed it (1 MB upload in)",
+                  ms_label(p99), "info", None, phase=name)
         if name == "huge-body" and tally:
             sent = max(tally.get("sent_bytes") or [0], default=0)
             answered = [k for k in tally["answers"] if k != "open at end"]
-            _abuse_goal(goals, name, "bytes sent before the answer or close (max)", sent_text(sent),
-                  f"< {sent_text(HUGE_SENT_MAX)}", sent < HUGE_SENT_MAX and bool(answered))
+            add_goal(goals, "bytes sent before the answer or close (max)", sent_text(sent),
+                  f"< {sent_text(HUGE_SENT_MAX)}", sent < HUGE_SENT_MAX and bool(answered), phase=name)
         if name == "huge-chunked" and tally:  # no goal in the issue: the server can only cut it at its upload limit
             sent = max(tally.get("sent_bytes") or [0], default=0)
-            _abuse_goal(goals, name, "bytes sent before the answer or close (max)", sent_text(sent),
-                  "info (server.max_upload_mb)", None)
+            add_goal(goals, "bytes sent before the answer or close (max)", sent_text(sent),
+                  "info (server.max_upload_mb)", None, phase=name)
         if p.get("storm"):
             t = ratio(p["storm"]["total_rps"], ref["throughput_rps"])
-            _abuse_goal(goals, name, "all 200s/s (storm + polite) vs polite alone", num(t), f">= {GOODPUT_MIN}",
-                  None if t is None else t >= GOODPUT_MIN)
+            add_goal(goals, "all 200s/s (storm + polite) vs polite alone", num(t), f">= {GOODPUT_MIN}",
+                  None if t is None else t >= GOODPUT_MIN, phase=name)
     return goals
 
 
@@ -1046,14 +1034,8 @@ def abuse_markdown(results: dict) -> str:
                   f"{results['server_gone_before']}: that phase and the ones after it did not run.")]
     for name, why in (results.get("failed") or {}).items():
         lines += ["", f"Phase {name} failed: {why}"]
-    lines += ["", "## Goals", "", "| phase | goal | value | target | |", "|---|---|---|---|---|"]
-    for g in results["goals"]:
-        lines.append(f"| {g['phase']} | {g['goal']} | {g['value']} | {g['target']} | {verdict(g['pass'])} |")
+    lines += ["", "## Goals", "", *goals_table(results["goals"], lead=("phase",))]
     return "\n".join(lines) + "\n"
-
-
-def verdict(ok: bool | None) -> str:
-    return {True: "PASS", False: "FAIL", None: "n/a"}[ok]
 
 
 # cost --------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from bench.lib import load
 from bench.lib.model import ensure_model
 from bench.lib.procs import ROOT, THREAD_ENV, ServerProc, python_module, results_dir
 from bench.lib.systems import System, systems
-from bench.report import print_goals, run_goals, write_outputs
+from bench.report import print_goals, run_goals, run_markdown, save
 
 TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 SHORT_TEXT = "Hello there."
@@ -238,9 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     results["loadavg_end"] = os.getloadavg()
     goals = run_goals(results)
     results["goals"] = goals
-    write_outputs(results, args.out)
+    save(args.out, "run", results, run_markdown(results))
     print_goals(goals)
-    log(f"done in {results['elapsed_s'] / 60:.1f} min; wrote {args.out}/run.json, run.md")
+    log(f"done in {results['elapsed_s'] / 60:.1f} min")
     if "admission" in args.systems:
         run_admission(args)
     if "batching" in args.systems:

@@ -96,20 +96,20 @@ def _results():
 def test_goal_ratios_pass_fail_and_missing():
     goals = {g["goal"]: g for g in batching_goals(_results())}
     tok8 = goals["full c=8: LLM speech tokens/s, batched / per-request"]
-    assert tok8["value"] == 5.0 and tok8["ok"] is True and "metric" in tok8["detail"]
+    assert tok8["value"] == "5.000" and tok8["pass"] is True and "metric" in tok8["detail"]
     tok16 = goals["full c=16: LLM speech tokens/s, batched / per-request"]
-    assert tok16["value"] == 1.5 and tok16["ok"] is False and "from audio" in tok16["detail"]
-    assert goals["full c=8 nonstream: audio-s/s, batched / per-request"]["value"] == pytest.approx(1.5)
-    assert goals["full c=8 stream: audio-s/s, batched / per-request"]["ok"] is True
+    assert tok16["value"] == "1.500" and tok16["pass"] is False and "from audio" in tok16["detail"]
+    assert goals["full c=8 nonstream: audio-s/s, batched / per-request"]["value"] == "1.500"
+    assert goals["full c=8 stream: audio-s/s, batched / per-request"]["pass"] is True
     ttfa = goals["full batched: TTFA p50 at c=8 / at c=1"]
-    assert ttfa["value"] == 2.5 and ttfa["ok"] is False
+    assert ttfa["value"] == "2.500" and ttfa["pass"] is False
     lat = goals["full c=1: latency p50, batched / per-request"]
-    assert lat["value"] == pytest.approx(1.05) and lat["ok"] is True
-    assert goals["full: peak RSS, batched / per-request (2 workers)"]["value"] == 0.5
-    assert goals["tiny c=1: audio-s/s, batched / per-request"]["ok"] is True
-    assert goals["tiny c=4: audio-s/s, batched / per-request"]["ok"] is False
+    assert lat["value"] == "1.050" and lat["pass"] is True
+    assert goals["full: peak RSS, batched / per-request (2 workers)"]["value"] == "0.500"
+    assert goals["tiny c=1: audio-s/s, batched / per-request"]["pass"] is True
+    assert goals["tiny c=4: audio-s/s, batched / per-request"]["pass"] is False
     empty = batching_goals({"models": {}})
-    assert empty and all(g["ok"] is None and g["value"] is None for g in empty)
+    assert empty and all(g["pass"] is None and g["value"] == "-" for g in empty)
 
 
 def test_markdown_has_side_by_side_rows():
@@ -117,7 +117,7 @@ def test_markdown_has_side_by_side_rows():
     text = batching_markdown(res, batching_goals(res))
     row8 = next(line for line in text.splitlines() if line.startswith("| 8 |") and "0.30" in line)
     assert "0.20" in row8 and "1.50" in row8  # per-request, batched, ratio side by side
-    assert "**FAIL**" in text
+    assert "| FAIL |" in text
 
 
 def test_plan_counts_and_budget():
