@@ -3,7 +3,6 @@
     python -m bench serve --scenario SCENARIO [ARGS]   # a server under load (SCENARIO below)
     python -m bench cost [ARGS]                        # what one request costs (--plan levers: the CPU levers)
     python -m bench gpu [ARGS]                         # the GPU check (make gpu-check; --device cpu --quick)
-    python -m bench queueing [ARGS]                    # how deep the waiting room must be (no server)
 
 Scenarios of ``serve``: run (the headline suite, make bench), admission, abuse (make bench-abuse),
 priority (make bench-priority), batching (make bench-batching), ws (WebSocket vs POST time to
@@ -20,7 +19,7 @@ import sys
 SCENARIOS = {"run": "bench.run", "admission": "bench.admission", "abuse": "bench.abuse",
              "priority": "bench.priority", "batching": "bench.batching", "ws": "bench.ws_ttfa",
              "cache": "bench.cache", "soak": "bench.soak", "loadtest": "bench.loadtest"}
-COMMANDS = {"cost": "bench.cost", "gpu": "bench.gpu_check", "queueing": "bench.queueing"}
+COMMANDS = {"cost": "bench.cost", "gpu": "bench.gpu_check"}
 
 
 def _scenario(argv: list[str]) -> tuple[str | None, list[str]]:

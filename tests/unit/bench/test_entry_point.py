@@ -1,4 +1,4 @@
-"""bench/__main__.py: `python -m bench serve --scenario X | cost | gpu | queueing` reach the suites."""
+"""bench/__main__.py: `python -m bench serve --scenario X | cost | gpu` reach the suites."""
 
 import importlib
 
