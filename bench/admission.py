@@ -39,7 +39,6 @@ from bench.report import (
     admission_markdown,
     best_closed,
     best_closed_rps,
-    merge_admission_files,
     paired_ratios,
     per_point,
     print_goals,
@@ -55,7 +54,6 @@ def log(msg: str) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: a few seconds per point (numbers meaningless)")
-    ap.add_argument("--merge", nargs="+", metavar="RUN_JSON", help="no run: merge these runs into --out's admission.*")
     ap.add_argument("--out", help="output dir (default .cache/bench/admission; --quick: .cache/bench/admission/quick)")
     ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/lib/model.py")
     ap.add_argument("--systems", default="defaults,before,tuned", help="comma list of defaults, before, tuned")
@@ -67,8 +65,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--step-s", type=float, help="seconds of each step-test phase (default 20; 0: no step test)")
     ap.add_argument("--tuned-workers", type=int, default=2, help="pool.workers of the hand-tuned fixed system")
     ap.add_argument("--tuned-queue", type=int, default=2, help="pool.max_queue of the hand-tuned fixed system")
-    ap.add_argument("--capacity-rps", type=float,
-                    help="skip the closed loop and use this as the best closed-loop throughput (open loop only)")
     ap.add_argument("--sequential", action="store_true",
                     help="one server after another (default: all started, their phases interleaved)")
     ap.add_argument("--rounds", type=int, default=1,
@@ -194,8 +190,6 @@ class SystemRun:
 
     @property
     def capacity(self) -> float:
-        if self.args.capacity_rps is not None:
-            return self.args.capacity_rps
         return best_closed_rps(per_point(self.out["points"], "concurrency"))
 
     async def overload(self, factor: float) -> None:
@@ -240,10 +234,9 @@ class SystemRun:
         """``phases()`` with the round each belongs to (the warm-up the first, the step test the last)."""
         out: list[tuple[int, Callable[[], Awaitable[None]]]] = [(0, self.warm)]
         for r in range(self.args.rounds):  # each round closed then open loop: a drift hits both alike
-            if self.args.capacity_rps is None:
-                out += [(r, functools.partial(self.closed, c)) for c in self.args.concurrency]
+            out += [(r, functools.partial(self.closed, c)) for c in self.args.concurrency]
             for f in self.args.factors:
-                if self.args.paired and self.args.capacity_rps is None:
+                if self.args.paired:
                     out.append((r, functools.partial(self.reference, f)))
                 out.append((r, functools.partial(self.overload, f)))
         if self.args.step_s > 0:
@@ -330,8 +323,6 @@ def fail(results: dict[str, Any], system: str, exc: BaseException) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.merge:
-        return merge_admission_files(args.out, args.merge)
     from bench.lib.model import ensure_model
 
     model_dir = args.model_dir or ensure_model(2)

@@ -400,10 +400,6 @@ def admission_rows(sys_: dict) -> list[tuple[str, dict, Any]]:
 
 def admission_markdown(r: dict) -> str:
     cfg = r["config"]
-    runs = r.get("runs") or []
-    merged = (" Systems measured in separate runs (each under an exclusive lock of the machine): "
-              + "; ".join(f"{', '.join(x['systems'])} at {x['started']} (load average {x['loadavg_start'][0]:.2f})"
-                          for x in runs) + ".") if len(runs) > 1 else ""
     lines = [
         "# Overload with the defaults: admission benchmark", "",
         (f"Run {r['started']}, {r['cores']} cores, model `{r['model']}`; every request `POST /v1/tts` streamed "
@@ -425,8 +421,8 @@ def admission_markdown(r: dict) -> str:
             "deployment's clients are elsewhere). " if r.get("load_generator") else "")
          + f"Load average at start {r['loadavg_start'][0]:.2f}, at end {r['loadavg_end'][0]:.2f}. "
          "Latencies in ms (send to last byte, admitted requests); goodput in requests and audio seconds per "
-         f"wall second.{merged}"
-         + ("" if cfg.get("sequential") or merged else
+         "wall second."
+         + ("" if cfg.get("sequential") else
             " The servers ran side by side, idle but for the one measured, phase by phase in turn (c=1 of each, "
             "then c=2 of each, ...; every other round the systems in reverse order), so a drift of the machine's "
             "speed during the run hits every system alike.")),
@@ -461,27 +457,6 @@ def admission_markdown(r: dict) -> str:
         lines.append("")
     lines += ["## Goals", "", *goals_table(r.get("goals", []))]
     return "\n".join(lines) + "\n"
-
-
-def merge_admission_runs(runs: list[dict]) -> dict:
-    """One report from runs of single systems (each run short enough for a quiet machine): the first run's
-    header, every run's systems (a later run's system of the same name wins), the goals graded again."""
-    out = dict(runs[0])
-    out["systems"] = {}
-    out["runs"] = [{"started": r["started"], "systems": list(r["systems"]), "loadavg_start": r["loadavg_start"],
-                    "loadavg_end": r["loadavg_end"]} for r in runs]
-    for r in runs:
-        out["systems"].update(r["systems"])
-    out["loadavg_end"] = runs[-1]["loadavg_end"]
-    out["goals"] = admission_goals(out)
-    return out
-
-
-def merge_admission_files(out_dir: Path, runs: list[str]) -> int:
-    """``python -m bench serve --scenario admission --merge RUN.json... --out DIR``: runs into DIR/admission.*."""
-    merged = merge_admission_runs([json.loads(Path(p).read_text()) for p in runs])
-    save(out_dir, "admission", merged, admission_markdown(merged))
-    return 0
 
 
 # batching ----------------------------------------------------------------------------------------

@@ -73,30 +73,6 @@ def test_the_defaults_system_has_no_pool_settings_and_the_report_renders():
     assert "| closed c=1 | 0.80 |" in text and "0s:4" in text
 
 
-def test_runs_of_single_systems_merge_into_one_report(tmp_path):
-    import json
-
-    from bench.report import merge_admission_files
-
-    args = parse_args(["--quick"])
-    base = {"config": vars(args) | {"out": str(args.out)}, "cores": 2, "model": "tiny", "text": "x",
-            "loadavg_start": [0.1], "loadavg_end": [0.2]}
-    before = {**base, "started": "t1", "systems": {"before": {"pool": {"admission": "fixed"},
-                                                              "points": [point(8, 1.3, 6.0, 16.9)], "open": []}}}
-    after = {**base, "started": "t2", "systems": {"defaults": {"pool": {}, "points": [point(8, 1.25, 2.0, 3.0)],
-                                                               "open": []}}}
-    paths = []
-    for i, run in enumerate((before, after)):
-        paths.append(tmp_path / f"{i}.json")
-        paths[-1].write_text(json.dumps(run))
-    assert merge_admission_files(tmp_path / "out", list(map(str, paths))) == 0
-    merged = json.loads((tmp_path / "out" / "admission.json").read_text())
-    assert list(merged["systems"]) == ["before", "defaults"]
-    goals = {g["goal"]: g for g in merged["goals"]}
-    assert goals["[defaults] c=8: throughput / best fixed"]["value"] == "0.96"  # graded across the two runs
-    assert "separate runs" in (tmp_path / "out" / "admission.md").read_text()
-
-
 def test_rounds_of_a_point_report_the_median_round_with_counts_summed():
     rounds = [point(2, 6.0, 0.30, 0.50), point(4, 7.0, 0.5, 0.8), point(2, 7.4, 0.25, 0.40),
               point(4, 5.0, 0.7, 0.9), point(2, 6.6, 0.27, 0.45), point(4, 6.5, 0.6, 0.85)]
