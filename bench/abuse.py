@@ -22,9 +22,9 @@ import httpx
 import psutil
 
 from bench.lib import load, prom
-from bench.lib.admission_server import gauges, pool_server, shown, work
+from bench.lib.admission_server import gauges, pool_server, work
 from bench.lib.load import LoadClient, Result
-from bench.lib.procs import ROOT, ServerProc, new_run_dir
+from bench.lib.procs import ROOT, ServerProc, logger, start_run
 from bench.lib.sched import realtime_client
 from bench.report import (
     abuse_goals,
@@ -48,8 +48,7 @@ PHASES: dict[str, tuple[str | None, int]] = {
 }
 
 
-def log(msg: str) -> None:
-    print(f"[abuse {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = logger("abuse")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -243,14 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     from bench.lib.model import ensure_model
 
     model_dir = args.model_dir or ensure_model(2)
-    run_dir = new_run_dir("abuse")
-    results: dict[str, Any] = {
-        "config": {k: shown(v) if k in ("out", "model_dir") else v for k, v in vars(args).items()},
-        "model": Path(model_dir).name, "cores": os.cpu_count(), "phase_s": args.phase_s, "lead_s": args.lead_s,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg_start": os.getloadavg(), "phases": [],
-    }
-    log(f"model {results['model']}; phases {', '.join(args.phases)}; {args.phase_s:g} s each; logs "
-        f"{shown(run_dir)}; load average {results['loadavg_start'][0]:.2f}")
+    run_dir, results = start_run("abuse", args, log, model=Path(model_dir).name, phase_s=args.phase_s,
+                                 lead_s=args.lead_s, phases=[])
+    log(f"model {results['model']}; phases {', '.join(args.phases)}; {args.phase_s:g} s each")
     srv = pool_server("abuse", {}, 0, model_dir, run_dir)
     srv.rss_limit_bytes = args.rss_guard_mb * 1024 * 1024
     with realtime_client(args.client_rt_priority) as scheduling, srv:

@@ -24,15 +24,10 @@ from bench.lib.admission_server import (
     TEXT,
     Poller,
     pool_server,
-    shown,
     work,
 )
 from bench.lib.load import LoadClient, RequestSpec, Result
-from bench.lib.procs import (
-    ServerProc,
-    new_run_dir,
-    results_dir,
-)
+from bench.lib.procs import ServerProc, logger, results_dir, start_run
 from bench.lib.sched import realtime_client
 from bench.report import (
     admission_goals,
@@ -46,9 +41,7 @@ from bench.report import (
     settle_times,
 )
 
-
-def log(msg: str) -> None:
-    print(f"[admission {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = logger("admission")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -326,14 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     from bench.lib.model import ensure_model
 
     model_dir = args.model_dir or ensure_model(2)
-    run_dir = new_run_dir("admission")
-    load1 = os.getloadavg()[0]
-    log(f"model {model_dir}; out {args.out}; logs {run_dir}; {os.cpu_count()} cores; load average {load1:.2f}")
-    results: dict[str, Any] = {
-        "config": {k: shown(v) if k in ("out", "model_dir") else v for k, v in vars(args).items()},
-        "model": Path(model_dir).name, "text": TEXT, "cores": os.cpu_count(),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg_start": os.getloadavg(), "systems": {},
-    }
+    run_dir, results = start_run("admission", args, log, model=Path(model_dir).name, text=TEXT, systems={})
     with realtime_client(args.client_rt_priority) as scheduling:
         results["load_generator"] = scheduling
         log(f"load generator: {scheduling}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -28,14 +27,8 @@ from bench.lib.batching_plan import (
     systems,
 )
 from bench.lib.load import LoadClient, RequestSpec, Result
-from bench.lib.procs import (
-    ROOT,
-    THREAD_ENV,
-    ServerProc,
-    cosyserve,
-    python_module,
-    results_dir,
-)
+from bench.lib.model import FULL_DIR
+from bench.lib.procs import ServerProc, cosyserve, logger, results_dir, shown, start_run
 from bench.report import (
     batching_goals,
     batching_markdown,
@@ -44,22 +37,7 @@ from bench.report import (
     save,
 )
 
-FULL_DIR = ROOT / ".cache" / "full2"
-
-
-def _shown_path(path: str) -> str:
-    """A path for the results files: repo-relative or ~-relative, never this machine's absolute path."""
-    p = Path(path).resolve()
-    for base, shown in ((ROOT, ""), (Path.home(), "~/")):
-        try:
-            return shown + str(p.relative_to(base))
-        except ValueError:
-            continue
-    return p.name
-
-
-def log(msg: str) -> None:
-    print(f"[batching {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = logger("batching")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -90,20 +68,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def model_dir(model: str, args: argparse.Namespace) -> str:
+    from bench.lib.model import ensure_full_model, ensure_model
+
     if model == "tiny":
-        if args.tiny_dir:
-            return args.tiny_dir
-        from bench.lib.model import ensure_model
-
-        return ensure_model(2)
-    from app.engines.cosyvoice.layout import TINY_MARKER
-
-    path = Path(args.full_dir)
-    if not (path / TINY_MARKER).is_file():
-        log(f"building the full-size model into {path} (~1-3 min, 3.4 GB)")
-        subprocess.run(python_module("app.cli", "make-tiny-model", "--version", "2", "--full-size", str(path)),
-                       cwd=ROOT, check=True, env={**os.environ, **THREAD_ENV})
-    return str(path)
+        return args.tiny_dir or ensure_model(2)
+    return ensure_full_model(args.full_dir)
 
 
 def spec(text: str, stream: bool) -> RequestSpec:
@@ -209,22 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     for plan in plans:
         log("plan " + describe(plan))
     total = sum(estimate_s(p, len(chosen)) for p in plans)
-    log(f"estimated {total / 60:.1f} min (pessimistic: every point at the per-request pool's cost); "
-        f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
-    if os.getloadavg()[0] > 0.5:
-        log("WARNING: the machine is not idle; other work skews every number")
-    run_dir = ROOT / ".bench" / f"batching-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "cores": os.cpu_count(), "loadavg_start": os.getloadavg(),
-        "quick": args.quick, "sample_rate": SAMPLE_RATE, "text": plans[0].text if plans else "",
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "plans": {p.key: {"nonstream": p.nonstream, "stream": p.stream, "cap_s": p.cap_s} for p in plans},
-        "models": {},
-    }
+    log(f"estimated {total / 60:.1f} min (pessimistic: every point at the per-request pool's cost)")
+    run_dir, results = start_run(
+        "batching", args, log, quick=args.quick, sample_rate=SAMPLE_RATE, text=plans[0].text if plans else "",
+        plans={p.key: {"nonstream": p.nonstream, "stream": p.stream, "cap_s": p.cap_s} for p in plans}, models={})
     for plan in plans:
         mdir = model_dir(plan.key, args)
-        results["models"][plan.key] = {"model_dir": _shown_path(mdir), "systems": {}}
+        results["models"][plan.key] = {"model_dir": shown(mdir), "systems": {}}
         for system in chosen:
             log(f"{plan.key} / {system.label}: starting")
             srv = server(system, mdir, run_dir, plan, args)

@@ -21,10 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.lib.procs import ROOT, THREAD_ENV, python_module, results_dir
+from bench.lib.procs import ROOT, THREAD_ENV, logger, python_module, results_dir, shown
 from bench.report import cost_goals, cost_markdown, lever_goals
 
-FULL_DIR = ROOT / ".cache" / "full2"
 LONG = ("The train to the city leaves at seven every single morning, and the people who ride it read, "
         "sleep or stare at the fields going by.")
 SHORT = "The train to the city leaves at seven every single morning."
@@ -72,8 +71,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def log(msg: str) -> None:
-    print(f"[cost {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = logger("cost")
 
 
 # -- worker (one model, one variant, in its own process) -----------------------------------------------
@@ -223,26 +221,10 @@ def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | No
 
 
 # -- driver ------------------------------------------------------------------------------------------
-def _shown(path: str) -> str:
-    p = Path(path).resolve()
-    try:
-        return str(p.relative_to(ROOT))
-    except ValueError:
-        return p.name
-
-
 def _model_dir(model: str) -> str:
-    if model == "full":
-        from app.engines.cosyvoice.layout import CONFIG_FILES
+    from bench.lib.model import ensure_full_model, ensure_model
 
-        if not (FULL_DIR / CONFIG_FILES[2]).is_file():
-            log(f"building the full-size random-weight CosyVoice2 dir {_shown(str(FULL_DIR))} (~70 s)")
-            subprocess.run([sys.executable, "-m", "app.cli", "make-tiny-model", "--version", "2", "--full-size",
-                            str(FULL_DIR)], cwd=ROOT, check=True)
-        return str(FULL_DIR)
-    from bench.lib.model import ensure_model
-
-    return ensure_model(2)
+    return ensure_full_model() if model == "full" else ensure_model(2)
 
 
 def _host() -> dict:
@@ -292,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         for dtype in args.variants.split(","):
             if (model, dtype) not in plan:
                 continue
-            log(f"{model} {dtype}: {_shown(model_dir)}")
+            log(f"{model} {dtype}: {shown(model_dir)}")
             cmd = python_module("bench", "cost", "--plan", args.plan, "--worker", model_dir, model, dtype)
             cmd += (["--quick"] if args.quick else []) + (["--cases", args.cases] if args.cases else [])
             try:
@@ -327,5 +309,5 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"{name}.md").write_text(cost_markdown(doc, args.plan))
     for g in doc["goals"]:
         log(g)
-    log(f"wrote {_shown(str(out / f'{name}.json'))}, {name}.md")
+    log(f"wrote {shown(str(out / f'{name}.json'))}, {name}.md")
     return 0

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib import load
-from bench.lib.admission_server import Poller, pool_server, shown
+from bench.lib.admission_server import Poller, pool_server
 from bench.lib.load import LoadClient, RequestSpec, Result
-from bench.lib.procs import new_run_dir, results_dir
+from bench.lib.procs import logger, results_dir, start_run
 from bench.report import (
     backlog_summary,
     best_closed,
@@ -35,8 +35,7 @@ TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 DEFAULT_BULK_TIMEOUT_S = 600.0  # pool.bulk_queue_timeout_s when the settings do not name one
 
 
-def log(msg: str) -> None:
-    print(f"[priority {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = logger("priority")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -157,15 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench.lib.model import ensure_model
 
     model_dir = args.model_dir or ensure_model(2)
-    run_dir = new_run_dir("priority")
-    log(f"model {model_dir}; out {args.out}; logs {run_dir}; {os.cpu_count()} cores; "
-        f"load average {os.getloadavg()[0]:.2f}")
-    results: dict[str, Any] = {
-        "config": {k: shown(v) if k in ("out", "model_dir") else v for k, v in vars(args).items()},
-        "model": Path(model_dir).name, "text": TEXT, "cores": os.cpu_count(), "phase_s": args.phase_s,
-        "backlog": args.backlog, "bulk_timeout_s": bulk_timeout_s(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "loadavg_start": os.getloadavg(), "phases": {},
-    }
+    run_dir, results = start_run("priority", args, log, model=Path(model_dir).name, text=TEXT, phase_s=args.phase_s,
+                                 backlog=args.backlog, bulk_timeout_s=bulk_timeout_s(), phases={})
     with pool_server("defaults", {}, args.server_nice, model_dir, run_dir) as srv:
         try:
             asyncio.run(measure(srv.base_url, args, results))

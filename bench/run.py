@@ -21,7 +21,16 @@ import httpx
 
 from bench.lib import load
 from bench.lib.model import ensure_model
-from bench.lib.procs import ROOT, THREAD_ENV, ServerProc, python_module, results_dir
+from bench.lib.procs import (
+    ROOT,
+    THREAD_ENV,
+    ServerProc,
+    logger,
+    python_module,
+    results_dir,
+    shown,
+    start_run,
+)
 from bench.lib.systems import System, systems
 from bench.report import print_goals, run_goals, run_markdown, save
 
@@ -72,8 +81,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+log = logger("bench")
 
 
 def run_ceiling(mode: str, args: argparse.Namespace, model_dir: str) -> dict:
@@ -199,18 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                     run_batching(args) if "batching" in args.systems else 0])
     started = time.monotonic()
     model_dir = args.model_dir or ensure_model(2)
-    args.out.mkdir(parents=True, exist_ok=True)
-    run_dir = ROOT / ".bench" / time.strftime("%Y%m%d-%H%M%S")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    load1 = os.getloadavg()[0]
-    log(f"model {model_dir}; out {args.out}; logs {run_dir}; {os.cpu_count()} cores; load average {load1:.2f}")
-    if load1 > 0.5:
-        log("WARNING: the machine is not idle; other work running now skews every number below")
-    results: dict[str, Any] = {
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "model_dir": model_dir, "text": TEXT, "short_text": SHORT_TEXT, "cores": os.cpu_count(),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"), "loadavg_start": os.getloadavg(), "systems": {},
-    }
+    run_dir, results = start_run("run", args, log, model_dir=shown(model_dir), text=TEXT, short_text=SHORT_TEXT,
+                                 systems={})
     speaker = "tiny_female"
     if "ceilings" in args.systems:
         for mode in ("threads", "processes"):

@@ -2,7 +2,7 @@
 
 One ``cosyserve serve`` with a given pool section (``pool_server``), the one request every client
 sends (``work``: one sentence, streamed PCM), the admission gauges read from ``/metrics``
-(``gauges``, ``Poller``) and ``shown`` (a path as a report may name it).
+(``gauges``, ``Poller``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import httpx
 
 from bench.lib import prom
 from bench.lib.load import RequestSpec
-from bench.lib.procs import ROOT, ServerProc, cosyserve
+from bench.lib.procs import ServerProc, cosyserve
 
 TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 GAUGES = {"limit": "tts_admission_limit", "load": "tts_admission_load",
@@ -74,11 +74,3 @@ class Poller:
     def __exit__(self, *exc: object) -> None:
         if self._task is not None:
             self._task.cancel()
-
-
-def shown(path: str | Path | None) -> str | None:
-    """A path as the report may name it: relative to the repository, or only its name (no machine's paths)."""
-    if path is None:
-        return None
-    resolved = Path(path).resolve()
-    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else resolved.name

@@ -16,8 +16,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import httpx
 import psutil
@@ -45,6 +46,33 @@ def new_run_dir(name: str) -> Path:
     run_dir = ROOT / ".bench" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
+
+
+def logger(name: str) -> Callable[[str], None]:
+    """A suite's progress printer: ``[NAME HH:MM:SS] message``."""
+    def log(msg: str) -> None:
+        print(f"[{name} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    return log
+
+
+def shown(path: str | Path | None) -> str | None:
+    """A path as the report may name it: relative to the repository, or only its name (no machine's paths)."""
+    if path is None:
+        return None
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else resolved.name
+
+
+def start_run(name: str, args: Any, log: Callable[[str], None], **fields: Any) -> tuple[Path, dict[str, Any]]:
+    """A run's log folder (``new_run_dir``) and its results' header: the options (paths as ``shown``), the start,
+    the cores and the load average, which is printed, with a warning when the machine is not idle."""
+    run_dir, load1 = new_run_dir(name), os.getloadavg()[0]
+    log(f"out {shown(args.out)}; logs {shown(run_dir)}; {os.cpu_count()} cores; load average {load1:.2f}")
+    if load1 > 0.5:
+        log("WARNING: the machine is not idle; other work running now skews every number")
+    config = {k: shown(v) if k in ("out", "model_dir") or isinstance(v, Path) else v for k, v in vars(args).items()}
+    return run_dir, {"config": config, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "cores": os.cpu_count(),
+                     "loadavg_start": os.getloadavg(), **fields}
 
 
 def free_port() -> int:

@@ -127,7 +127,7 @@ def test_rounds_interleave_every_point_and_the_report_shows_their_range():
 
 
 def test_the_report_names_no_path_outside_the_repository(tmp_path):
-    from bench.lib.admission_server import ROOT, shown
+    from bench.lib.procs import ROOT, shown
 
     assert shown(ROOT / ".cache" / "bench" / "admission") == ".cache/bench/admission"
     assert shown(tmp_path / "models" / "full2") == "full2"
