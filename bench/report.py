@@ -485,28 +485,25 @@ def batching_point_summary(results: list[Result], wall_s: float, sample_rate: in
 
 
 def batching_point(results: dict, model: str, system: str, mode: str, c: int) -> dict | None:
-    sys_ = results.get("models", {}).get(model, {}).get("systems", {}).get(system)
-    if not sys_:
-        return None
-    for p in sys_.get("points", []):
-        if p.get("mode") == mode and p.get("concurrency") == c:
-            return p
-    return None
+    sys_ = results.get("models", {}).get(model, {}).get("systems", {}).get(system) or {}
+    return next((p for p in sys_.get("points", []) if p.get("mode") == mode and p.get("concurrency") == c), None)
 
 
-def _batching_get(p: dict | None, key: str) -> float | None:
-    if p is None:
-        return None
-    v = p.get(key)
+def _v(p: dict | None, key: str) -> float | None:
+    v = (p or {}).get(key)
     return float(v) if isinstance(v, int | float) else None
+
+
+def _pair(results: dict, model: str, mode: str, c: int, key: str | None = None) -> list[Any]:
+    """Per-request's and batched's point (``key``: their value of it) at ``c`` clients."""
+    points = [batching_point(results, model, s, mode, c) for s in BATCHING_SYSTEMS]
+    return points if key is None else [_v(p, key) for p in points]
 
 
 def tokens_per_s(p: dict | None) -> tuple[float | None, str]:
     """The server's speech-token rate (``tts_llm_tokens_total``), else the one implied by the audio."""
-    v = _batching_get(p, "llm_tokens_per_s")
-    if v is not None:
-        return v, "metric"
-    return _batching_get(p, "speech_tokens_per_s_from_audio"), "from audio"
+    v = _v(p, "llm_tokens_per_s")
+    return (v, "metric") if v is not None else (_v(p, "speech_tokens_per_s_from_audio"), "from audio")
 
 
 def _batching_goal(name: str, value: float | None, op: str, target: float, detail: str = "") -> dict[str, Any]:
@@ -517,35 +514,49 @@ def _batching_goal(name: str, value: float | None, op: str, target: float, detai
 def batching_goals(results: dict) -> list[dict[str, Any]]:
     goals: list[dict[str, Any]] = []
     for c in (8, 16):
-        pr, pb = batching_point(results, "full", "per_request", "nonstream", c), batching_point(results, "full", "batched", "nonstream", c)
-        (tb, sb), (tr, sr) = tokens_per_s(pb), tokens_per_s(pr)
-        goals.append(_batching_goal(f"full c={c}: LLM speech tokens/s, batched / per-request", ratio(tb, tr), ">=", 4.0,
-                           f"{num(tb)} ({sb}) / {num(tr)} ({sr})"))
+        (tr, sr), (tb, sb) = map(tokens_per_s, _pair(results, "full", "nonstream", c))
+        goals.append(_batching_goal(f"full c={c}: LLM speech tokens/s, batched / per-request", ratio(tb, tr), ">=",
+                                    4.0, f"{num(tb)} ({sb}) / {num(tr)} ({sr})"))
     for mode in ("nonstream", "stream"):
-        pr, pb = batching_point(results, "full", "per_request", mode, 8), batching_point(results, "full", "batched", mode, 8)
-        a, b = _batching_get(pb, "audio_s_per_s"), _batching_get(pr, "audio_s_per_s")
+        b, a = _pair(results, "full", mode, 8, "audio_s_per_s")
         goals.append(_batching_goal(f"full c=8 {mode}: audio-s/s, batched / per-request", ratio(a, b), ">=", 1.3,
-                           f"{num(a)} / {num(b)}"))
-    t8, t1 = (_batching_get(batching_point(results, "full", "batched", "stream", c), "ttfa_p50_s") for c in (8, 1))
-    goals.append(_batching_goal("full batched: TTFA p50 at c=8 / at c=1", ratio(t8, t1), "<=", 2.0, f"{num(t8)} s / {num(t1)} s"))
-    lb, lr = (_batching_get(batching_point(results, "full", s, "nonstream", 1), "latency_p50_s") for s in ("batched", "per_request"))
+                                    f"{num(a)} / {num(b)}"))
+    t8, t1 = (_v(batching_point(results, "full", "batched", "stream", c), "ttfa_p50_s") for c in (8, 1))
+    goals.append(_batching_goal("full batched: TTFA p50 at c=8 / at c=1", ratio(t8, t1), "<=", 2.0,
+                                f"{num(t8)} s / {num(t1)} s"))
+    lr, lb = _pair(results, "full", "nonstream", 1, "latency_p50_s")
     goals.append(_batching_goal("full c=1: latency p50, batched / per-request", ratio(lb, lr), "<=", 1.10,
-                       f"{num(lb)} s / {num(lr)} s"))
+                                f"{num(lb)} s / {num(lr)} s"))
     systems = results.get("models", {}).get("full", {}).get("systems", {})
     rb, rr = (systems.get(s, {}).get("peak_rss") for s in BATCHING_SYSTEMS[::-1])
     goals.append(_batching_goal("full: peak RSS, batched / per-request (2 workers)", ratio(rb, rr), "<=", 1.0,
-                       f"{_batching_mib(rb)} / {_batching_mib(rr)}"))
-    tiny = results.get("models", {}).get("tiny", {}).get("systems", {}).get("batched", {}).get("points", [])
-    for c in sorted({p["concurrency"] for p in tiny if p.get("mode") == "nonstream"}):
-        a = _batching_get(batching_point(results, "tiny", "batched", "nonstream", c), "audio_s_per_s")
-        b = _batching_get(batching_point(results, "tiny", "per_request", "nonstream", c), "audio_s_per_s")
+                                f"{_mib(rb)} / {_mib(rr)}"))
+    for c in _batching_levels(results.get("models", {}).get("tiny", {}), "nonstream", ("batched",)):
+        b, a = _pair(results, "tiny", "nonstream", c, "audio_s_per_s")
         goals.append(_batching_goal(f"tiny c={c}: audio-s/s, batched / per-request", ratio(a, b), ">=", 0.95,
-                           f"{num(a)} / {num(b)}"))
+                                    f"{num(a)} / {num(b)}"))
     return goals
 
 
-def _batching_mib(v: float | None) -> str:
+def _mib(v: float | None) -> str:
     return "-" if not v else f"{v / 2**20:.0f} MiB"
+
+
+def _nonstream_row(results: dict, model: str, c: int) -> list[Any]:
+    pr, pb = _pair(results, model, "nonstream", c)
+    (tr, _), (tb, _) = tokens_per_s(pr), tokens_per_s(pb)
+    ar, ab = _v(pr, "audio_s_per_s"), _v(pb, "audio_s_per_s")
+    return [c, f"{_batching_n(pr)} / {_batching_n(pb)}", num(ar), num(ab), num(ratio(ab, ar)),
+            *(ms(_v(p, k)) for k in ("latency_p50_s", "latency_p99_s") for p in (pr, pb)),
+            num(tr, 1), num(tb, 1), num(ratio(tb, tr)), num(_v(pb, "llm_batch_mean"), 1),
+            ms(_v(pb, "llm_step_mean_s")), _mib(_v(pr, "peak_rss")), _mib(_v(pb, "peak_rss"))]
+
+
+def _stream_row(results: dict, model: str, c: int) -> list[Any]:
+    pr, pb = _pair(results, model, "stream", c)
+    ar, ab = _v(pr, "audio_s_per_s"), _v(pb, "audio_s_per_s")
+    return [c, f"{_batching_n(pr)} / {_batching_n(pb)}",
+            *(ms(_v(p, k)) for k in ("ttfa_p50_s", "ttfa_p99_s") for p in (pr, pb)), num(ar), num(ab), num(ratio(ab, ar))]
 
 
 def batching_markdown(results: dict, goals: list[dict[str, Any]]) -> str:
@@ -564,33 +575,15 @@ def batching_markdown(results: dict, goals: list[dict[str, Any]]) -> str:
             s = systems.get(key, {})
             if s:
                 lines.append(f"* **{key}**: {s.get('label', '')}; load {num(s.get('load_s'), 1)} s, "
-                             f"RSS ready {_batching_mib(s.get('rss_at_ready'))}, peak {_batching_mib(s.get('peak_rss'))}"
+                             f"RSS ready {_mib(s.get('rss_at_ready'))}, peak {_mib(s.get('peak_rss'))}"
                              + (f"; FAILED: {s['failed'][:300]}" if s.get("failed") else ""))
-        lines += ["", "### Non-streaming", "",
-                  ("| c | req PR / B | audio-s/s PR | audio-s/s B | B/PR | p50 ms PR | p50 ms B | p99 ms PR | p99 ms B "
-                  "| tok/s PR | tok/s B | tok/s B/PR | mean batch B | step ms B | peak RSS PR | peak RSS B |"),
-                  "|" + "---|" * 16]
-        for c in _batching_levels(m, "nonstream"):
-            pr, pb = (batching_point(results, model, s, "nonstream", c) for s in BATCHING_SYSTEMS)
-            (tr, _), (tb, _) = tokens_per_s(pr), tokens_per_s(pb)
-            lines.append("| " + " | ".join([
-                str(c), f"{_batching_n(pr)} / {_batching_n(pb)}", num(_batching_get(pr, "audio_s_per_s")), num(_batching_get(pb, "audio_s_per_s")),
-                num(ratio(_batching_get(pb, "audio_s_per_s"), _batching_get(pr, "audio_s_per_s"))),
-                ms(_batching_get(pr, "latency_p50_s")), ms(_batching_get(pb, "latency_p50_s")),
-                ms(_batching_get(pr, "latency_p99_s")), ms(_batching_get(pb, "latency_p99_s")),
-                num(tr, 1), num(tb, 1), num(ratio(tb, tr)), num(_batching_get(pb, "llm_batch_mean"), 1),
-                ms(_batching_get(pb, "llm_step_mean_s")), _batching_mib(_batching_get(pr, "peak_rss")), _batching_mib(_batching_get(pb, "peak_rss"))]) + " |")
-        lines += ["", "### Streaming (time to first audio)", "",
-                  ("| c | req PR / B | TTFA p50 ms PR | TTFA p50 ms B | TTFA p99 ms PR | TTFA p99 ms B "
-                  "| audio-s/s PR | audio-s/s B | B/PR |"), "|" + "---|" * 9]
-        for c in _batching_levels(m, "stream"):
-            pr, pb = (batching_point(results, model, s, "stream", c) for s in BATCHING_SYSTEMS)
-            lines.append("| " + " | ".join([
-                str(c), f"{_batching_n(pr)} / {_batching_n(pb)}", ms(_batching_get(pr, "ttfa_p50_s")), ms(_batching_get(pb, "ttfa_p50_s")),
-                ms(_batching_get(pr, "ttfa_p99_s")), ms(_batching_get(pb, "ttfa_p99_s")), num(_batching_get(pr, "audio_s_per_s")),
-                num(_batching_get(pb, "audio_s_per_s")),
-                num(ratio(_batching_get(pb, "audio_s_per_s"), _batching_get(pr, "audio_s_per_s")))]) + " |")
-        lines.append("")
+        lines += ["", "### Non-streaming", "", *table(
+            ["c", "req PR / B", "audio-s/s PR", "audio-s/s B", "B/PR", "p50 ms PR", "p50 ms B", "p99 ms PR",
+             "p99 ms B", "tok/s PR", "tok/s B", "tok/s B/PR", "mean batch B", "step ms B", "peak RSS PR", "peak RSS B"],
+            [_nonstream_row(results, model, c) for c in _batching_levels(m, "nonstream")])]
+        lines += ["", "### Streaming (time to first audio)", "", *table(
+            ["c", "req PR / B", "TTFA p50 ms PR", "TTFA p50 ms B", "TTFA p99 ms PR", "TTFA p99 ms B", "audio-s/s PR",
+             "audio-s/s B", "B/PR"], [_stream_row(results, model, c) for c in _batching_levels(m, "stream")]), ""]
     lines += ["## Goals", "", *goals_table(goals, tail=("detail",))]
     lines += ["", ("tok/s: the server's `tts_llm_tokens_total` over the point when it has the metric, else "
               "the rate implied by the audio length (25 tokens per second of audio); the goal lines say which."), ""]
@@ -601,9 +594,9 @@ def _batching_n(p: dict | None) -> str:
     return "-" if p is None else f"{p.get('ok', 0)}/{p.get('requests', 0)}"
 
 
-def _batching_levels(model: dict, mode: str) -> list[int]:
-    return sorted({p["concurrency"] for s in model.get("systems", {}).values() for p in s.get("points", [])
-                   if p.get("mode") == mode})
+def _batching_levels(model: dict, mode: str, systems: tuple[str, ...] = BATCHING_SYSTEMS) -> list[int]:
+    return sorted({p["concurrency"] for k, s in model.get("systems", {}).items() if k in systems
+                   for p in s.get("points", []) if p.get("mode") == mode})
 
 
 # priority ----------------------------------------------------------------------------------------
@@ -1106,58 +1099,42 @@ def lever_goals(results: dict) -> list[str]:
     return out
 
 
-def lever_markdown(doc: dict) -> str:
+def cost_markdown(doc: dict, plan: str = "cost") -> str:
+    """The cost plan's table (fp32 vs bf16, streamed vs whole) or, ``plan`` "levers", the CPU cost levers'."""
+    levers = plan == "levers"
     host = ", ".join(f"{k} {v}" for k, v in doc["host"].items())
     cmds = " then ".join(f"`{c}`" for c in doc["commands"])
-    lines = ["# Request cost on a CPU: the cost levers", "",
-             f"Commands: {cmds}. Host: {host}. One torch thread, batched engine path, zero-shot with a 2 s prompt, "
-             "the short text (~38 speech tokens). `fp32`: today's default before this work (torch flow, fp32 LLM); "
-             "`int8`: `engine.llm_quantization: int8`; `ort`: `engine.flow_runtime: onnxruntime`; `steps5`: "
-             "`engine.flow_steps: 5`; `nocfg`: `engine.flow_cfg: false`; `int8-ort`: both; `all`: all four. "
-             "`steps5`, `nocfg` and `all` change the audio (docs/cpu.md).", "",
-             "| model | variant | case | c | CPU s/req | wall s | RTF | audio s / wall s | TTFA s | audio s/req | "
-             "flow frames/req | llm | flow | hift | load s |", "|" + "---|" * 15]
+    stages = ("llm", "flow", "hift") if levers else ("frontend", "llm", "flow", "hift")
+    lines = ["# Request cost on a CPU: the cost levers" if levers else "# Request cost: fp32 vs bf16, streamed vs whole",
+             "", f"Commands: {cmds}. Host: {host}. One torch thread, batched engine path, zero-shot with a 2 s prompt"
+             + (", the short text (~38 speech tokens). `fp32`: today's default before this work (torch flow, fp32 "
+                "LLM); `int8`: `engine.llm_quantization: int8`; `ort`: `engine.flow_runtime: onnxruntime`; `steps5`: "
+                "`engine.flow_steps: 5`; `nocfg`: `engine.flow_cfg: false`; `int8-ort`: both; `all`: all four. "
+                "`steps5`, `nocfg` and `all` change the audio (docs/cpu.md)." if levers else
+                " (50 prompt tokens)."), ""]
+    header = ["model", "variant" if levers else "dtype (ran)", "case", "c", "CPU s/req", "wall s", "RTF",
+              "audio s / wall s" if levers else "CPU RTF", "TTFA s", "audio s/req", "flow frames/req",
+              *([] if levers else ["first hop frames"]), *stages, *(["load s"] if levers else [])]
+    rows = []
     for model, by_variant in doc["results"].items():
         for variant, res in by_variant.items():
             for name, c in res["cases"].items():
                 st = c["stages_s_per_request"]
-                lines.append(f"| {model} | {variant} | {name} | {c['concurrency']} | {c['cpu_s_per_request']:.2f} | "
-                             f"{c['wall_s']:.2f} | {c['rtf']:.2f} | {c['audio_s_per_wall_s']:.3f} | {c['ttfa_s']:.2f} | "
-                             f"{c['audio_s_per_request']:.2f} | {c['flow_frames_per_request']:.0f} | "
-                             + " | ".join(f"{st.get(s, 0.0):.2f}" for s in ("llm", "flow", "hift"))
-                             + f" | {res.get('load_s', 0):.1f} |")
-    lines += ["", "Stage columns: seconds per request (`llm` is wall time from start to last token, waiting for "
-              "the batch included). `load s`: engine load, a fresh ONNX export included for `ort` variants.",
-              "", "## Goals", ""]
-    lines += [f"- {g}" for g in doc["goals"]]
-    return "\n".join(lines) + "\n"
-
-
-def cost_markdown(doc: dict, plan: str = "cost") -> str:
-    if plan == "levers":
-        return lever_markdown(doc)
-    host = ", ".join(f"{k} {v}" for k, v in doc["host"].items())
-    cmds = " then ".join(f"`{c}`" for c in doc["commands"])
-    intro = (f"Commands: {cmds}. Host: {host}. One torch thread, batched engine path, "
-             "zero-shot with a 2 s prompt (50 prompt tokens).")
-    header = ("| model | dtype (ran) | case | c | CPU s/req | wall s | RTF | CPU RTF | TTFA s | audio s/req | "
-              "flow frames/req | first hop frames | frontend | llm | flow | hift |")
-    lines = ["# Request cost: fp32 vs bf16, streamed vs whole", "", intro, "", header, "|" + "---|" * 16]
-    for model, by_dtype in doc["results"].items():
-        for dtype, res in by_dtype.items():
-            for name, c in res["cases"].items():
-                st = c["stages_s_per_request"]
-                lines.append(f"| {model} | {dtype} ({res['ran']}) | {name} | {c['concurrency']} | "
-                             f"{c['cpu_s_per_request']:.2f} | {c['wall_s']:.2f} | {c['rtf']:.2f} | {c['cpu_rtf']:.2f} | "
-                             f"{c['ttfa_s']:.2f} | {c['audio_s_per_request']:.2f} | {c['flow_frames_per_request']:.0f} | "
-                             f"{num(c.get('first_hop_flow_frames'), 0)} | "
-                             + " | ".join(f"{st.get(s, 0.0):.2f}" for s in ("frontend", "llm", "flow", "hift")) + " |")
-    note = ("Stage columns: seconds per request (`llm` is wall time from start to last token; it overlaps "
+                rows.append([model, variant if levers else f"{variant} ({res['ran']})", name, c["concurrency"],
+                             f"{c['cpu_s_per_request']:.2f}", f"{c['wall_s']:.2f}", f"{c['rtf']:.2f}",
+                             f"{c['audio_s_per_wall_s']:.3f}" if levers else f"{c['cpu_rtf']:.2f}",
+                             f"{c['ttfa_s']:.2f}", f"{c['audio_s_per_request']:.2f}",
+                             f"{c['flow_frames_per_request']:.0f}",
+                             *([] if levers else [num(c.get("first_hop_flow_frames"), 0)]),
+                             *(f"{st.get(k, 0.0):.2f}" for k in stages),
+                             *([f"{res.get('load_s', 0):.1f}"] if levers else [])])
+    note = ("Stage columns: seconds per request (`llm` is wall time from start to last token, waiting for the batch "
+            "included). `load s`: engine load, a fresh ONNX export included for `ort` variants." if levers else
+            "Stage columns: seconds per request (`llm` is wall time from start to last token; it overlaps "
             "flow/HiFT when streaming, and includes waiting for the batch at c=8). `fp32-cache-voice`: the same "
             "requests with a registered voice made from the same prompt, its prompt cache filled by one earlier "
             "stream (a hit). First hop frames: estimator frames computed before the first chunk (c=1 streams).")
-    lines += ["", note, "", "## Goals", ""]
-    lines += [f"- {g}" for g in doc["goals"]]
+    lines += [*table(header, rows), "", note, "", "## Goals", "", *(f"- {g}" for g in doc["goals"])]
     return "\n".join(lines) + "\n"
 
 
