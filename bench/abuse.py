@@ -29,7 +29,7 @@ from bench.lib.sched import realtime_client
 from bench.report import (
     abuse_goals,
     abuse_markdown,
-    phase_line,
+    abuse_row,
     print_goals,
     reference,
     save,
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.setdefault("failed", {})[name] = f"{type(exc).__name__}: {exc}"[:2000]
                 continue
             results["phases"].append(p)
-            print(phase_line(p, reference(results["phases"])), flush=True)
+            print(" | ".join(abuse_row(p, reference(results["phases"]))), flush=True)
     results["loadavg_end"] = os.getloadavg()
     results["reference"] = reference(results["phases"])
     results["goals"] = abuse_goals(results["phases"])

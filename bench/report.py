@@ -899,27 +899,26 @@ def statuses_text(statuses: dict[str, int]) -> str:
     return ", ".join(f"{k} x{n}" for k, n in sorted(statuses.items())) or "none"
 
 
-def phase_line(p: dict, ref: dict) -> str:
-    """One phase, as printed: the polite client, the server's RSS and CPU, the adversary's answer."""
+ABUSE_COLUMNS = ["phase", "polite req/s (x alone)", "p50", "p99 (x alone)", "polite non-200 (whole phase)",
+                 "server RSS start -> peak", "CPU server / bench / adversary", "adversary's answers",
+                 "the server's log"]
+
+
+def abuse_row(p: dict, ref: dict) -> list[str]:
+    """One phase's row (printed as it ends, and in abuse.md): the polite client, the server's RSS and CPU, the
+    adversary's answers, the server's log."""
     s = p["polite"]
-    g, q = ratio(s["throughput_rps"], ref["throughput_rps"]), ratio(s["latency_p99_s"], ref["latency_p99_s"])
-    out = (f"{p['name']:>13}: polite {s['throughput_rps']:.2f} req/s ({_alone_x(g)}), p50 {ms_label(s['latency_p50_s'])} "
-           f"p99 {ms_label(s['latency_p99_s'])} ({_alone_x(q)}), non-200 (whole phase) {statuses_text(p['polite_statuses'])}; "
-           f"RSS {mb(p['rss_start'])} -> peak {mb(p['rss_peak'])}; CPU cores server {p['cpu']['server']:.2f} "
-           f"bench {p['cpu']['bench']:.2f} adversary {p['cpu']['adversary']:.2f}")
+    adv = f"{p['adversary']} x{p['clients']}: {answers_text(p.get('tally'))}" if p["adversary"] else "-"
     if p.get("storm"):
         st = p["storm"]
-        out += (f"\n{'':>15}storm of {p['clients']}: {st['goodput_rps']:.2f} 200s/s, {st['rejected_per_s']:.0f} 503s/s;"
-                f" with the polite client {st['total_rps']:.2f} 200s/s ({_alone_x(ratio(st['total_rps'], ref['throughput_rps']))})")
-    if p["adversary"] is not None:
-        out += f"\n{'':>15}{p['adversary']} x{p['clients']}: {answers_text(p.get('tally'))}"
-    if p.get("server_log") is not None:
-        out += f"\n{'':>15}server log: {server_log_text(p['server_log'])}"
-    return out
-
-
-def _alone_x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x alone"
+        adv = (f"storm of {p['clients']}: {st['goodput_rps']:.2f} 200s/s, {st['rejected_per_s']:.0f} 503s/s, "
+               f"with the polite client {st['total_rps']:.2f} 200s/s; " + adv)
+    return [p["name"], f"{s['throughput_rps']:.2f} ({num(ratio(s['throughput_rps'], ref['throughput_rps']))})",
+            ms_label(s["latency_p50_s"]),
+            f"{ms_label(s['latency_p99_s'])} ({num(ratio(s['latency_p99_s'], ref['latency_p99_s']))})",
+            statuses_text(p["polite_statuses"]), f"{mb(p['rss_start'])} -> {mb(p['rss_peak'])}",
+            f"{p['cpu']['server']:.2f} / {p['cpu']['bench']:.2f} / {p['cpu']['adversary']:.2f}", adv,
+            server_log_text(p.get("server_log") or {})]
 
 
 def abuse_goals(phases: list[dict]) -> list[dict]:
@@ -980,23 +979,8 @@ def abuse_markdown(results: dict) -> str:
         (f"Alone (reference: the mean of the {ref['runs']} alone phases, first and last): "
          f"{num(ref['throughput_rps'])} req/s, p99 {ms_label(ref['latency_p99_s'])}. Goodput: the polite client's 200s per "
          "second in the window; p99: its latency; in brackets, each over the reference."), "",
-        ("| phase | polite req/s (x alone) | p50 | p99 (x alone) | polite non-200 (whole phase) | server RSS start -> peak | "
-        "CPU server / bench / adversary | adversary's answers | the server's log |"),
-        "|---|---|---|---|---|---|---|---|---|",
+        *table(ABUSE_COLUMNS, [abuse_row(p, ref) for p in phases]),
     ]
-    for p in phases:
-        s = p["polite"]
-        adv = f"{p['adversary']} x{p['clients']}: {answers_text(p.get('tally'))}" if p["adversary"] else "-"
-        if p.get("storm"):
-            st = p["storm"]
-            adv = (f"storm of {p['clients']}: {st['goodput_rps']:.2f} 200s/s, {st['rejected_per_s']:.0f} 503s/s, "
-                   f"with the polite client {st['total_rps']:.2f} 200s/s; " + adv)
-        lines.append(
-            f"| {p['name']} | {s['throughput_rps']:.2f} ({num(ratio(s['throughput_rps'], ref['throughput_rps']))}) | "
-            f"{ms_label(s['latency_p50_s'])} | {ms_label(s['latency_p99_s'])} ({num(ratio(s['latency_p99_s'], ref['latency_p99_s']))})"
-            f" | {statuses_text(p['polite_statuses'])} | {mb(p['rss_start'])} -> {mb(p['rss_peak'])} | "
-            f"{p['cpu']['server']:.2f} / {p['cpu']['bench']:.2f} / {p['cpu']['adversary']:.2f} | {adv} | "
-            f"{server_log_text(p.get('server_log') or {})} |")
     if results.get("server_gone_before"):
         lines += ["", (f"The server was gone (exited, or killed past the RSS guard) before phase "
                   f"{results['server_gone_before']}: that phase and the ones after it did not run.")]

@@ -11,8 +11,8 @@ from bench.lib.load import Result
 from bench.report import (
     abuse_goals,
     abuse_markdown,
+    abuse_row,
     answers_text,
-    phase_line,
     reference,
     server_log,
     server_refusal_p99_ms,
@@ -113,8 +113,8 @@ def test_lines_and_report_name_every_phase():
     phases = [phase("alone", None, 3.0, 0.4), phase("dribblers", "dribble", 2.9, 0.5, tally=tally.__dict__),
               phase("alone-again", None, 3.0, 0.4)]
     ref = reference(phases)
-    line = phase_line(phases[1], ref)
-    assert "polite 2.90 req/s (0.97x alone)" in line and "dribble x4: 408 x1" in line and "sent max 31 B" in line
+    row = abuse_row(phases[1], ref)
+    assert row[1] == "2.90 (0.97)" and "dribble x4: 408 x1" in row[7] and "sent max 31 B" in row[7]
     results = {"phases": phases, "started": "now", "cores": 2, "loadavg_start": [0.1], "loadavg_end": [0.2],
                "model": "tiny", "phase_s": 30.0, "lead_s": 3.0, "load_generator": "normal",
                "goals": abuse_goals(phases)}
