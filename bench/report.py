@@ -191,32 +191,26 @@ def run_markdown(r: dict) -> str:
     ]
     th, pr = r.get("ceiling_threads"), r.get("ceiling_processes")
     if th or pr:
-        lines += ["## (a) Ceilings: the engine in-process, no HTTP", "",
-                  "| setup | throughput (req/s) | p50 | p99 |", "|---|---|---|---|"]
-        if th:
-            for label, s in (("1 thread", th["c1"]), (f"{th['workers']} threads, one engine each", th["cw"])):
-                lines.append(f"| {label} | {s['throughput_rps']:.2f} | {_ms1(s['latency_p50_s'])} | {_ms1(s['latency_p99_s'])} |")
-        if pr:
-            s = pr["closed"]
-            lines.append(f"| {pr['processes']} processes, one engine each | {s['throughput_rps']:.2f} | "
-                         f"{_ms1(s['latency_p50_s'])} | {_ms1(s['latency_p99_s'])} |")
+        setups = ([("1 thread", th["c1"]), (f"{th['workers']} threads, one engine each", th["cw"])] if th else []) \
+            + ([(f"{pr['processes']} processes, one engine each", pr["closed"])] if pr else [])
+        lines += ["## (a) Ceilings: the engine in-process, no HTTP", "", *table(
+            ["setup", "throughput (req/s)", "p50", "p99"],
+            [[label, f"{s['throughput_rps']:.2f}", _ms1(s["latency_p50_s"]), _ms1(s["latency_p99_s"])]
+             for label, s in setups])]
         if th:
             note = (f"Engine load {th['load_s'] * 1000:.0f} ms (first, with imports: {th['load_s_first']:.1f} s); "
                     f"own first streamed chunk p50 {_ms1(th['first_chunk_p50_s'])} ms.")
             lines += ["", note, ""]
-    lines += ["## HTTP systems", "",
-              "| system | load | req/s | p50 | p95 | p99 | TTFA p50 | 503s | 503 p99 | errors | timeouts | peak RSS |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = []
     for sys_ in r["systems"].values():
-        rows = [(f"c={p['concurrency']}", p) for p in sys_["points"]]
-        if sys_.get("overload"):
-            o = sys_["overload"]
-            rows.append((f"open {o['rate_rps']:.2f}/s", o))
-        for name, p in rows:
-            lines.append(f"| {sys_['label']} | {name} | {p['throughput_rps']:.2f} | {_ms1(p['latency_p50_s'])} | "
-                         f"{_ms1(p['latency_p95_s'])} | {_ms1(p['latency_p99_s'])} | {_ms1(p['ttfa_p50_s'])} | "
-                         f"{p['rejected']} | {_ms1(p['reject_p99_s'])} | {p['errors']} | {p['timeouts']} | "
-                         f"{_run_mib(p.get('peak_rss'))} |")
+        o = sys_.get("overload")
+        loads = [(f"c={p['concurrency']}", p) for p in sys_["points"]] + ([(f"open {o['rate_rps']:.2f}/s", o)] if o else [])
+        rows += [(sys_["label"], name, p) for name, p in loads]
+    lines += ["## HTTP systems", "", *table(
+        ["system", "load", "req/s", "p50", "p95", "p99", "TTFA p50", "503s", "503 p99", "errors", "timeouts", "peak RSS"],
+        [[label, name, f"{p['throughput_rps']:.2f}", *(_ms1(p[k]) for k in ("latency_p50_s", "latency_p95_s",
+          "latency_p99_s", "ttfa_p50_s")), p["rejected"], _ms1(p["reject_p99_s"]), p["errors"], p["timeouts"],
+          _run_mib(p.get("peak_rss"))] for label, name, p in rows])]
     for sys_ in r["systems"].values():
         if sys_.get("failed"):
             lines.append(f"\n**{sys_['label']} failed:** `{sys_['failed'][:300]}`")
@@ -439,13 +433,12 @@ def admission_markdown(r: dict) -> str:
         if sys_.get("failed"):
             lines += [f"**failed:** `{sys_['failed'][:300]}`", ""]
             continue
-        lines += ["| load | req/s | audio-s/s | p50 | p99 | TTFA p50 | 503s | 503 p99 | errors | timeouts | limit |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for name, p, limit in admission_rows(sys_):
-            lines.append(f"| {name} | {p['throughput_rps']:.2f}{spread(p)} | {p.get('audio_per_s', 0.0):.1f} | "
-                         f"{ms(p['latency_p50_s'])} | {ms(p['latency_p99_s'])} | {ms(p['ttfa_p50_s'])} | "
-                         f"{p['rejected']} | {ms(p['reject_p99_s'])} | {p['errors']} | {p['timeouts']} | "
-                         f"{'-' if limit is None else f'{limit:g}'} |")
+        lines += table(["load", "req/s", "audio-s/s", "p50", "p99", "TTFA p50", "503s", "503 p99", "errors", "timeouts",
+                        "limit"],
+                       [[name, f"{p['throughput_rps']:.2f}{spread(p)}", f"{p.get('audio_per_s', 0.0):.1f}",
+                         ms(p["latency_p50_s"]), ms(p["latency_p99_s"]), ms(p["ttfa_p50_s"]), p["rejected"],
+                         ms(p["reject_p99_s"]), p["errors"], p["timeouts"], "-" if limit is None else f"{limit:g}"]
+                        for name, p, limit in admission_rows(sys_)])
         step = sys_.get("step") or {}
         series = step.get("series") or []
         if series:
@@ -763,14 +756,11 @@ def _limit_cell(phase: dict[str, Any]) -> str:
 
 def priority_table(results: dict[str, Any]) -> str:
     """Side by side per phase, as a markdown table."""
-    phases = results.get("phases", {})
-    lines = ["| | " + " | ".join(f"{k}: {v}" for k, v in PRIORITY_PHASES.items()) + " |", "|---" * (len(PRIORITY_PHASES) + 1) + "|"]
-    for label, cls, key, unit in ROWS:
-        lines.append(f"| {label} | " + " | ".join(_priority_cell(phases.get(k, {}), cls, key, unit) for k in PRIORITY_PHASES) + " |")
-    if any(phases.get(k, {}).get("limit") for k in PRIORITY_PHASES):
-        lines.append("| admission limit, mean (share of readings) | "
-                     + " | ".join(_limit_cell(phases.get(k, {})) for k in PRIORITY_PHASES) + " |")
-    return "\n".join(lines)
+    phases = [results.get("phases", {}).get(k, {}) for k in PRIORITY_PHASES]
+    rows = [[label, *(_priority_cell(phase, cls, key, unit) for phase in phases)] for label, cls, key, unit in ROWS]
+    if any(phase.get("limit") for phase in phases):
+        rows.append(["admission limit, mean (share of readings)", *map(_limit_cell, phases)])
+    return "\n".join(table(["", *(f"{k}: {v}" for k, v in PRIORITY_PHASES.items())], rows))
 
 
 def priority_markdown(results: dict[str, Any]) -> str:
