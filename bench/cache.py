@@ -27,6 +27,8 @@ from pathlib import Path
 import httpx
 
 from bench.lib.procs import ROOT, cosyserve
+from bench.lib.prom import parse_samples
+from bench.report import table
 
 COMMAND = ".venv/bin/python -m bench serve --scenario cache"
 SUBJECTS = ("your order", "the train to Paris", "your appointment", "the package", "flight 42", "the meeting",
@@ -49,22 +51,12 @@ def zipf_draws(n_lines: int, s: float, count: int, seed: int = 0) -> list[int]:
     return random.Random(seed).choices(range(n_lines), weights=weights, k=count)
 
 
-def parse(text: str) -> dict[str, float]:
-    """``{series as written, labels included: value}``."""
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
-
-
 def sample_cache(base: str, stop: threading.Event, peak: dict) -> None:
     """Every second until ``stop``, and once more then: the largest cache bytes seen per tier."""
     while True:
         stopped = stop.wait(1.0)
         try:
-            m = parse(httpx.get(base + "/metrics", timeout=5).text)
+            m = parse_samples(httpx.get(base + "/metrics", timeout=5).text)
         except httpx.HTTPError:
             continue
         for tier in ("memory", "disk"):
@@ -112,14 +104,14 @@ def run(label: str, cache: dict, args: argparse.Namespace, lines: list[str], dra
     with cosyserve(f"cache-{label}", cfg, tmp) as srv:
         base = srv.base_url
         asyncio.run(replay(base, lines, draws[:8], 1, seed=0))  # warm-up: another seed, so nothing it stores is hit
-        cpu0 = parse(httpx.get(base + "/metrics", timeout=10).text).get("process_cpu_seconds_total", 0.0)
+        cpu0 = parse_samples(httpx.get(base + "/metrics", timeout=10).text).get("process_cpu_seconds_total", 0.0)
         stop, peak = threading.Event(), {}
         sampler = threading.Thread(target=sample_cache, args=(base, stop, peak), daemon=True)
         sampler.start()
         result = asyncio.run(replay(base, lines, draws, args.clients))
         stop.set()
         sampler.join()
-        cpu1 = parse(httpx.get(base + "/metrics", timeout=10).text).get("process_cpu_seconds_total", 0.0)
+        cpu1 = parse_samples(httpx.get(base + "/metrics", timeout=10).text).get("process_cpu_seconds_total", 0.0)
     return {**result, "cpu_s": cpu1 - cpu0, "peak": peak}
 
 
@@ -148,16 +140,13 @@ def main(argv: list[str] | None = None) -> None:
         (f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
         f"Distinct lines drawn: {len(set(draws))}."),
         "",
-        ("| cache | audio s / wall s | p50 (s) | p99 (s) | hit rate | server CPU s | 503 retried | errors "
-        "| peak memory tier (MB) / budget |"),
-        "|---|---|---|---|---|---|---|---|---|",
+        *table(["cache", "audio s / wall s", "p50 (s)", "p99 (s)", "hit rate", "server CPU s", "503 retried", "errors",
+                "peak memory tier (MB) / budget"],
+               [[label, f"{r['audio_s'] / r['wall_s']:.2f}", f"{r['p50']:.3f}", f"{r['p99']:.3f}",
+                 f"{r['hits'] / max(1, r['n']):.1%}", f"{r['cpu_s']:.1f}", r["refused"], r["errors"],
+                 f"{r['peak'].get('memory', 0) / 2**20:.2f} / {r['peak'].get('memory_budget', 0) / 2**20:.0f}"]
+                for label, r in rows.items()]),
     ]
-    for label, r in rows.items():
-        peak = r["peak"]
-        lines_md.append(
-            f"| {label} | {r['audio_s'] / r['wall_s']:.2f} | {r['p50']:.3f} | {r['p99']:.3f} | "
-            f"{r['hits'] / max(1, r['n']):.1%} | {r['cpu_s']:.1f} | {r['refused']} | {r['errors']} | "
-            f"{peak.get('memory', 0) / 2**20:.2f} / {peak.get('memory_budget', 0) / 2**20:.0f} |")
     speedup = (on["audio_s"] / on["wall_s"]) / max(1e-9, off["audio_s"] / off["wall_s"])
     lines_md += ["", (f"Throughput on / off: **{speedup:.2f}x** at a {on['hits'] / max(1, on['n']):.1%} hit rate; "
                  f"p99 {on['p99']:.3f} s vs {off['p99']:.3f} s; server CPU {on['cpu_s']:.1f} s vs {off['cpu_s']:.1f} s.")]

@@ -5,14 +5,13 @@
 Builds (once) the tiny random-weight CosyVoice2 model, starts ``cosyserve serve``
 on a free loopback port, waits until it is ready, runs
 ``locust -f locustfiles/locustfile.py --headless`` against it (bounded by a
-timeout), always stops the server with SIGTERM, and prints a summary from the
-CSV files. Reports: ``.cache/bench/loadtest/loadtest_*.csv`` and ``loadtest.html`` there.
+timeout), always stops the server with SIGTERM; locust prints its own summary.
+Reports: ``.cache/bench/loadtest/loadtest_*.csv``, ``loadtest.html`` and ``loadtest.json`` there.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -45,43 +44,6 @@ def locust_argv(locustfile: Path, host: str, users: int, spawn_rate: float, run_
     if json_file is not None:
         argv += ["--json-file", str(json_file)]  # locust appends ".json"
     return argv
-
-
-def _percentile(hist: dict[str, int], q: float) -> float:
-    """Percentile from locust's {rounded ms: count} histogram."""
-    total = sum(hist.values())
-    if not total:
-        return 0.0
-    seen = 0
-    for ms, n in sorted(((float(k), v) for k, v in hist.items())):
-        seen += n
-        if seen >= q / 100.0 * total:
-            return ms
-    return max(float(k) for k in hist)
-
-
-def read_final_stats(json_path: Path) -> list[dict]:
-    """Rows from locust's final JSON (written after the last user stopped; the CSV may lag by a second or two)."""
-    entries = json.loads(json_path.read_text())
-    starts = [e["start_time"] for e in entries if e.get("start_time")]
-    ends = [e["last_request_timestamp"] for e in entries if e.get("last_request_timestamp")]
-    span = max(1e-9, max(ends) - min(starts)) if starts and ends else 1e-9
-    rows = []
-    for e in entries:
-        rows.append({"type": e["method"], "name": e["name"], "requests": e["num_requests"],
-                     "failures": e["num_failures"], "p50": _percentile(e["response_times"], 50),
-                     "p95": _percentile(e["response_times"], 95), "p99": _percentile(e["response_times"], 99),
-                     "rps": e["num_requests"] / span})
-    return sorted(rows, key=lambda r: (r["type"] == "TTFA", r["name"]))
-
-
-def summary_table(rows: list[dict]) -> str:
-    head = f"{'type':6} {'name':42} {'reqs':>6} {'fails':>5} {'p50':>7} {'p95':>7} {'p99':>7} {'req/s':>7}"
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['type'][:6]:6} {r['name'][:42]:42} {r['requests']:>6} {r['failures']:>5} "
-                     f"{r['p50']:>7.0f} {r['p95']:>7.0f} {r['p99']:>7.0f} {r['rps']:7.2f}")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,14 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             rc = 124
         elapsed = time.monotonic() - t0
         metrics = _metrics_excerpt(server.base_url)
-    print(f"loadtest: server stopped with exit code {server.proc.returncode if server.proc else '?'}")
-    rows = read_final_stats(reports / "loadtest.json")
-    print(f"\nlocust ran {elapsed:.0f} s (exit {rc}); response times in ms (requests: to the last byte)\n")
-    print(summary_table(rows))
-    requests = sum(r["requests"] for r in rows if r["type"] != "TTFA")
-    failures = sum(r["failures"] for r in rows)
-    rejected = sum(r["requests"] for r in rows if r["name"].startswith("rejected "))
-    print(f"\nrequests {requests}, failures {failures}, 503 rejections {rejected}")
+    print(f"loadtest: locust ran {elapsed:.0f} s (exit {rc}; its summary above: response times in ms, TTFA rows, "
+          f"503s as \"rejected ...\"); server stopped with exit code {server.proc.returncode if server.proc else '?'}")
     if metrics:
         print("\nserver /metrics at the end:\n" + metrics)
     print(f"\nreports: {csv_prefix}_stats.csv, {reports / 'loadtest.html'}, {reports / 'loadtest.json'}")

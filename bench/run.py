@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from bench.lib import load
+from bench.lib import load, prom
 from bench.lib.model import ensure_model
 from bench.lib.procs import (
     ROOT,
@@ -106,17 +106,9 @@ def brief(s: load.Summary) -> str:
 
 def scrape_counters(base_url: str) -> dict[str, float]:
     """A few cosyserve counters from /metrics, to cross-check the client's view."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[str, float] = {}
-    text = httpx.get(base_url + "/metrics", timeout=10).text
-    for fam in text_string_to_metric_families(text):
-        if fam.name in ("tts_requests", "tts_rejected", "tts_engine_errors"):
-            for s in fam.samples:
-                if s.name.endswith("_total") and s.value:
-                    labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                    out[f"{s.name}{{{labels}}}"] = s.value
-    return out
+    samples = prom.parse_samples(httpx.get(base_url + "/metrics", timeout=10).text, labels=True)
+    return {k: v for k, v in samples.items()
+            if v and k.startswith(("tts_requests_total", "tts_rejected_total", "tts_engine_errors_total"))}
 
 
 async def bench_system(sys_: System, srv: ServerProc, args: argparse.Namespace) -> dict[str, Any]:

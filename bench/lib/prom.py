@@ -14,8 +14,9 @@ BATCH = "tts_llm_batch_size"
 STEP = "tts_llm_step_seconds"
 
 
-def parse_samples(text: str) -> dict[str, float]:
-    """``{sample name: value summed over its label sets}`` from Prometheus text exposition."""
+def parse_samples(text: str, labels: bool = False) -> dict[str, float]:
+    """``{sample name: value summed over its label sets}`` from Prometheus text exposition; ``labels``: one
+    entry per label set instead, named as written (``tts_cache_bytes{tier="memory"}``)."""
     out: dict[str, float] = {}
     for raw in text.splitlines():
         line = raw.strip()
@@ -27,8 +28,10 @@ def parse_samples(text: str) -> dict[str, float]:
             if close < 0:
                 continue
             fields = rest[close + 1 :].split()
+            key = f"{name}{{{rest[:close]}}}" if labels else name
         else:
             name, *fields = line.split()
+            key = name
         if not fields:
             continue
         try:
@@ -37,7 +40,7 @@ def parse_samples(text: str) -> dict[str, float]:
             continue
         if math.isnan(value):
             continue
-        out[name] = out.get(name, 0.0) + value
+        out[key] = out.get(key, 0.0) + value
     return out
 
 
