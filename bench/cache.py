@@ -28,7 +28,7 @@ import httpx
 
 from bench.lib.procs import ROOT, cosyserve
 from bench.lib.prom import parse_samples
-from bench.report import table
+from bench.report import save, table
 
 COMMAND = ".venv/bin/python -m bench serve --scenario cache"
 SUBJECTS = ("your order", "the train to Paris", "your appointment", "the package", "flight 42", "the meeting",
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of their popularity")
     ap.add_argument("--requests", type=int, default=600)
     ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "cache" / "cache.md"))
+    ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "cache"), help="output dir (writes cache.md)")
     args = ap.parse_args(argv)
     lines = prompt_lines(args.lines)
     draws = zipf_draws(args.lines, args.zipf, args.requests)
@@ -150,8 +150,5 @@ def main(argv: list[str] | None = None) -> None:
     speedup = (on["audio_s"] / on["wall_s"]) / max(1e-9, off["audio_s"] / off["wall_s"])
     lines_md += ["", (f"Throughput on / off: **{speedup:.2f}x** at a {on['hits'] / max(1, on['n']):.1%} hit rate; "
                  f"p99 {on['p99']:.3f} s vs {off['p99']:.3f} s; server CPU {on['cpu_s']:.1f} s vs {off['cpu_s']:.1f} s.")]
-    report = "\n".join(lines_md) + "\n"
-    print(report)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(report)
-    print(f"wrote {args.out}")
+    print("\n".join(lines_md))
+    save(Path(args.out), "cache", None, "\n".join(lines_md) + "\n")

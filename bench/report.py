@@ -61,12 +61,13 @@ def goals_table(goals: list[dict], lead: tuple[str, ...] = (), tail: tuple[str, 
                    *(g.get(k, "") for k in tail)] for g in goals])
 
 
-def save(out: Path, name: str, doc: dict, markdown: str) -> None:
-    """A suite's raw JSON and its Markdown report: OUT/NAME.json, OUT/NAME.md."""
+def save(out: Path, name: str, doc: dict | None, markdown: str) -> None:
+    """A suite's raw JSON and its Markdown report: OUT/NAME.json (``doc`` None: none), OUT/NAME.md."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    if doc is not None:
+        (out / f"{name}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (out / f"{name}.md").write_text(markdown)
-    print(f"wrote {out}/{name}.json, {name}.md", flush=True)
+    print(f"wrote {out}/{name}{'.json, ' + name if doc is not None else ''}.md", flush=True)
 
 
 def print_goals(goals: list[dict], title: str = "Goals") -> None:

@@ -32,6 +32,7 @@ import httpx
 from websockets.sync.client import connect
 
 from bench.lib.procs import ROOT, cosyserve
+from bench.report import save, table
 
 COMMAND = ".venv/bin/python -m bench serve --scenario ws"
 TEXTS = {
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=float, default=20.0, help="tokens per second the 'LLM' writes")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "ws_ttfa" / "ws-ttfa.md"))
+    ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "ws_ttfa"), help="output dir (writes ws-ttfa.md)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = {"engine": {"torch_threads": 1}, "pool": {"workers": 2}, "server": {"access_log": False},
@@ -130,16 +131,10 @@ def main(argv: list[str] | None = None) -> None:
         (f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
          f"Medians of {args.reps} runs."),
         "",
-        ("| text | tokens | text written in (s) | TTFA WebSocket (s) | TTFA POST after text (s) | done WebSocket (s) "
-         "| done POST (s) |"),
-        "|---|---|---|---|---|---|---|",
+        *table(["text", "tokens", "text written in (s)", "TTFA WebSocket (s)", "TTFA POST after text (s)",
+                "done WebSocket (s)", "done POST (s)"],
+               [[label, n, f"{written:.2f}", *(f"{t:.3f}" for t in times)] for label, n, written, *times in rows]),
+        "", "All times from the first token the LLM wrote. 'done': the last audio byte.",
     ]
-    for label, n, written, ws_ttfa, post_ttfa, ws_done, post_done in rows:
-        lines.append(f"| {label} | {n} | {written:.2f} | {ws_ttfa:.3f} | {post_ttfa:.3f} | {ws_done:.3f} "
-                     f"| {post_done:.3f} |")
-    lines += ["", "All times from the first token the LLM wrote. 'done': the last audio byte."]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(report)
-    print(f"wrote {args.out}")
+    print("\n".join(lines))
+    save(Path(args.out), "ws-ttfa", None, "\n".join(lines) + "\n")
