@@ -113,7 +113,6 @@ def run_goals(r: dict) -> list[dict]:
     workers = r["config"]["workers"]
     th, pr = r.get("ceiling_threads"), r.get("ceiling_processes")
     b = r["systems"].get("cosyserve")
-    c = r["systems"].get("per_request")
     ceilings = ([(f"{workers}-thread", th["cw"]["throughput_rps"])] if th else []) + \
         ([(f"{pr['processes']}-process", pr["closed"]["throughput_rps"])] if pr else [])
     for what, ceiling in ceilings if b else ():
@@ -143,14 +142,6 @@ def run_goals(r: dict) -> list[dict]:
         if bp and bp["latency_p50_s"] is not None and ap["latency_p50_s"] is not None:
             delta = bp["latency_p50_s"] - ap["latency_p50_s"]
             add_goal(goals, "(b) p50 latency at c=1 minus (a) in-process (ms)", _ms1(delta), "<= 10", delta <= 0.010)
-        if c and ap["latency_p50_s"]:
-            cp = _run_point(c, 1)
-            if cp and cp["latency_p50_s"] is not None:
-                add_goal(goals, "(c) p50 latency at c=1 / (a) synthesis time", f"{cp['latency_p50_s'] / ap['latency_p50_s']:.2f}",
-                      "info", None)
-            add_goal(goals, "engine load time / synthesis time (the price (c) pays per request)",
-                  f"{th['load_s'] / ap['latency_p50_s']:.2f} ({th['load_s'] * 1000:.0f} ms / "
-                  f"{ap['latency_p50_s'] * 1000:.0f} ms)", "info", None)
         ttfa = (b.get("ttfa") or {}).get("ttfa_p50_s")
         own = th.get("first_chunk_p50_s")
         if ttfa is not None and own is not None:

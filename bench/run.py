@@ -1,8 +1,9 @@
 """The headline suite, ``make bench`` (~25 min) or ``python -m bench serve --scenario run --quick``.
 
 One machine, the tiny CosyVoice2 model, one system at a time: (a) the ceilings in-process,
-(b) cosyserve, (c) the seed's load per request, (d) upstream's pattern; then (e) batching and
-(f) admission as subprocesses. The method and goals: docs/benchmarks/README.md, "The headline suite".
+(b) cosyserve; then (e) batching and (f) admission as subprocesses. The seed's load per request
+(c) and upstream's pattern (d) ran beside them until 5983ddc. The method and goals:
+docs/benchmarks/README.md, "The headline suite".
 """
 
 from __future__ import annotations
@@ -20,18 +21,19 @@ from typing import Any
 import httpx
 
 from bench.lib import load, prom
+from bench.lib.load import RequestSpec
 from bench.lib.model import ensure_model
 from bench.lib.procs import (
     ROOT,
     THREAD_ENV,
     ServerProc,
+    cosyserve,
     logger,
     python_module,
     results_dir,
     shown,
     start_run,
 )
-from bench.lib.systems import System, systems
 from bench.report import print_goals, run_goals, run_markdown, save
 
 TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
@@ -47,8 +49,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="smoke run: a few seconds per point (numbers meaningless)")
     ap.add_argument("--out", help="output dir (default .cache/bench/run, --quick: .cache/bench/run/quick)")
     ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model, built once into the cache")
-    ap.add_argument("--systems", default="ceilings,cosyserve,upstream,per_request,admission,batching",
-                    help="comma list of: ceilings, cosyserve, upstream, per_request, admission, batching")
+    ap.add_argument("--systems", default="ceilings,cosyserve,admission,batching",
+                    help="comma list of: ceilings, cosyserve, admission, batching")
     ap.add_argument("--concurrency", default=os.environ.get("BENCH_CONCURRENCY", "1,2,4,8,16"))
     ap.add_argument("--point-s", type=float, help="measured seconds per closed-loop point (env BENCH_POINT_S)")
     ap.add_argument("--warmup-s", type=float, help="unmeasured seconds before each point (env BENCH_WARMUP_S)")
@@ -111,57 +113,71 @@ def scrape_counters(base_url: str) -> dict[str, float]:
             if v and k.startswith(("tts_requests_total", "tts_rejected_total", "tts_engine_errors_total"))}
 
 
-async def bench_system(sys_: System, srv: ServerProc, args: argparse.Namespace) -> dict[str, Any]:
+def native(text: str, stream: bool = False) -> RequestSpec:
+    return RequestSpec("POST", "/v1/tts", json={"text": text, "format": "pcm", **({"stream": True} if stream else {})})
+
+
+WORK, SHORT, STREAM = native(TEXT), native(SHORT_TEXT), native(TEXT, stream=True)
+
+
+def server(args: argparse.Namespace, model_dir: str, run_dir: Path) -> ServerProc:
+    """``cosyserve serve`` as a user starts it: no pool section unless ``--server-workers`` / ``--max-queue``."""
+    pool = {k: v for k, v in (("workers", args.server_workers), ("max_queue", args.max_queue)) if v is not None}
+    config = {"server": {"log_level": "warning", "drain_timeout_s": 10},
+              "engine": {"model_dir": model_dir, "torch_threads": 1}, "voices": {"dir": str(run_dir / "voices")},
+              "metrics": {"enabled": True}, **({"pool": pool} if pool else {})}
+    return cosyserve("cosyserve", config, run_dir, rss_limit_bytes=int(args.max_rss_gb * 2**30))
+
+
+async def bench_system(srv: ServerProc, args: argparse.Namespace) -> dict[str, Any]:
     url = srv.base_url
     rss = srv.rss
     assert rss is not None
-    out: dict[str, Any] = {"label": sys_.label, "points": [], "rss_at_ready": rss.now()}
-    # warm-up: a baseline's first requests pay imports and allocator growth; not measured
-    warm = await load.fixed_count(url, sys_.work, 2 * args.workers, args.workers, args.timeout_s)
+    out: dict[str, Any] = {"label": "(b) cosyserve", "points": [], "rss_at_ready": rss.now()}
+    warm = await load.fixed_count(url, WORK, 2 * args.workers, args.workers, args.timeout_s)  # not measured
     bad = [r for r in warm if r.kind != "ok"]
     if bad:
-        raise RuntimeError(f"{sys_.key}: warm-up requests failed: {[(r.kind, r.status) for r in bad]}\n{srv.log_tail()}")
+        raise RuntimeError(f"warm-up requests failed: {[(r.kind, r.status) for r in bad]}\n{srv.log_tail()}")
     for c in args.concurrency:
         if rss.limit_hit:
             out["stopped"] = "RSS limit"
             return out
         t0 = rss.elapsed()
-        s = await load.closed_loop(url, sys_.work, c, args.point_s, warmup_s=args.warmup_s,
+        s = await load.closed_loop(url, WORK, c, args.point_s, warmup_s=args.warmup_s,
                                    timeout_s=args.timeout_s, reject_backoff_s=args.reject_backoff_s)
         point = {"kind": "closed", "concurrency": c, **s.to_dict(), "peak_rss": rss.peak(t0)}
         out["points"].append(point)
-        log(f"  {sys_.key} c={c}: {brief(s)}")
+        log(f"  c={c}: {brief(s)}")
     if rss.limit_hit:
         out["stopped"] = "RSS limit"
         return out
     capacity = max((p["throughput_rps"] for p in out["points"]), default=0.0)
     rate = max(0.1, args.overload_factor * capacity)
     t0 = rss.elapsed()
-    s = await load.open_loop(url, sys_.work, rate, args.overload_s, timeout_s=args.timeout_s)
+    s = await load.open_loop(url, WORK, rate, args.overload_s, timeout_s=args.timeout_s)
     out["overload"] = {"kind": "open", "rate_rps": rate, "capacity_rps": capacity, **s.to_dict(),
                        "peak_rss": rss.peak(t0)}
-    log(f"  {sys_.key} open loop {rate:.2f}/s ({args.overload_factor:g}x {capacity:.2f}): {brief(s)}")
-    if sys_.key == "cosyserve" and not rss.limit_hit:
-        await ttfa_series(sys_, url, args, out)
-        await memory_run(sys_, srv, args, out)
+    log(f"  open loop {rate:.2f}/s ({args.overload_factor:g}x {capacity:.2f}): {brief(s)}")
+    if not rss.limit_hit:
+        await ttfa_series(url, args, out)
+        await memory_run(srv, args, out)
         out["server_counters"] = scrape_counters(url)
     out["peak_rss"] = rss.peak()
     return out
 
 
-async def ttfa_series(sys_: System, url: str, args: argparse.Namespace, out: dict) -> None:
-    assert sys_.stream is not None
-    results = await load.sequential(url, sys_.stream, args.streams, args.timeout_s)
+async def ttfa_series(url: str, args: argparse.Namespace, out: dict) -> None:
+    results = await load.sequential(url, STREAM, args.streams, args.timeout_s)
     out["ttfa_series"] = [r.ttfa_s for r in results]
     out["ttfa_kinds"] = [r.kind for r in results]
     out["ttfa"] = load.summarize(results, 1.0).to_dict()
-    log(f"  {sys_.key} {args.streams} sequential streams: ttfa p50 {1000 * (out['ttfa']['ttfa_p50_s'] or 0):.0f}ms")
+    log(f"  {args.streams} sequential streams: ttfa p50 {1000 * (out['ttfa']['ttfa_p50_s'] or 0):.0f}ms")
 
 
-async def memory_run(sys_: System, srv: ServerProc, args: argparse.Namespace, out: dict) -> None:
+async def memory_run(srv: ServerProc, args: argparse.Namespace, out: dict) -> None:
     """RSS after ``rss_warmup`` short requests vs after ``rss_requests`` more (concurrency = workers)."""
     assert srv.rss is not None
-    await load.fixed_count(srv.base_url, sys_.short, args.rss_warmup, args.workers, args.timeout_s)
+    await load.fixed_count(srv.base_url, SHORT, args.rss_warmup, args.workers, args.timeout_s)
     before = await stable_rss(srv)
     t0 = srv.rss.elapsed()
     progress: list[tuple[int, int]] = []
@@ -171,14 +187,14 @@ async def memory_run(sys_: System, srv: ServerProc, args: argparse.Namespace, ou
         if n % step == 0:
             progress.append((n, srv.rss.now() if srv.rss else 0))
 
-    results = await load.fixed_count(srv.base_url, sys_.short, args.rss_requests, args.workers, args.timeout_s,
+    results = await load.fixed_count(srv.base_url, SHORT, args.rss_requests, args.workers, args.timeout_s,
                                      on_progress)
     after = await stable_rss(srv)
     kinds = {k: sum(r.kind == k for r in results) for k in ("ok", "rejected", "timeout", "error")}
     out["memory"] = {"warmup_requests": args.rss_warmup, "requests": args.rss_requests, "rss_before": before,
                      "rss_after": after, "growth": after / before - 1 if before else None, "outcomes": kinds,
                      "peak_rss": srv.rss.peak(t0), "progress": progress}
-    log(f"  {sys_.key} memory: {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB over {args.rss_requests} "
+    log(f"  memory: {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB over {args.rss_requests} "
         f"requests ({kinds})")
 
 
@@ -201,29 +217,25 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = args.model_dir or ensure_model(2)
     run_dir, results = start_run("run", args, log, model_dir=shown(model_dir), text=TEXT, short_text=SHORT_TEXT,
                                  systems={})
-    speaker = "tiny_female"
-    if "ceilings" in args.systems:
-        for mode in ("threads", "processes"):
-            try:
-                results[f"ceiling_{mode}"] = run_ceiling(mode, args, model_dir)
-            except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                log(f"  ceiling {mode} FAILED: {str(exc)[:2000]}")
-        speaker = results.get("ceiling_threads", {}).get("speaker", speaker)
-    for key, sys_ in systems(TEXT, SHORT_TEXT, speaker).items():
-        if key not in args.systems:
-            continue
-        log(f"{sys_.label}: starting")
-        srv = sys_.server(model_dir, run_dir, args.server_workers, args.max_queue, int(args.max_rss_gb * 2**30))
+    for mode in ("threads", "processes") if "ceilings" in args.systems else ():
+        try:
+            results[f"ceiling_{mode}"] = run_ceiling(mode, args, model_dir)
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            log(f"  ceiling {mode} FAILED: {str(exc)[:2000]}")
+    if "cosyserve" in args.systems:
+        log("(b) cosyserve: starting")
+        srv = server(args, model_dir, run_dir)
         try:
             with srv:  # stopped (SIGTERM, then SIGKILL of its group) whatever happens inside
-                results["systems"][key] = asyncio.run(bench_system(sys_, srv, args))
-        except Exception as exc:  # noqa: BLE001 - one system failing must not lose the others' results
-            log(f"  {key} FAILED: {type(exc).__name__}: {str(exc)[:2000]}")
-            results["systems"][key] = {"label": sys_.label, "points": [], "failed": f"{type(exc).__name__}: {exc}"[:4000]}
-        results["systems"][key]["exit_code"] = srv.proc.returncode if srv.proc else None
+                b = asyncio.run(bench_system(srv, args))
+        except Exception as exc:  # noqa: BLE001 - a failure must not lose the ceilings' results
+            log(f"  cosyserve FAILED: {type(exc).__name__}: {str(exc)[:2000]}")
+            b = {"label": "(b) cosyserve", "points": [], "failed": f"{type(exc).__name__}: {exc}"[:4000]}
+        results["systems"]["cosyserve"] = b
+        b["exit_code"] = srv.proc.returncode if srv.proc else None
         if srv.rss is not None and srv.rss.limit_hit:
-            results["systems"][key]["rss_limit_hit"] = True
-            log(f"  {key}: KILLED at the RSS limit ({args.max_rss_gb:g} GiB); the rest of its points were skipped")
+            b["rss_limit_hit"] = True
+            log(f"  KILLED at the RSS limit ({args.max_rss_gb:g} GiB); the rest of its points were skipped")
     results["elapsed_s"] = time.monotonic() - started
     results["loadavg_end"] = os.getloadavg()
     goals = run_goals(results)
