@@ -40,10 +40,6 @@ TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 SHORT_TEXT = "Hello there."
 
 
-def env_float(name: str, default: float) -> float:
-    return float(os.environ.get(name, default))
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke run: a few seconds per point (numbers meaningless)")
@@ -51,23 +47,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model, built once into the cache")
     ap.add_argument("--systems", default="ceilings,cosyserve,admission,batching",
                     help="comma list of: ceilings, cosyserve, admission, batching")
-    ap.add_argument("--concurrency", default=os.environ.get("BENCH_CONCURRENCY", "1,2,4,8,16"))
-    ap.add_argument("--point-s", type=float, help="measured seconds per closed-loop point (env BENCH_POINT_S)")
-    ap.add_argument("--warmup-s", type=float, help="unmeasured seconds before each point (env BENCH_WARMUP_S)")
-    ap.add_argument("--overload-s", type=float, help="seconds of open-loop arrivals (env BENCH_OVERLOAD_S)")
-    ap.add_argument("--overload-factor", type=float, default=env_float("BENCH_OVERLOAD_FACTOR", 3.0))
-    ap.add_argument("--streams", type=int, help="sequential streams for the TTFA series (env BENCH_STREAMS)")
-    ap.add_argument("--rss-requests", type=int, help="requests in the memory run (env BENCH_RSS_REQUESTS)")
-    ap.add_argument("--rss-warmup", type=int, help="requests before the memory run's baseline (env BENCH_RSS_WARMUP)")
-    ap.add_argument("--timeout-s", type=float, default=env_float("BENCH_TIMEOUT_S", 120.0), help="client timeout")
-    ap.add_argument("--reject-backoff-s", type=float, default=env_float("BENCH_REJECT_BACKOFF_S", 0.1),
+    ap.add_argument("--concurrency", default="1,2,4,8,16")
+    ap.add_argument("--point-s", type=float, help="measured seconds per closed-loop point")
+    ap.add_argument("--warmup-s", type=float, help="unmeasured seconds before each point")
+    ap.add_argument("--overload-s", type=float, help="seconds of open-loop arrivals")
+    ap.add_argument("--overload-factor", type=float, default=3.0)
+    ap.add_argument("--streams", type=int, help="sequential streams for the TTFA series")
+    ap.add_argument("--rss-requests", type=int, help="requests in the memory run")
+    ap.add_argument("--rss-warmup", type=int, help="requests before the memory run's baseline")
+    ap.add_argument("--timeout-s", type=float, default=120.0, help="client timeout")
+    ap.add_argument("--reject-backoff-s", type=float, default=0.1,
                     help="closed-loop client pause after a 503")
     ap.add_argument("--workers", type=int, default=2,
                     help="ceiling threads/processes and the client concurrency of warm-up and memory runs")
     ap.add_argument("--server-workers", type=int, default=None,
                     help="cosyserve pool.workers (default: none, the server's own default, as a user starts it)")
     ap.add_argument("--max-queue", type=int, default=None, help="cosyserve pool.max_queue (default: the server's)")
-    ap.add_argument("--max-rss-gb", type=float, default=env_float("BENCH_MAX_RSS_GB", 10.0),
+    ap.add_argument("--max-rss-gb", type=float, default=10.0,
                     help="kill a server whose process tree grows past this (protects the machine); 0: no limit")
     args = ap.parse_args(argv)
     quick = {"point_s": 3.0, "warmup_s": 1.0, "overload_s": 4.0, "streams": 10, "rss_requests": 40, "rss_warmup": 10}
@@ -75,8 +71,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "rss_warmup": 100}
     for key, default in (quick if args.quick else full).items():
         if getattr(args, key) is None:
-            env = os.environ.get(f"BENCH_{key.upper()}")
-            setattr(args, key, type(default)(env) if env is not None else default)
+            setattr(args, key, default)
     args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     args.out = Path(args.out) if args.out else results_dir("run", args.quick)

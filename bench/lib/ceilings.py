@@ -27,8 +27,6 @@ from typing import Any
 
 from bench.lib.load import Result, percentile, summarize
 
-SPEAKER_ENV = "COSYSERVE_BENCH_SPEAKER"
-
 
 def _engine(model_dir: str) -> Any:
     from app.engines.cosyvoice.engine import CosyVoiceEngine
