@@ -406,6 +406,22 @@ def gpu_memory(device: Any) -> dict | None:
 
 
 # -- main ------------------------------------------------------------------------------------------------
+def phase(doc: dict, name: str, fn: Any, needs: float, deadline: Deadline) -> None:
+    """``doc[name] = fn()`` and its seconds, or why not: skipped (under ``needs`` s of budget left) or failed."""
+    if deadline.left() < needs:
+        doc[name] = {"skipped": f"time budget ({deadline.left():.0f} s left, needs ~{needs} s)"}
+        say(f"{name}: skipped (time budget)")
+        return
+    t = time.monotonic()
+    try:
+        doc[name] = fn()
+    except Exception as exc:  # noqa: BLE001 - one failing phase is a finding, not the end of the check
+        log.exception("phase %s failed", name)
+        doc[name] = {"failed": repr(exc)}
+    doc[name + "_s"] = round(time.monotonic() - t, 1)
+    say(f"{name}: {json.dumps(doc[name], default=str)[:300]}")
+
+
 def run(args: argparse.Namespace) -> dict:
     import torch
 
@@ -438,18 +454,7 @@ def run(args: argparse.Namespace) -> dict:
     try:
         eng.warmup()
         for name, fn, needs in phases:
-            if deadline.left() < needs:
-                doc[name] = {"skipped": f"time budget ({deadline.left():.0f} s left, needs ~{needs} s)"}
-                say(f"{name}: skipped (time budget)")
-                continue
-            t = time.monotonic()
-            try:
-                doc[name] = fn()
-            except Exception as exc:  # noqa: BLE001 - one failing phase is a finding, not the end of the check
-                log.exception("phase %s failed", name)
-                doc[name] = {"failed": repr(exc)}
-            doc[name + "_s"] = round(time.monotonic() - t, 1)
-            say(f"{name}: {json.dumps(doc[name], default=str)[:300]}")
+            phase(doc, name, fn, needs, deadline)
         doc["streaming"] = []
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)  # the peak below is the serving one
@@ -463,18 +468,9 @@ def run(args: argparse.Namespace) -> dict:
         doc["gpu_memory"] = gpu_memory(device)
     finally:
         eng.close()
-    needs = 60 if args.quick else 150  # two more engines (one per setting) and their streams
-    if deadline.left() < needs:
-        doc["token2wav"] = {"skipped": f"time budget ({deadline.left():.0f} s left, needs ~{needs} s)"}
-    else:
-        t = time.monotonic()
-        try:
-            doc["token2wav"] = token2wav(mdir, str(device), args.quick, args.threads)
-        except Exception as exc:  # noqa: BLE001 - a finding, reported
-            log.exception("phase token2wav failed")
-            doc["token2wav"] = {"failed": repr(exc)}
-        doc["token2wav_s"] = round(time.monotonic() - t, 1)
-        say(f"token2wav: {json.dumps(doc['token2wav'], default=str)[:300]}")
+    # two more engines (one per setting) and their streams
+    phase(doc, "token2wav", lambda: token2wav(mdir, str(device), args.quick, args.threads),
+          60 if args.quick else 150, deadline)
     doc["elapsed_s"] = round(args.budget_s - deadline.left(), 1)
     return doc
 
