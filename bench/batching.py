@@ -50,9 +50,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--systems", default="per_request,batched", help="comma list of per_request, batched")
     ap.add_argument("--concurrency", default="1,2,4,8,16")
     ap.add_argument("--stream-concurrency", help="streaming levels (default: full 1,4,8; tiny all; --quick 1,8)")
-    ap.add_argument("--per-client", type=int, default=0,
-                    help="requests per client at every non-streaming point, no streaming points "
-                         "(steady state instead of the sized plan)")
     ap.add_argument("--batched-workers", type=int, default=16, help="pool.workers of the batched system")
     ap.add_argument("--max-batch-size", type=int, default=16, help="engine.max_batch_size of the batched system")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="client and server request timeout")
@@ -169,11 +166,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     plans = [plan_for(m, args.quick, args.concurrency, args.stream_concurrency) for m in args.models]
-    if args.per_client:
-        for plan in plans:
-            plan.nonstream = {c: c * args.per_client for c in plan.nonstream}
-            plan.stream = {}  # steady-state points: non-streaming only (each full-size point costs minutes)
-            plan.cap_s = max(plan.cap_s, 900.0)
     chosen = [s for s in systems(args.batched_workers, args.max_batch_size) if s.key in args.systems]
     for plan in plans:
         log("plan " + describe(plan))

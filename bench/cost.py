@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = [command]
     if args.merge and (out / f"{name}.json").is_file():
         old = json.loads((out / f"{name}.json").read_text())
-        commands = [*old.get("commands", [old.get("command", "")]), command]
+        commands = [*old["commands"], command]
         merged = old["results"]
         for model, by_variant in results.items():
             for variant, res in by_variant.items():
