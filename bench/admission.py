@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import functools
 import os
-import random
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -26,7 +25,7 @@ from bench.lib.admission_server import (
     pool_server,
     work,
 )
-from bench.lib.load import LoadClient, RequestSpec, Result
+from bench.lib.load import Result
 from bench.lib.procs import ServerProc, logger, results_dir, start_run
 from bench.lib.sched import realtime_client
 from bench.report import (
@@ -106,37 +105,6 @@ def server(system: str, args: argparse.Namespace, model_dir: str, run_dir: Path)
     return pool_server(system, pool_settings(system, args), args.server_nice, model_dir, run_dir)
 
 
-async def open_phases(url: str, spec: RequestSpec, phases: list[tuple[float, float]], timeout_s: float,
-                      seed: int = 1, errors: list[str] | None = None) -> tuple[list[Result], float]:
-    """Poisson arrivals at ``rate`` for ``seconds``, phase after phase; every request awaited. (results, t0)
-
-    ``errors``: receives the client's error texts (the first 20)."""
-    lc = LoadClient(url, timeout_s)
-    if errors is not None:
-        lc.errors = errors
-    rng = random.Random(seed)
-    tasks: list[asyncio.Task[Result]] = []
-    try:
-        t0 = time.monotonic()
-        start = 0.0
-        for rate, seconds in phases:
-            at = start
-            while True:
-                at += rng.expovariate(rate)
-                if at >= start + seconds:
-                    break
-                delay = t0 + at - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(lc.send(spec)))
-            start += seconds
-        return list(await asyncio.gather(*tasks)), t0
-    finally:
-        for t in tasks:
-            t.cancel()
-        await lc.aclose()
-
-
 def phase_summary(results: list[Result], t0: float, lo: float, hi: float, rate: float) -> dict[str, Any]:
     """The requests sent in [lo, hi) seconds after ``t0``: latency, 503s, goodput over that span."""
     sent = [r for r in results if lo <= r.start - t0 < hi]
@@ -190,7 +158,7 @@ class SystemRun:
         self.out["capacity_rps"] = self.capacity
         with Poller(self.url, time.monotonic()) as poll:
             errors: list[str] = []
-            results, t0 = await open_phases(self.url, self.spec, [(rate, args.overload_s)], args.timeout_s,
+            results, t0 = await load.open_phases(self.url, self.spec, [(rate, args.overload_s)], args.timeout_s,
                                             errors=errors)
         ends = [r.start + r.latency_s for r in results]
         elapsed = max(max(ends) - t0 if ends else 0.0, args.overload_s)
@@ -206,7 +174,7 @@ class SystemRun:
         phases = [(0.5 * capacity, args.step_s), (3.0 * capacity, args.step_s), (0.5 * capacity, args.step_s)]
         t_start = time.monotonic()
         with Poller(self.url, t_start) as poll:
-            results, t0 = await open_phases(self.url, self.spec, phases, args.timeout_s, seed=2)
+            results, t0 = await load.open_phases(self.url, self.spec, phases, args.timeout_s, seed=2)
             await asyncio.sleep(0.6)
         step = {
             "phases": [phase_summary(results, t0, i * args.step_s, (i + 1) * args.step_s, rate)

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from bench.lib import prom
+from bench.lib import load, prom
 from bench.lib.batching_plan import (
     SAMPLE_RATE,
     ModelPlan,
@@ -26,7 +26,7 @@ from bench.lib.batching_plan import (
     plan_for,
     systems,
 )
-from bench.lib.load import LoadClient, RequestSpec, Result
+from bench.lib.load import RequestSpec, Result
 from bench.lib.model import FULL_DIR
 from bench.lib.procs import ServerProc, cosyserve, logger, results_dir, shown, start_run
 from bench.report import (
@@ -81,28 +81,11 @@ def spec(text: str, stream: bool) -> RequestSpec:
 
 async def run_point(url: str, req: RequestSpec, concurrency: int, count: int, cap_s: float,
                     timeout_s: float) -> tuple[list[Result], float, bool]:
-    """``count`` requests from ``concurrency`` closed-loop clients; none starts after ``cap_s``."""
-    lc = LoadClient(url, timeout_s, max_connections=max(8, 2 * concurrency))
-    results: list[Result] = []
-    left = count
+    """``count`` requests from ``concurrency`` closed-loop clients; none starts after ``cap_s``. (results, wall
+    seconds from the first send to the last byte, whether the cap cut the point short)"""
     t0 = time.monotonic()
-    capped = False
-
-    async def client() -> None:
-        nonlocal left, capped
-        while left > 0:
-            if time.monotonic() - t0 > cap_s:
-                capped = True
-                return
-            left -= 1
-            results.append(await lc.send(req))
-
-    try:
-        await asyncio.gather(*(client() for _ in range(concurrency)))
-    finally:
-        await lc.aclose()
-    ends = [r.start + r.latency_s for r in results]
-    return results, (max(ends) - t0 if ends else 0.0), capped
+    results = await load.fixed_count(url, req, count, concurrency, timeout_s, cap_s=cap_s)
+    return results, max((r.start + r.latency_s for r in results), default=t0) - t0, len(results) < count
 
 
 async def metrics(url: str) -> dict[str, float]:

@@ -21,12 +21,11 @@ import httpx
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """One request shape: JSON body or form fields (``data``)."""
+    """One request shape: a JSON body."""
 
     method: str
     path: str
     json: dict | None = None
-    data: dict | None = None
 
 
 @dataclass
@@ -144,7 +143,7 @@ class LoadClient:
         rate = retry_after = None
         try:
             async with asyncio.timeout(self.timeout_s):
-                async with self.client.stream(spec.method, spec.path, json=spec.json, data=spec.data) as r:
+                async with self.client.stream(spec.method, spec.path, json=spec.json) as r:
                     async for part in r.aiter_raw():
                         if part and ttfa is None:
                             ttfa = time.monotonic() - t0
@@ -216,33 +215,45 @@ async def closed_loop(base_url: str, spec: RequestSpec, concurrency: int, durati
         await lc.aclose()
 
 
-async def open_loop(base_url: str, spec: RequestSpec, rate_rps: float, duration_s: float, *,
-                    timeout_s: float = 120.0, seed: int = 1) -> Summary:
-    """Poisson arrivals at ``rate_rps`` for ``duration_s``, whatever the server does; then wait for all."""
+async def open_phases(base_url: str, spec: RequestSpec, phases: list[tuple[float, float]], timeout_s: float,
+                      seed: int = 1, errors: list[str] | None = None) -> tuple[list[Result], float]:
+    """Poisson arrivals at ``rate`` for ``seconds``, phase after phase, whatever the server does; every request
+    awaited. (results, t0); ``errors`` receives the client's error texts (the first 20)."""
     lc = LoadClient(base_url, timeout_s)
+    if errors is not None:
+        lc.errors = errors
     rng = random.Random(seed)
     tasks: list[asyncio.Task[Result]] = []
     try:
         t0 = time.monotonic()
-        next_at = t0
-        while True:
-            next_at += rng.expovariate(rate_rps)
-            if next_at - t0 >= duration_s:
-                break
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(lc.send(spec)))
-        results = list(await asyncio.gather(*tasks))
-        ends = [r.start + r.latency_s for r in results]
-        elapsed = max(ends) - t0 if ends else duration_s
-        s = summarize(results, max(elapsed, duration_s), lc.errors)
-        s.offered_rps = len(results) / duration_s
-        return s
+        start = 0.0
+        for rate, seconds in phases:
+            at = start
+            while True:
+                at += rng.expovariate(rate)
+                if at >= start + seconds:
+                    break
+                delay = t0 + at - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(lc.send(spec)))
+            start += seconds
+        return list(await asyncio.gather(*tasks)), t0
     finally:
         for t in tasks:
             t.cancel()
         await lc.aclose()
+
+
+async def open_loop(base_url: str, spec: RequestSpec, rate_rps: float, duration_s: float, *,
+                    timeout_s: float = 120.0, seed: int = 1) -> Summary:
+    """Poisson arrivals at ``rate_rps`` for ``duration_s``, whatever the server does; then wait for all."""
+    errors: list[str] = []
+    results, t0 = await open_phases(base_url, spec, [(rate_rps, duration_s)], timeout_s, seed, errors)
+    ends = [r.start + r.latency_s for r in results]
+    s = summarize(results, max(max(ends) - t0 if ends else duration_s, duration_s), errors)
+    s.offered_rps = len(results) / duration_s
+    return s
 
 
 async def sequential(base_url: str, spec: RequestSpec, count: int, timeout_s: float = 120.0) -> list[Result]:
@@ -255,15 +266,15 @@ async def sequential(base_url: str, spec: RequestSpec, count: int, timeout_s: fl
 
 
 async def fixed_count(base_url: str, spec: RequestSpec, count: int, concurrency: int,
-                      timeout_s: float = 120.0, on_progress: Any = None) -> list[Result]:
-    """Exactly ``count`` requests from ``concurrency`` closed-loop clients."""
+                      timeout_s: float = 120.0, on_progress: Any = None, cap_s: float | None = None) -> list[Result]:
+    """Exactly ``count`` requests from ``concurrency`` closed-loop clients (none starts after ``cap_s``)."""
     lc = LoadClient(base_url, timeout_s, max_connections=max(8, concurrency * 2))
     results: list[Result] = []
-    left = count
+    left, t0 = count, time.monotonic()
 
     async def client() -> None:
         nonlocal left
-        while left > 0:
+        while left > 0 and (cap_s is None or time.monotonic() - t0 <= cap_s):
             left -= 1
             results.append(await lc.send(spec))
             if on_progress is not None:
