@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.probes.t2w_phases import Recorder
 from bench.report import gpu_markdown, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,22 +44,6 @@ class Deadline:
 
     def left(self) -> float:
         return self.end - time.monotonic()
-
-
-class Steps:
-    """The engine's LLM observer: step seconds and batch sizes while a phase runs."""
-
-    def __init__(self) -> None:
-        self.steps: list[tuple[int, float]] = []
-        self.tokens = 0
-        self.recording = False
-
-    def on_step(self, batch_size: int, seconds: float) -> None:
-        if self.recording:
-            self.steps.append((batch_size, seconds))
-
-    def on_tokens(self, n: int) -> None:
-        self.tokens += n
 
 
 def say(msg: str) -> None:
@@ -116,7 +101,7 @@ def model_dir(args: argparse.Namespace) -> tuple[str, float]:
     return str(out), time.monotonic() - t0
 
 
-def load_engine(mdir: str, device: str, observer: Steps, threads: int) -> Any:
+def load_engine(mdir: str, device: str, observer: Recorder, threads: int) -> Any:
     from app.engines.cosyvoice.engine import CosyVoiceEngine
     from app.settings.runtime import engine_config_of
 
@@ -329,22 +314,22 @@ def stages(eng: Any, device: Any, repeats: int = 3) -> dict:
     return out
 
 
-def streaming(eng: Any, steps: Steps, concurrency: int, requests: int, deadline: Deadline) -> dict:
+def streaming(eng: Any, recorder: Recorder, concurrency: int, requests: int, deadline: Deadline) -> dict:
     """Closed loop: ``concurrency`` threads stream ``requests`` requests in all."""
     from bench.probes.t2w_phases import closed_loop
 
-    steps.steps.clear()
-    steps.recording = True
+    since, _ = recorder.mark()
     got = closed_loop(eng, [request(eng, STREAM_TEXT, stream=True, seed=i) for i in range(requests)], concurrency,
                       keep_going=lambda: deadline.left() >= 0)
-    steps.recording = False
+    with recorder.lock:
+        steps = recorder.steps[since:]
     ttfa, audio, errors, wall = got.ttfa, got.audio, got.errors, got.wall_s
-    step_s = [s for _, s in steps.steps]
+    step_s = [s for _, s in steps]
     return {"concurrency": concurrency, "requests": len(ttfa), "errors": errors[:3], "error_count": len(errors),
             "ttfa_p50_s": percentile(ttfa, 50), "ttfa_p95_s": percentile(ttfa, 95),
             "audio_s_per_wall_s": sum(audio) / wall if wall > 0 else None, "wall_s": wall,
             "llm_step_ms_p50": 1000 * statistics.median(step_s) if step_s else None,
-            "llm_mean_batch": statistics.mean(b for b, _ in steps.steps) if steps.steps else None,
+            "llm_mean_batch": statistics.mean(b for b, _ in steps) if steps else None,
             "llm_steps": len(step_s)}
 
 
@@ -436,9 +421,9 @@ def run(args: argparse.Namespace) -> dict:
     mdir, built_s = model_dir(args)
     doc["model"] = {"dir": os.path.relpath(mdir, ROOT) if mdir.startswith(str(ROOT)) else Path(mdir).name,
                     "build_s": built_s, "full_size": not args.quick}
-    steps = Steps()
+    recorder = Recorder()
     t0 = time.monotonic()
-    eng = load_engine(mdir, str(device), steps, args.threads)
+    eng = load_engine(mdir, str(device), recorder, args.threads)
     doc["model"]["load_s"] = time.monotonic() - t0
     doc["model"]["precision"] = eng.loaded.precision.stage_dtypes()
     say(f"loaded in {doc['model']['load_s']:.1f} s")
@@ -462,7 +447,7 @@ def run(args: argparse.Namespace) -> dict:
             if deadline.left() < needs:
                 doc["streaming"].append({"concurrency": c, "skipped": "time budget"})
                 continue
-            point = streaming(eng, steps, c, n, deadline)
+            point = streaming(eng, recorder, c, n, deadline)
             doc["streaming"].append(point)
             say(f"concurrency {c}: {json.dumps(point, default=str)[:300]}")
         doc["gpu_memory"] = gpu_memory(device)
