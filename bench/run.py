@@ -1,4 +1,4 @@
-"""The headline suite, ``make bench`` (~25 min) or ``python -m bench serve --scenario run --quick``.
+"""The headline suite, ``make bench`` (~10 min, then admission and batching) or ``python -m bench serve --scenario run --quick``.
 
 One machine, the tiny CosyVoice2 model, one system at a time: (a) the ceilings in-process,
 (b) cosyserve; then (e) batching and (f) admission as subprocesses. The seed's load per request
