@@ -13,9 +13,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import fcntl
 import functools
 import json
 import signal
+import socket
+import termios
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -24,17 +27,61 @@ from urllib.parse import urlsplit
 import httpx
 import psutil
 
-from bench.lib.abuse_sockets import (
-    TCP_CLOSE,
-    TCP_CLOSE_WAIT,
-    connect,
-    peek,
-    queued,
-    request_head,
-    status_of,
-    tcp_state,
-)
 from bench.lib.admission_server import TEXT
+
+# -- raw HTTP/1.1 over loopback sockets: a request's head, the status of an answer, and what a socket that
+# reads nothing can still learn (its TCP state, the bytes queued, a peek)
+TCP_CLOSE_WAIT, TCP_CLOSE = 8, 7  # Linux tcp_states.h
+
+
+def status_of(head: bytes) -> str:
+    """``"413"`` from ``b"HTTP/1.1 413 ..."``; ``"garbled"`` otherwise."""
+    parts = head.split(b" ", 2)
+    return parts[1].decode() if len(parts) > 1 and parts[0].startswith(b"HTTP/") and parts[1].isdigit() else "garbled"
+
+
+def request_head(host: str, path: str, length: int | None) -> bytes:
+    """A POST's head; ``length`` None: a chunked body."""
+    size = "Transfer-Encoding: chunked" if length is None else f"Content-Length: {length}"
+    return f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{size}\r\n\r\n".encode()
+
+
+async def connect(host: str, port: int, sndbuf: int = 0, rcvbuf: int = 0) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if sndbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, (host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def tcp_state(sock: socket.socket) -> int | None:
+    try:
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+    except (OSError, AttributeError):
+        return None
+
+
+def queued(sock: socket.socket) -> int:
+    """Bytes received and not read (FIONREAD)."""
+    try:
+        return int.from_bytes(fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"), "little")
+    except OSError:
+        return 0
+
+
+def peek(sock: socket.socket) -> bytes:
+    try:
+        return sock.recv(64, socket.MSG_PEEK)
+    except (BlockingIOError, OSError):
+        return b""
+
 
 MAX_ATTEMPTS = 100_000  # per client and phase: a bound on every reconnect / retry loop
 MAX_SAMPLES = 20_000  # per list in the tally

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.abuse import PHASES, parse_args, statuses
-from bench.lib.abuse_clients import Tally
-from bench.lib.abuse_sockets import request_head, status_of
+from bench.lib.abuse_clients import Tally, request_head, status_of
 from bench.lib.load import Result
 from bench.report import (
     abuse_goals,
