@@ -389,29 +389,20 @@ def admission_markdown(r: dict) -> str:
     lines = [
         "# Overload with the defaults: admission benchmark", "",
         (f"Run {r['started']}, {r['cores']} cores, model `{r['model']}`; every request `POST /v1/tts` streamed "
-         f"16-bit PCM of \"{r['text']}\". "
-         f"{'QUICK SMOKE RUN: the numbers mean nothing. ' if cfg.get('quick') else ''}"
+         f"16-bit PCM of \"{r['text']}\". {'QUICK SMOKE RUN: the numbers mean nothing. ' if cfg.get('quick') else ''}"
          f"Closed loop {cfg['point_s']:g} s measured after {cfg['warmup_s']:g} s (a 503 costs its client "
          f"{backoff(cfg.get('reject_backoff_s'))}); open loop {cfg['overload_s']:g} s per rate (goodput: the work done "
-         f"while the arrivals lasted); "
-         + (f"step phases {cfg['step_s']:g} s. " if cfg["step_s"] > 0 else "no step test. ")
-         + (f"Every closed- and open-loop point measured in {cfg['rounds']} rounds (all points of a round, then "
-            "the next round): each row is the point's median round, its req/s range over the rounds in "
-            "brackets, its counts summed. " if cfg.get("rounds", 1) > 1 else "")
-         + ("Just before each open-loop rate the system's best closed-loop point so far ran again (the "
-            "\"again\" rows): goodput is graded against the best point of the whole sweep and, a minute apart "
-            "on the same host, against that one (each round's ratio, their median). " if cfg.get("paired") else "")
-         + (f"The servers ran at nice {cfg['server_nice']}. " if cfg.get("server_nice", 0) > 0 else "")
-         + (f"The load generator ran in {r['load_generator']} (bench/lib/sched.py: on the same cores a client in the "
-            "normal class waits behind the servers' compute threads, and its timings with it; a real "
-            "deployment's clients are elsewhere). " if r.get("load_generator") else "")
-         + f"Load average at start {r['loadavg_start'][0]:.2f}, at end {r['loadavg_end'][0]:.2f}. "
-         "Latencies in ms (send to last byte, admitted requests); goodput in requests and audio seconds per "
-         "wall second."
-         + ("" if cfg.get("sequential") else
-            " The servers ran side by side, idle but for the one measured, phase by phase in turn (c=1 of each, "
-            "then c=2 of each, ...; every other round the systems in reverse order), so a drift of the machine's "
-            "speed during the run hits every system alike.")),
+         "while the arrivals lasted); " + (f"step phases {cfg['step_s']:g} s. " if cfg["step_s"] > 0 else "no step test. ")
+         + (f"Every point measured in {cfg['rounds']} rounds: each row is its median round, the req/s range in "
+            "brackets, the counts summed. " if cfg.get("rounds", 1) > 1 else "")
+         + ("The \"again\" rows: the best closed-loop point re-run just before each open-loop rate, which is "
+            "graded against it too. " if cfg.get("paired") else "")
+         + (f"Servers at nice {cfg['server_nice']}. " if cfg.get("server_nice", 0) > 0 else "")
+         + (f"The load generator ran in {r['load_generator']}. " if r.get("load_generator") else "")
+         + ("The servers ran side by side, phase by phase in turn. " if not cfg.get("sequential") else "")
+         + f"Load average at start {r['loadavg_start'][0]:.2f}, at end {r['loadavg_end'][0]:.2f}. Latencies in ms "
+         "(send to last byte, admitted requests); goodput in requests and audio seconds per wall second. Method: "
+         "docs/benchmarks/README.md, \"Overload with the defaults\"."),
         "",
     ]
     for key, sys_ in r["systems"].items():
