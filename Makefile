@@ -61,9 +61,12 @@ test-upstream: setup
 loadtest: setup
 	$(PY) -m bench serve --scenario loadtest
 
-# the headline and cost suites; results in .cache/bench/ (a curated .md goes into docs/benchmarks/: bench/README.md)
+# the headline suite, admission (3 rounds), batching and cost; results in .cache/bench/<suite>/ (a curated .md
+# goes into docs/benchmarks/: bench/README.md)
 bench: setup
 	$(PY) -m bench serve --scenario run
+	$(PY) -m bench serve --scenario admission --rounds 3
+	$(PY) -m bench serve --scenario batching
 	$(PY) -m bench cost
 	$(PY) -m bench cost --plan levers
 

@@ -1,8 +1,8 @@
-"""The headline suite, ``make bench`` (~10 min, then admission and batching) or ``python -m bench serve --scenario run --quick``.
+"""The headline suite (~10 min; ``make bench`` runs admission, batching and cost after it).
 
 One machine, the tiny CosyVoice2 model, one system at a time: (a) the ceilings in-process,
-(b) cosyserve; then (e) batching and (f) admission as subprocesses. The seed's load per request
-(c) and upstream's pattern (d) ran beside them until 5983ddc. The method and goals:
+(b) cosyserve. The seed's load per request (c) and upstream's pattern (d) ran beside them, and
+run.py started (e) batching and (f) admission itself, until 5983ddc. The method and goals:
 docs/benchmarks/README.md, "The headline suite".
 """
 
@@ -29,7 +29,6 @@ from bench.lib.procs import (
     ServerProc,
     cosyserve,
     logger,
-    python_module,
     results_dir,
     shown,
     start_run,
@@ -45,8 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="smoke run: a few seconds per point (numbers meaningless)")
     ap.add_argument("--out", help="output dir (default .cache/bench/run, --quick: .cache/bench/run/quick)")
     ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model, built once into the cache")
-    ap.add_argument("--systems", default="ceilings,cosyserve,admission,batching",
-                    help="comma list of: ceilings, cosyserve, admission, batching")
+    ap.add_argument("--systems", default="ceilings,cosyserve", help="comma list of: ceilings, cosyserve")
     ap.add_argument("--concurrency", default="1,2,4,8,16")
     ap.add_argument("--point-s", type=float, help="measured seconds per closed-loop point")
     ap.add_argument("--warmup-s", type=float, help="unmeasured seconds before each point")
@@ -205,9 +203,6 @@ async def stable_rss(srv: ServerProc) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if set(args.systems) <= {"admission", "batching"}:  # only (e)/(f): leave the side-by-side results be
-        return max([run_admission(args) if "admission" in args.systems else 0,
-                    run_batching(args) if "batching" in args.systems else 0])
     started = time.monotonic()
     model_dir = args.model_dir or ensure_model(2)
     run_dir, results = start_run("run", args, log, model_dir=shown(model_dir), text=TEXT, short_text=SHORT_TEXT,
@@ -238,31 +233,4 @@ def main(argv: list[str] | None = None) -> int:
     save(args.out, "run", results, run_markdown(results))
     print_goals(goals)
     log(f"done in {results['elapsed_s'] / 60:.1f} min")
-    if "admission" in args.systems:
-        run_admission(args)
-    if "batching" in args.systems:
-        run_batching(args)
     return 0
-
-
-def run_admission(args: argparse.Namespace) -> int:
-    """(f): overload with the defaults vs fixed sizings (bench/admission.py), one server at a time."""
-    argv = python_module("bench", "serve", "--scenario", "admission", "--out", str(args.out))
-    argv += ["--quick"] if args.quick else ["--rounds", "3"]  # one round's best point is a lucky moment here
-    if args.model_dir:
-        argv += ["--model-dir", args.model_dir]
-    log("(f) admission benchmark: " + " ".join(argv[1:]))
-    code = subprocess.run(argv, check=False, cwd=ROOT, env={**os.environ, **THREAD_ENV}).returncode
-    if code != 0:
-        log(f"  (f) admission FAILED with exit code {code}")
-    return code
-
-
-def run_batching(args: argparse.Namespace) -> int:
-    """(e): the batching benchmark, one server at a time like the rest, after them."""
-    argv = python_module("bench", "serve", "--scenario", "batching", "--out", str(args.out), *(["--quick"] if args.quick else []))
-    log("(e) batching benchmark: " + " ".join(argv[1:]))
-    code = subprocess.run(argv, check=False, cwd=ROOT, env={**os.environ, **THREAD_ENV}).returncode
-    if code != 0:
-        log(f"  (e) batching FAILED with exit code {code}")
-    return code
