@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ import httpx
 import psutil
 
 from bench.lib import load, prom
-from bench.lib.admission_server import gauges, pool_server, work
+from bench.lib.admission_server import pool_server, work
 from bench.lib.load import LoadClient, Result
 from bench.lib.procs import ROOT, ServerProc, logger, start_run
 from bench.lib.sched import realtime_client
@@ -135,13 +136,13 @@ async def tally_of(proc: asyncio.subprocess.Process, wait_s: float) -> dict | No
     return json.loads(lines[-1]) if lines else None
 
 
-async def settle(url: str, limit_s: float = 20.0) -> float | None:
-    """Seconds until the server has no request in flight (``tts_inflight_requests``); None: not within ``limit_s``."""
+async def wait_metrics(url: str, done: Callable[[dict[str, float]], bool], limit_s: float) -> float | None:
+    """Seconds until ``done(the server's /metrics samples)``, read every 0.5 s; None: not within ``limit_s``."""
     t0 = time.monotonic()
     async with httpx.AsyncClient(base_url=url) as client:
         while time.monotonic() - t0 < limit_s:
             try:
-                if not (await gauges(client)).get("in_flight"):
+                if done(prom.parse_samples((await client.get("/metrics", timeout=5)).text)):
                     return round(time.monotonic() - t0, 1)
             except httpx.HTTPError:
                 pass
@@ -161,21 +162,6 @@ def logged_since(path: Path, offset: int) -> str:
 NONREAD_LEAD_MAX_S = 180.0
 
 
-async def streams_made(url: str, before: float, clients: int, limit_s: float) -> float:
-    """Seconds until ``clients`` more engine jobs ended than ``before`` (parse_samples sums the outcomes)."""
-    t0 = time.monotonic()
-    async with httpx.AsyncClient(base_url=url) as client:
-        while time.monotonic() - t0 < limit_s:
-            try:
-                m = prom.parse_samples((await client.get("/metrics", timeout=5)).text)
-                if m.get("tts_engine_jobs_total", 0) >= before + clients:
-                    break
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(0.5)
-    return time.monotonic() - t0
-
-
 async def jobs_ok(url: str) -> float:
     async with httpx.AsyncClient(base_url=url) as client:
         m = prom.parse_samples((await client.get("/metrics", timeout=5)).text)
@@ -191,7 +177,8 @@ async def run_phase(srv: ServerProc, name: str, args: argparse.Namespace) -> dic
         if kind == "nonread":
             before = await jobs_ok(srv.base_url)
             proc = await adversary(kind, clients, srv, NONREAD_LEAD_MAX_S + args.phase_s, args.adversary_nice)
-            lead_s = await streams_made(srv.base_url, before, clients, NONREAD_LEAD_MAX_S)
+            lead_s = await wait_metrics(srv.base_url, lambda m: m.get("tts_engine_jobs_total", 0) >= before + clients,
+                                        NONREAD_LEAD_MAX_S) or NONREAD_LEAD_MAX_S  # engine jobs: outcomes summed
             log(f"{name}: their {clients} streams were made in {lead_s:.1f} s; measuring beside them")
             lead_s = 0.0
         elif kind is not None:
@@ -230,7 +217,7 @@ async def measure(srv: ServerProc, name: str, kind: str | None, clients: int, pr
     if kind and kind.startswith("storm") and tally:
         phase["storm"] = storm_rates(tally, lo, hi)
         phase["storm"]["total_rps"] = phase["storm"]["goodput_rps"] + s.throughput_rps
-    phase["settle_s"] = await settle(srv.base_url)
+    phase["settle_s"] = await wait_metrics(srv.base_url, lambda m: not m.get("tts_inflight_requests"), 20.0)
     text = logged_since(srv.log_path, log_at)  # what the server logged during the phase and its settling
     phase["server_log"], phase["server_4xx_p99_ms"] = server_log(text), server_refusal_p99_ms(text)
     phase["server_4xx_held_p99_ms"] = server_refusal_p99_ms(text, held=True)
