@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import functools
 import os
-import re
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -33,10 +32,12 @@ from bench.report import (
     admission_markdown,
     best_closed,
     best_closed_rps,
+    ms_label,
     paired_ratios,
     per_point,
     print_goals,
     save,
+    server_log,
     settle_times,
 )
 
@@ -136,7 +137,7 @@ class SystemRun:
         s, limits = await self._closed_loop(c)
         self.out["points"].append({"kind": "closed", "concurrency": c, **s.to_dict(),
                                    "limit_last": limits[-1] if limits else None, "limits": limits})
-        log(f"  {self.system} c={c}: {brief(s)} limit={limits[-1] if limits else '-'}")
+        log(f"  {self.system} c={c}: {s.brief()} limit={limits[-1] if limits else '-'}")
 
     async def reference(self, factor: float) -> None:
         """The best closed-loop point so far measured again, just before the open loop at ``factor``: the two
@@ -147,7 +148,7 @@ class SystemRun:
         s, limits = await self._closed_loop(c)
         self.out["refs"].append({"kind": "closed", "factor": factor, "concurrency": c, **s.to_dict(),
                                  "limits": limits})
-        log(f"  {self.system} c={c} again, before {factor:g}x: {brief(s)}")
+        log(f"  {self.system} c={c} again, before {factor:g}x: {s.brief()}")
 
     @property
     def capacity(self) -> float:
@@ -167,7 +168,7 @@ class SystemRun:
         s.offered_rps = len(results) / args.overload_s
         self.out["open"].append({"factor": factor, "rate_rps": rate, **s.to_dict(),
                                  "limits": poll.limits})
-        log(f"  {self.system} open {factor:g}x ({rate:.2f}/s): {brief(s)}")
+        log(f"  {self.system} open {factor:g}x ({rate:.2f}/s): {s.brief()}")
 
     async def step(self) -> None:
         args, capacity = self.args, self.capacity
@@ -184,7 +185,7 @@ class SystemRun:
         step["settle_s"] = settle_times(step)
         self.out["step"] = step
         log(f"  {self.system} step 0.5x -> 3x -> 0.5x: limit settled after {step['settle_s']} s "
-            f"(admitted p99 per phase: {[ms(p['latency_p99_s']) for p in step['phases']]})")
+            f"(admitted p99 per phase: {[ms_label(p['latency_p99_s']) for p in step['phases']]})")
 
     def phases(self) -> list[Callable[[], Awaitable[None]]]:
         """The calls in order: warm-up; per round, closed loop per concurrency and open loop per factor (at
@@ -216,20 +217,10 @@ class SystemRun:
         return out
 
 
-def ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1000:.0f}ms"
-
-
-def brief(s: load.Summary) -> str:
-    return (f"{s.throughput_rps:.2f} rps {s.audio_per_s:.1f} audio-s/s ok={s.ok} p50={ms(s.latency_p50_s)} "
-            f"p99={ms(s.latency_p99_s)} 503={s.rejected} (p99 {ms(s.reject_p99_s)}) err={s.errors} "
-            f"timeout={s.timeouts}")
-
-
 def server_rejects(srv: ServerProc) -> dict[str, Any]:
     """503s as the server timed them (access log: first request byte to last response byte, in the app)."""
-    ms = sorted(float(m.group(1)) for m in re.finditer(r" /v1/tts 503 ([0-9.]+)ms", srv.log_tail(1 << 30)))
-    return {"count": len(ms), "p50_ms": load.percentile(ms, 50), "p99_ms": load.percentile(ms, 99)}
+    got = server_log(srv.log_tail(1 << 30)).get("POST /v1/tts 503", {})
+    return {"count": got.get("count", 0), "p50_ms": got.get("p50_ms"), "p99_ms": got.get("p99_ms")}
 
 
 def startup_line(srv: ServerProc) -> str | None:

@@ -92,13 +92,6 @@ def run_ceiling(mode: str, args: argparse.Namespace, model_dir: str) -> dict:
     return json.loads(line)
 
 
-def brief(s: load.Summary) -> str:
-    def ms(v: float | None) -> str:
-        return "-" if v is None else f"{v * 1000:.0f}ms"
-    return (f"{s.throughput_rps:.2f} rps ok={s.ok} p50={ms(s.latency_p50_s)} p99={ms(s.latency_p99_s)} "
-            f"503={s.rejected} (p99 {ms(s.reject_p99_s)}) err={s.errors} timeout={s.timeouts}")
-
-
 def scrape_counters(base_url: str) -> dict[str, float]:
     """A few cosyserve counters from /metrics, to cross-check the client's view."""
     samples = prom.parse_samples(httpx.get(base_url + "/metrics", timeout=10).text, labels=True)
@@ -140,7 +133,7 @@ async def bench_system(srv: ServerProc, args: argparse.Namespace) -> dict[str, A
                                    timeout_s=args.timeout_s, reject_backoff_s=args.reject_backoff_s)
         point = {"kind": "closed", "concurrency": c, **s.to_dict(), "peak_rss": rss.peak(t0)}
         out["points"].append(point)
-        log(f"  c={c}: {brief(s)}")
+        log(f"  c={c}: {s.brief()}")
     if rss.limit_hit:
         out["stopped"] = "RSS limit"
         return out
@@ -150,7 +143,7 @@ async def bench_system(srv: ServerProc, args: argparse.Namespace) -> dict[str, A
     s = await load.open_loop(url, WORK, rate, args.overload_s, timeout_s=args.timeout_s)
     out["overload"] = {"kind": "open", "rate_rps": rate, "capacity_rps": capacity, **s.to_dict(),
                        "peak_rss": rss.peak(t0)}
-    log(f"  open loop {rate:.2f}/s ({args.overload_factor:g}x {capacity:.2f}): {brief(s)}")
+    log(f"  open loop {rate:.2f}/s ({args.overload_factor:g}x {capacity:.2f}): {s.brief()}")
     if not rss.limit_hit:
         await ttfa_series(url, args, out)
         await memory_run(srv, args, out)

@@ -64,6 +64,14 @@ class Summary:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def brief(self) -> str:
+        """One line for a suite's progress log."""
+        def ms(v: float | None) -> str:
+            return "-" if v is None else f"{v * 1000:.0f}ms"
+        return (f"{self.throughput_rps:.2f} rps {self.audio_per_s:.1f} audio-s/s ok={self.ok} "
+                f"p50={ms(self.latency_p50_s)} p99={ms(self.latency_p99_s)} 503={self.rejected} "
+                f"(p99 {ms(self.reject_p99_s)}) err={self.errors} timeout={self.timeouts}")
+
 
 def percentile(values: list[float], q: float) -> float | None:
     """Nearest-rank percentile (q in 0..100) of the values that are not NaN; None for none."""
