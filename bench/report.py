@@ -684,11 +684,7 @@ def priority_goals(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _priority_fmt(v: Any, unit: str = "") -> str:
-    if v is None:
-        return "-"
-    if unit == "ms":
-        return f"{v * 1000:.0f}"
-    return f"{v:.2f}" if isinstance(v, float) else str(v)
+    return ms(v) if unit == "ms" else num(v) if isinstance(v, float) or v is None else str(v)
 
 
 ROWS: tuple[tuple[str, str, str, str], ...] = (

@@ -153,7 +153,7 @@ async def bench_system(srv: ServerProc, args: argparse.Namespace) -> dict[str, A
 
 
 async def ttfa_series(url: str, args: argparse.Namespace, out: dict) -> None:
-    results = await load.sequential(url, STREAM, args.streams, args.timeout_s)
+    results = await load.fixed_count(url, STREAM, args.streams, 1, args.timeout_s)  # one after another
     out["ttfa_series"] = [r.ttfa_s for r in results]
     out["ttfa_kinds"] = [r.kind for r in results]
     out["ttfa"] = load.summarize(results, 1.0).to_dict()

@@ -264,15 +264,6 @@ async def open_loop(base_url: str, spec: RequestSpec, rate_rps: float, duration_
     return s
 
 
-async def sequential(base_url: str, spec: RequestSpec, count: int, timeout_s: float = 120.0) -> list[Result]:
-    """``count`` requests one after another (time-to-first-audio drift, RSS over many requests)."""
-    lc = LoadClient(base_url, timeout_s, max_connections=4)
-    try:
-        return [await lc.send(spec) for _ in range(count)]
-    finally:
-        await lc.aclose()
-
-
 async def fixed_count(base_url: str, spec: RequestSpec, count: int, concurrency: int,
                       timeout_s: float = 120.0, on_progress: Any = None, cap_s: float | None = None) -> list[Result]:
     """Exactly ``count`` requests from ``concurrency`` closed-loop clients (none starts after ``cap_s``)."""
