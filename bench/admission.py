@@ -187,13 +187,10 @@ class SystemRun:
         log(f"  {self.system} step 0.5x -> 3x -> 0.5x: limit settled after {step['settle_s']} s "
             f"(admitted p99 per phase: {[ms_label(p['latency_p99_s']) for p in step['phases']]})")
 
-    def phases(self) -> list[Callable[[], Awaitable[None]]]:
-        """The calls in order: warm-up; per round, closed loop per concurrency and open loop per factor (at
-        the best closed-loop throughput's median so far); the step test."""
-        return [call for _, call in self.plan()]
-
     def plan(self) -> list[tuple[int, Callable[[], Awaitable[None]]]]:
-        """``phases()`` with the round each belongs to (the warm-up the first, the step test the last)."""
+        """The calls in order, each with its round: warm-up (the first round's); per round, closed loop per
+        concurrency and open loop per factor (at the best closed-loop throughput's median so far); the step
+        test (the last round's)."""
         out: list[tuple[int, Callable[[], Awaitable[None]]]] = [(0, self.warm)]
         for r in range(self.args.rounds):  # each round closed then open loop: a drift hits both alike
             out += [(r, functools.partial(self.closed, c)) for c in self.args.concurrency]

@@ -106,12 +106,12 @@ def test_rounds_interleave_every_point_and_the_report_shows_their_range():
         base_url = "http://x"
 
     run = SystemRun("defaults", Srv(), args)
-    plan = [(getattr(f, "func", f).__name__, getattr(f, "args", ())) for f in run.phases()]
+    plan = [(getattr(f, "func", f).__name__, getattr(f, "args", ())) for _, f in run.plan()]
     # each open-loop rate right after the best closed point measured again (the host drifts within minutes)
     assert plan == [("warm", ()), ("closed", (1,)), ("closed", (2,)), ("reference", (3.0,)), ("overload", (3.0,)),
                     ("closed", (1,)), ("closed", (2,)), ("reference", (3.0,)), ("overload", (3.0,)), ("step", ())]
     no_step = SystemRun("defaults", Srv(), parse_args(["--quick", "--step-s", "0", "--no-paired"]))
-    names = [getattr(f, "func", f).__name__ for f in no_step.phases()]
+    names = [getattr(f, "func", f).__name__ for _, f in no_step.plan()]
     assert "step" not in names and "reference" not in names
     run.out["points"] = [point(1, 3.0, 0.2, 0.3), point(1, 3.4, 0.2, 0.3)]
     report = run.report()
