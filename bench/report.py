@@ -111,16 +111,13 @@ def drift(series: list[float | None]) -> tuple[float, float] | None:
 def run_goals(r: dict) -> list[dict]:
     goals: list[dict] = []
     workers = r["config"]["workers"]
-    th, pr = r.get("ceiling_threads"), r.get("ceiling_processes")
-    b = r["systems"].get("cosyserve")
-    ceilings = ([(f"{workers}-thread", th["cw"]["throughput_rps"])] if th else []) + \
-        ([(f"{pr['processes']}-process", pr["closed"]["throughput_rps"])] if pr else [])
-    for what, ceiling in ceilings if b else ():
-        for p in b["points"]:
-            if p["concurrency"] >= workers and ceiling:
-                ratio = p["throughput_rps"] / ceiling
-                add_goal(goals, f"(b) throughput at c={p['concurrency']} / (a) {what} ceiling",
-                         f"{ratio:.3f}", ">= 0.95", ratio >= 0.95)
+    th, b = r.get("ceiling_threads"), r["systems"].get("cosyserve")
+    ceiling = th["cw"]["throughput_rps"] if th else None
+    for p in b["points"] if b and ceiling else ():
+        if p["concurrency"] >= workers:
+            ratio = p["throughput_rps"] / ceiling
+            add_goal(goals, f"(b) throughput at c={p['concurrency']} / (a) {workers}-thread ceiling",
+                     f"{ratio:.3f}", ">= 0.95", ratio >= 0.95)
     if b:
         base = _run_point(b, workers)
         base_p99 = base["latency_p99_s"] if base else None
@@ -181,18 +178,15 @@ def run_markdown(r: dict) -> str:
          f"Load average at start {r['loadavg_start'][0]:.2f}, at end {r['loadavg_end'][0]:.2f} "
          "(anything else running skews the numbers)."), "",
     ]
-    th, pr = r.get("ceiling_threads"), r.get("ceiling_processes")
-    if th or pr:
-        setups = ([("1 thread", th["c1"]), (f"{th['workers']} threads, one engine each", th["cw"])] if th else []) \
-            + ([(f"{pr['processes']} processes, one engine each", pr["closed"])] if pr else [])
+    th = r.get("ceiling_threads")
+    if th:
+        setups = [("1 thread", th["c1"]), (f"{th['workers']} threads, one engine each", th["cw"])]
         lines += ["## (a) Ceilings: the engine in-process, no HTTP", "", *table(
             ["setup", "throughput (req/s)", "p50", "p99"],
             [[label, f"{s['throughput_rps']:.2f}", _ms1(s["latency_p50_s"]), _ms1(s["latency_p99_s"])]
-             for label, s in setups])]
-        if th:
-            note = (f"Engine load {th['load_s'] * 1000:.0f} ms (first, with imports: {th['load_s_first']:.1f} s); "
-                    f"own first streamed chunk p50 {_ms1(th['first_chunk_p50_s'])} ms.")
-            lines += ["", note, ""]
+             for label, s in setups]),
+            "", f"Engine load {th['load_s'] * 1000:.0f} ms (first, with imports: {th['load_s_first']:.1f} s); "
+            f"own first streamed chunk p50 {_ms1(th['first_chunk_p50_s'])} ms.", ""]
     rows = []
     for sys_ in r["systems"].values():
         o = sys_.get("overload")

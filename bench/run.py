@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--reject-backoff-s", type=float, default=0.1,
                     help="closed-loop client pause after a 503")
     ap.add_argument("--workers", type=int, default=2,
-                    help="ceiling threads/processes and the client concurrency of warm-up and memory runs")
+                    help="ceiling threads and the client concurrency of warm-up and memory runs")
     ap.add_argument("--server-workers", type=int, default=None,
                     help="cosyserve pool.workers (default: none, the server's own default, as a user starts it)")
     ap.add_argument("--max-queue", type=int, default=None, help="cosyserve pool.max_queue (default: the server's)")
@@ -79,15 +79,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 log = logger("bench")
 
 
-def run_ceiling(mode: str, args: argparse.Namespace, model_dir: str) -> dict:
-    argv = [sys.executable, "-m", "bench.lib.ceilings", mode, "--model-dir", model_dir, "--text", TEXT,
+def run_ceiling(args: argparse.Namespace, model_dir: str) -> dict:
+    argv = [sys.executable, "-m", "bench.lib.ceilings", "--model-dir", model_dir, "--text", TEXT,
             "--workers", str(args.workers), "--warmup", str(args.warmup_s), "--duration", str(args.point_s),
             "--streams", str(args.streams)]
-    log(f"(a) ceiling, {mode}")
+    log("(a) ceiling: threads")
     proc = subprocess.run(argv, check=False, cwd=ROOT, env={**os.environ, **THREAD_ENV}, capture_output=True,
                           text=True, timeout=1800)
     if proc.returncode != 0:
-        raise RuntimeError(f"bench.lib.ceilings {mode} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+        raise RuntimeError(f"bench.lib.ceilings failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")][-1]
     return json.loads(line)
 
@@ -200,11 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = args.model_dir or ensure_model(2)
     run_dir, results = start_run("run", args, log, model_dir=shown(model_dir), text=TEXT, short_text=SHORT_TEXT,
                                  systems={})
-    for mode in ("threads", "processes") if "ceilings" in args.systems else ():
+    if "ceilings" in args.systems:
         try:
-            results[f"ceiling_{mode}"] = run_ceiling(mode, args, model_dir)
+            results["ceiling_threads"] = run_ceiling(args, model_dir)
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
-            log(f"  ceiling {mode} FAILED: {str(exc)[:2000]}")
+            log(f"  ceiling FAILED: {str(exc)[:2000]}")
     if "cosyserve" in args.systems:
         log("(b) cosyserve: starting")
         srv = server(args, model_dir, run_dir)

@@ -1,14 +1,12 @@
 """System (a): the ceilings. The same engine called in-process, no HTTP, no pool.
 
 Run as its own process (``python -m bench.lib.ceilings ...``) so the benchmark
-driver never holds a model, and one system runs at a time. Two modes:
-
-* ``threads``: ``workers`` CosyVoiceEngine instances, one per thread, 1 torch
-  thread each: cosyserve's slot setup without the server. Measures engine load
-  time, concurrency-1 latency, the closed-loop throughput of ``workers``
-  threads, and the engine's own time to first chunk over a series of streams.
-* ``processes``: one process per core, one engine and 1 torch thread each, all
-  started together after loading (the multi-process ceiling).
+driver never holds a model, and one system runs at a time: ``workers``
+CosyVoiceEngine instances, one per thread, 1 torch thread each: cosyserve's slot
+setup without the server. Measures engine load time, concurrency-1 latency, the
+closed-loop throughput of ``workers`` threads, and the engine's own time to first
+chunk over a series of streams. (A ``processes`` mode, one process per core, ran
+beside it until 5983ddc.)
 
 Prints one JSON object on the last line of stdout.
 """
@@ -17,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
-import os
 import statistics
 import sys
 import threading
@@ -97,7 +93,6 @@ def run_threads(args: argparse.Namespace) -> dict:
     engines = engines[: args.workers]
     for e in engines:
         e.warmup()
-    speaker = engines[0].voices()[0]
     c1 = closed_threads(engines[:1], args.text, args.warmup, args.duration)
     cw = closed_threads(engines, args.text, args.warmup, args.duration)
     stream_req = _request(engines[0], args.text, True)
@@ -111,7 +106,7 @@ def run_threads(args: argparse.Namespace) -> dict:
     for e in engines:
         e.close()
     return {
-        "mode": "threads", "workers": args.workers, "speaker": speaker,
+        "mode": "threads", "workers": args.workers,
         "load_s_first": loads[0], "load_s": statistics.median(loads[1:]),
         "c1": c1, "cw": cw,
         "first_chunk_s": firsts, "first_chunk_p50_s": percentile(firsts, 50),
@@ -119,70 +114,16 @@ def run_threads(args: argparse.Namespace) -> dict:
     }
 
 
-def _proc_main(model_dir: str, text: str, ready: Any, go: Any, conn: Any, warmup_s: float, duration_s: float) -> None:
-    import torch
-
-    torch.set_num_threads(1)
-    e = _engine(model_dir)
-    e.load()
-    e.warmup()
-    ready.release()
-    go.wait()
-    results: list[Result] = []
-    t_measure = time.monotonic() + warmup_s  # CLOCK_MONOTONIC: comparable across processes on Linux
-    loop(e, _request(e, text, False), t_measure, t_measure + duration_s, results)
-    conn.send(([(r.start, r.latency_s, r.kind) for r in results], t_measure))
-    conn.close()
-    e.close()
-
-
-def run_processes(args: argparse.Namespace) -> dict:
-    n = args.processes or os.cpu_count() or 1
-    ctx = mp.get_context("spawn")
-    ready, go = ctx.Semaphore(0), ctx.Event()
-    pipes, procs = [], []
-    try:
-        for _ in range(n):
-            parent, child = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_proc_main, args=(args.model_dir, args.text, ready, go, child, args.warmup,
-                                                     args.duration), daemon=True)
-            p.start()
-            child.close()
-            pipes.append(parent)
-            procs.append(p)
-        for _ in range(n):
-            if not ready.acquire(timeout=600):
-                raise RuntimeError("a ceiling process did not load its engine in time")
-        go.set()
-        results: list[Result] = []
-        starts = []
-        for conn in pipes:
-            rows, t_measure = conn.recv()
-            starts.append(t_measure)
-            results.extend(Result(s, 200, lat, None, 1, kind) for s, lat, kind in rows)
-        window = (max(starts), min(starts) + args.duration)  # when every process was measuring
-        summary = summarize(results, args.duration, window=window).to_dict()
-        return {"mode": "processes", "processes": n, "closed": summary}
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("threads", "processes"))
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--text", required=True)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--processes", type=int, default=0, help="default: one per core")
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--duration", type=float, default=15.0)
     ap.add_argument("--streams", type=int, default=100)
     args = ap.parse_args(argv)
-    out = run_threads(args) if args.mode == "threads" else run_processes(args)
+    out = run_threads(args)
     sys.stdout.flush()
     print(json.dumps(out))
     return 0
