@@ -18,9 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from bench.lib import load, prom
+from bench.lib import load
 from bench.lib.load import RequestSpec
 from bench.lib.model import ensure_model
 from bench.lib.procs import (
@@ -92,13 +90,6 @@ def run_ceiling(args: argparse.Namespace, model_dir: str) -> dict:
     return json.loads(line)
 
 
-def scrape_counters(base_url: str) -> dict[str, float]:
-    """A few cosyserve counters from /metrics, to cross-check the client's view."""
-    samples = prom.parse_samples(httpx.get(base_url + "/metrics", timeout=10).text, labels=True)
-    return {k: v for k, v in samples.items()
-            if v and k.startswith(("tts_requests_total", "tts_rejected_total", "tts_engine_errors_total"))}
-
-
 def native(text: str, stream: bool = False) -> RequestSpec:
     return RequestSpec("POST", "/v1/tts", json={"text": text, "format": "pcm", **({"stream": True} if stream else {})})
 
@@ -147,7 +138,6 @@ async def bench_system(srv: ServerProc, args: argparse.Namespace) -> dict[str, A
     if not rss.limit_hit:
         await ttfa_series(url, args, out)
         await memory_run(srv, args, out)
-        out["server_counters"] = scrape_counters(url)
     out["peak_rss"] = rss.peak()
     return out
 
@@ -166,20 +156,12 @@ async def memory_run(srv: ServerProc, args: argparse.Namespace, out: dict) -> No
     await load.fixed_count(srv.base_url, SHORT, args.rss_warmup, args.workers, args.timeout_s)
     before = await stable_rss(srv)
     t0 = srv.rss.elapsed()
-    progress: list[tuple[int, int]] = []
-    step = max(1, args.rss_requests // 50)
-
-    def on_progress(n: int) -> None:
-        if n % step == 0:
-            progress.append((n, srv.rss.now() if srv.rss else 0))
-
-    results = await load.fixed_count(srv.base_url, SHORT, args.rss_requests, args.workers, args.timeout_s,
-                                     on_progress)
+    results = await load.fixed_count(srv.base_url, SHORT, args.rss_requests, args.workers, args.timeout_s)
     after = await stable_rss(srv)
     kinds = {k: sum(r.kind == k for r in results) for k in ("ok", "rejected", "timeout", "error")}
     out["memory"] = {"warmup_requests": args.rss_warmup, "requests": args.rss_requests, "rss_before": before,
                      "rss_after": after, "growth": after / before - 1 if before else None, "outcomes": kinds,
-                     "peak_rss": srv.rss.peak(t0), "progress": progress}
+                     "peak_rss": srv.rss.peak(t0)}
     log(f"  memory: {before / 2**20:.1f} MiB -> {after / 2**20:.1f} MiB over {args.rss_requests} "
         f"requests ({kinds})")
 

@@ -97,10 +97,8 @@ def run_threads(args: argparse.Namespace) -> dict:
     cw = closed_threads(engines, args.text, args.warmup, args.duration)
     stream_req = _request(engines[0], args.text, True)
     firsts: list[float] = []
-    stream_lat: list[float] = []
     for _ in range(args.streams):
-        lat, first, _ = one(engines[0], stream_req)
-        stream_lat.append(lat)
+        _, first, _ = one(engines[0], stream_req)
         if first is not None:
             firsts.append(first)
     for e in engines:
@@ -110,7 +108,6 @@ def run_threads(args: argparse.Namespace) -> dict:
         "load_s_first": loads[0], "load_s": statistics.median(loads[1:]),
         "c1": c1, "cw": cw,
         "first_chunk_s": firsts, "first_chunk_p50_s": percentile(firsts, 50),
-        "stream_latency_p50_s": percentile(stream_lat, 50),
     }
 
 

@@ -265,7 +265,7 @@ async def open_loop(base_url: str, spec: RequestSpec, rate_rps: float, duration_
 
 
 async def fixed_count(base_url: str, spec: RequestSpec, count: int, concurrency: int,
-                      timeout_s: float = 120.0, on_progress: Any = None, cap_s: float | None = None) -> list[Result]:
+                      timeout_s: float = 120.0, cap_s: float | None = None) -> list[Result]:
     """Exactly ``count`` requests from ``concurrency`` closed-loop clients (none starts after ``cap_s``)."""
     lc = LoadClient(base_url, timeout_s, max_connections=max(8, concurrency * 2))
     results: list[Result] = []
@@ -276,8 +276,6 @@ async def fixed_count(base_url: str, spec: RequestSpec, count: int, concurrency:
         while left > 0 and (cap_s is None or time.monotonic() - t0 <= cap_s):
             left -= 1
             results.append(await lc.send(spec))
-            if on_progress is not None:
-                on_progress(len(results))
 
     try:
         await asyncio.gather(*(client() for _ in range(concurrency)))
