@@ -3,7 +3,7 @@
 Sections, in this order: run (``make bench``: run.json, run.md), admission (when
 the limit settled, the goals of issue 20), batching (per-point summaries, goal ratios),
 priority (the bulk backlog, the side-by-side table, issue 39's goals), abuse (the
-reference, each phase's line, issue 36's goals), cost (a request's cost, the CPU levers), gpu
+reference, each phase's row, issue 36's goals), cost (a request's cost, the CPU levers), gpu
 (the GPU check's JSON as Markdown, docs/benchmarks/gpu.md). The helpers first are shared.
 """
 
