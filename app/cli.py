@@ -15,6 +15,9 @@ def _setup_logging(level: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from app import heap
+
+    allocator = heap.configure()  # before any thread: the arena cap applies to every thread (app/heap.py)
     from app.settings import ConfigError, load_settings
 
     server: dict = {}
@@ -31,6 +34,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"cosyserve: {exc}", file=sys.stderr)
         return 2
     _setup_logging(settings.server.log_level)
+    logging.getLogger("cosyserve.heap").info("allocator: %s; heap trimmed every %g s (server.heap_trim_interval_s)",
+                                             allocator, settings.server.heap_trim_interval_s)
     if not settings.dev.fake_engine and settings.engine.model_dir:
         from app.engines.cosyvoice.layout import unreadable
 

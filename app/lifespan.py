@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 from app import gcpolicy
 from app.engines import threads
+from app.heap import HeapTrimmer
 from app.runtime import Boot, EngineFactory, Runtime
 from app.serving.pool import EnginePool
 from app.serving.speech import SpeechService
@@ -160,8 +161,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
         raise
     runtime = Runtime(settings=settings, pool=pool, speech=SpeechService(pool, speech_limits(settings), library=voices),
                       voices=voices, session_limits=session_limits(settings), model_created=int(time.time()),
-                      metrics=metrics, answers=answers)
+                      metrics=metrics, answers=answers, trimmer=HeapTrimmer(settings.server.heap_trim_interval_s))
     wyoming = await start_wyoming(runtime)
+    runtime.trimmer.start()  # malloc's free pages back to the kernel every server.heap_trim_interval_s
     app.state.runtime = runtime
     info = pool.info
     log.info("ready: model %s (%s, %d Hz, %s), %d worker(s), queue %d", info.name, info.family, info.sample_rate,
@@ -181,6 +183,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
         if not await pool.wait_idle(settings.server.drain_timeout_s):
             log.warning("drain timeout (%.0fs) reached with work in flight; cancelling it", settings.server.drain_timeout_s)
         await pool.close()
+        await runtime.trimmer.stop()
         if answers is not None:
             await answers.close()  # the directory writes still running
         gcpolicy.thaw()

@@ -30,6 +30,7 @@ from app.lifespan import lifespan
 from app.metrics import Metrics
 from app.metrics.cache import CacheCollector
 from app.metrics.edge import EdgeCollector
+from app.metrics.heap import HeapCollector
 from app.middleware import RequestContextMiddleware
 from app.runtime import Boot, running
 from app.serving.answers import AnswerCache
@@ -60,6 +61,7 @@ def create_app(settings: Settings | None = None, engine_factory: Callable[[int],
         metrics.registry.register(EdgeCollector(bodies, pacer, lambda: (p.stats().get("stream_buffers")
                                                                          if (p := pool()) is not None else None)))
         metrics.registry.register(CacheCollector(lambda: a.stats() if (a := answers()) is not None else None))
+        metrics.registry.register(HeapCollector(lambda: r.trimmer.stats if (r := running(app)) is not None else None))
     for module in (health, tts, openai, upstream, voices, ws_speech, playground):
         app.include_router(module.router)
     playground.mount(app)

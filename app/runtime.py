@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from app.heap import HeapTrimmer
 from app.serving.errors import Draining
 from app.serving.session import SessionLimits, SessionRegistry
 from app.settings import Settings
@@ -50,6 +51,7 @@ class Runtime:
     model_created: int  # unix time the model was loaded (OpenAI's "created")
     metrics: Metrics | None = None  # None when metrics.enabled is false
     answers: AnswerCache | None = None  # the answer cache (app/api/cached.py); None when cache.enabled is false
+    trimmer: HeapTrimmer = field(default_factory=lambda: HeapTrimmer(0.0))  # the lifespan's: settings' interval
     sessions: SessionRegistry = field(default_factory=SessionRegistry)  # live WebSocket and Wyoming sessions (drain)
     draining: bool = False
 

@@ -51,6 +51,7 @@ class ServerSettings(_Section):
     max_headers: int = Field(100, ge=1, le=10000)  # header fields in one request; beyond: 431
     header_timeout_s: float = Field(10.0, gt=0)  # a request head must arrive in this (from connect or its 1st byte)
     keep_alive_s: float = Field(5.0, gt=0)  # an idle kept-alive connection is closed after this
+    heap_trim_interval_s: float = Field(10.0, ge=0)  # give malloc's free pages back to the kernel this often (0: never)
     # NoDecode: an env var is a comma-separated list (or a JSON list), split by _split
     api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)  # empty (and no file): no keys, every route open
     api_keys_file: str | None = None  # one key per line (KEY, or KEY priority=bulk); blank lines, '#' comments ignored

@@ -31,13 +31,15 @@ def test_metrics_parse_and_list_every_family(client):
                  "tts_queue_wait_seconds_bucket", "tts_time_to_first_audio_seconds_bucket",
                  "tts_request_duration_seconds_bucket", "tts_real_time_factor_bucket", "tts_audio_seconds_total",
                  "tts_engine_errors_total", "tts_slots", "process_resident_memory_bytes",
-                 "tts_process_peak_rss_bytes"):
+                 "tts_process_peak_rss_bytes", "process_heap_bytes", "process_heap_trims_total", "process_threads",
+                 "tts_cache_lookups_total"):
         assert name in names, name
     assert value(samples, "tts_slots", state="idle") == 2
     assert value(samples, "tts_slots", state="busy") == 0
     assert value(samples, "process_resident_memory_bytes") > 0
     assert value(samples, "tts_process_peak_rss_bytes") >= value(samples, "process_resident_memory_bytes") * 0.5
     assert not any(":" in name for name in names)
+    assert value(samples, "process_heap_bytes", state="in_use") > 0
 
 
 def test_ok_requests_count_per_route_template_and_observe_ttfa(client, behaviour):

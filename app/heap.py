@@ -1,0 +1,129 @@
+"""The native heap (glibc malloc): few arenas, free pages given back, and its numbers for ``/metrics``.
+
+Measured (``python -m bench serve --scenario soak``, docs/memory.md): under mixed traffic the
+server's RSS grew with glibc's *free* bytes, not with what it used: after 2, 4 and 6 minutes the
+arenas held 422, 458, 462 MB in use and 386, 427, 492 MB free, in 16 arenas (glibc makes up to 8
+per core, one per thread that allocates while others hold theirs: slot, flow, ONNX Runtime and
+executor threads). Memory a request frees (tensors, audio buffers, ONNX Runtime's per-call
+buffers) goes back to its thread's arena, where a later request of another size cannot always
+reuse it, and glibc returns an arena's pages to the kernel only from the top of its heap.
+
+So, at start (:func:`configure`, before any thread exists): at most ``ARENAS`` arenas
+(``M_ARENA_MAX``; an operator's own ``MALLOC_ARENA_MAX`` wins), so freed memory is shared between
+threads instead of parked in one of sixteen. While serving (:class:`HeapTrimmer`), ``malloc_trim(0)`` every ``server.heap_trim_interval_s``, in a
+thread, which gives every whole free page inside every arena back to the kernel (``madvise``),
+not only the top of each heap.
+
+Off glibc (musl, macOS) every function here does nothing and :func:`usage` is None.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import logging
+import os
+import platform
+import time
+from dataclasses import dataclass
+
+log = logging.getLogger("cosyserve.heap")
+
+M_ARENA_MAX = -8  # mallopt parameter (glibc malloc.h)
+ARENAS = 2
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _glibc() -> ctypes.CDLL | None:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallinfo2.restype = _MallInfo2  # glibc 2.33+
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+_LIBC = _glibc()
+
+
+def configure() -> str:
+    """Cap the arenas (call first thing, before threads start); what was done, for the log. glibc's own
+    ``MALLOC_ARENA_MAX`` in the environment wins."""
+    if _LIBC is None:
+        return "not glibc: allocator left as it is"
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return f"MALLOC_ARENA_MAX={os.environ['MALLOC_ARENA_MAX']} from the environment"
+    if not _LIBC.mallopt(M_ARENA_MAX, ARENAS):
+        return "mallopt(M_ARENA_MAX) refused: allocator left as it is"
+    return f"at most {ARENAS} malloc arenas"
+
+
+def usage() -> dict[str, int] | None:
+    """The heap's bytes: ``in_use`` (by the program, mmapped chunks included), ``free`` (held by malloc,
+    not in use: fragmentation when it grows), ``mmap`` (large chunks mapped on their own)."""
+    if _LIBC is None:
+        return None
+    m = _LIBC.mallinfo2()
+    return {"in_use": m.uordblks + m.hblkhd, "free": m.fordblks, "mmap": m.hblkhd}
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def trim() -> int:
+    """``malloc_trim(0)``: free pages back to the kernel; the RSS bytes it gave back (0 off glibc)."""
+    if _LIBC is None:
+        return 0
+    before = _rss()
+    _LIBC.malloc_trim(0)
+    return max(0, before - _rss())
+
+
+@dataclass
+class TrimStats:
+    trims: int = 0
+    released_bytes: int = 0
+    seconds: float = 0.0
+
+
+class HeapTrimmer:
+    """Trims the heap every ``interval_s`` in a worker thread while the server runs (0: never)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.stats = TrimStats()
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        if self.interval_s > 0 and _LIBC is not None:
+            self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            t0 = time.perf_counter()
+            released = await asyncio.to_thread(trim)
+            self.stats.trims += 1
+            self.stats.released_bytes += released
+            self.stats.seconds += time.perf_counter() - t0
+            log.debug("heap trim: %.1f MB back to the kernel in %.1f ms", released / 2**20,
+                      (time.perf_counter() - t0) * 1000)
