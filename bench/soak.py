@@ -1,6 +1,6 @@
 """Benchmark: memory under mixed traffic for a given time; RSS growth per hour after a warm-up.
 
-    .venv/bin/python -m bench serve --scenario soak [--minutes 70 --warmup 10 --clients 4]
+    .venv/bin/python -m bench serve --scenario soak [--minutes 70 --warmup 10 --clients 4]   # writes .cache/bench/soak/soak.md
 
 A real ``cosyserve serve`` on the defaults (tiny CosyVoice2 unless ``--model-dir``). ``--clients``
 threads each pick at random, request after request: a whole or streamed ``/v1/tts`` in any of the
@@ -31,6 +31,7 @@ import soundfile as sf
 from websockets.sync.client import connect
 
 from bench.lib.procs import ROOT, cosyserve
+from bench.report import save, table
 
 COMMAND = ".venv/bin/python -m bench serve --scenario soak"
 FORMATS = ("wav", "mp3", "opus", "aac", "flac", "pcm")
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sample-s", type=float, default=30.0)
     ap.add_argument("--model-dir", help="a model dir (default: the tiny CosyVoice2)")
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server's environment")
-    ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "soak" / "soak.md"))
+    ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "soak"), help="output dir (writes soak.md)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         cfg: dict = {"server": {"access_log": False}, "voices": {"dir": str(Path(tmp) / "voices")},
@@ -166,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     half = len(after) // 2
     slope, first, second = slope_mb_per_h(after), slope_mb_per_h(after[:half]), slope_mb_per_h(after[half:])
     by_minute = {int(s // 60): r for s, r in samples}
+    shown = sorted(by_minute)[::max(1, len(by_minute) // 12)]
     lines = [
         f"# Memory soak: {args.minutes:g} min of mixed traffic, {args.clients} clients",
         "",
@@ -177,10 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Requests: {sum(counts.values())} ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}); "
         f"/health/live at the end: {live}. RSS when ready: {ready_rss / 2**20:.0f} MB.",
         "",
-        "| minute | " + " | ".join(str(m) for m in sorted(by_minute)[::max(1, len(by_minute) // 12)]) + " |",
-        "|---|" + "---|" * len(sorted(by_minute)[::max(1, len(by_minute) // 12)]),
-        "| RSS (MB) | " + " | ".join(f"{by_minute[m] / 2**20:.0f}" for m in sorted(by_minute)[::max(1, len(by_minute)
-                                                                                                    // 12)]) + " |",
+        *table(["minute", *map(str, shown)], [["RSS (MB)", *(f"{by_minute[m] / 2**20:.0f}" for m in shown)]]),
         "",
         f"Growth after the {args.warmup:g}-minute warm-up: **{slope:+.1f} MB/h** (first half {first:+.1f}, second "
         f"half {second:+.1f}).",
@@ -188,8 +187,5 @@ def main(argv: list[str] | None = None) -> None:
         "Memory metrics at the end: " + ", ".join(f"`{k}` {v / 2**20:.1f} MB" for k, v in sorted(mem[-1].items()))
         if mem else "",
     ]
-    report = "\n".join(lines) + "\n"
-    print(report)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(report)
-    print(f"wrote {args.out}")
+    print("\n".join(lines))
+    save(Path(args.out), "soak", None, "\n".join(lines) + "\n")
