@@ -56,7 +56,7 @@ def sample_cache(base: str, stop: threading.Event, peak: dict) -> None:
     while True:
         stopped = stop.wait(1.0)
         try:
-            m = parse_samples(httpx.get(base + "/metrics", timeout=5).text)
+            m = parse_samples(httpx.get(base + "/metrics", timeout=5).text, labels=True)
         except httpx.HTTPError:
             continue
         for tier in ("memory", "disk"):
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lines", type=int, default=200, help="distinct prompts")
     ap.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of their popularity")
-    ap.add_argument("--requests", type=int, default=600)
+    ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "cache"), help="output dir (writes cache.md)")
     args = ap.parse_args(argv)
