@@ -34,8 +34,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"cosyserve: {exc}", file=sys.stderr)
         return 2
     _setup_logging(settings.server.log_level)
-    logging.getLogger("cosyserve.heap").info("allocator: %s; heap trimmed every %g s (server.heap_trim_interval_s)",
-                                             allocator, settings.server.heap_trim_interval_s)
     if not settings.dev.fake_engine and settings.engine.model_dir:
         from app.engines.cosyvoice.layout import unreadable
 
@@ -53,6 +51,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 2
     from app.server import run
 
+    # after the checks above, whose refusals are one line each
+    logging.getLogger("cosyserve.heap").info("allocator: %s; heap trimmed every %g s (server.heap_trim_interval_s)",
+                                             allocator, settings.server.heap_trim_interval_s)
     run(settings)
     return 0
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from app.api.schemas import FORMAT_DOC, PRIORITY_DOC, PriorityName
 from app.audio.formats import FORMAT_NAMES
@@ -54,7 +54,7 @@ class SpeechRequest(BaseModel):
     speed: float = 1.0
     stream_format: str = "audio"
     priority: PriorityName | None = Field(None, description=PRIORITY_DOC)
-    seed: int | None = Field(None, ge=0, le=2**32 - 1, description=(
+    seed: StrictInt | None = Field(None, ge=0, le=2**32 - 1, description=(
         "Extension (not in OpenAI's API; the SDKs send it with extra_body): the same request and seed give the "
         "same audio bytes, and a repeat is answered from the server's answer cache (X-Cache)."))
 
