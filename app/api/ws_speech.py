@@ -71,6 +71,7 @@ from app.serving.errors import (
 from app.serving.plan import SpeechFields
 from app.serving.priority import Priority, parse_priority
 from app.serving.session import (
+    SessionConnection,
     SessionRefused,
     SpeechSession,
     TooManySessions,
@@ -158,7 +159,7 @@ async def speech_stream(websocket: WebSocket) -> None:
     await Connection(websocket, websocket.state.runtime).serve()
 
 
-class Connection:
+class Connection(SessionConnection):
     """One client's socket: the receive loop here, the audio loop in the session."""
 
     def __init__(self, ws: WebSocket, runtime: Runtime) -> None:
@@ -326,17 +327,6 @@ class Connection:
             await self._close(1011, "internal error")
 
     # -- drain (SessionRegistry) -----------------------------------------------------------------------
-    async def drain(self) -> None:
-        """Server drain: end now if idle, else after the utterances already sent (see _after_utterance)."""
-        self.draining = True
-        if self.session is not None and not self.session.busy:
-            await self._going_away()
-
-    async def force_close(self) -> None:
-        if self._audio_task is not None:
-            self._audio_task.cancel()
-        await self._going_away()
-
     async def _going_away(self) -> None:
         await self._error(Draining("the server is shutting down"))
         await self._close(CLOSE_GOING_AWAY, "server shutting down")
@@ -378,10 +368,6 @@ class Connection:
     async def utterance_failed(self, utt: Utterance, exc: BaseException) -> None:
         await self._error(exc, utterance=utt)
         await self._after_utterance()
-
-    async def _after_utterance(self) -> None:
-        if self.draining and self.session is not None and self.session.unfinished == 0:  # this one is reported
-            asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._going_away()))
 
     # -- sending -------------------------------------------------------------------------------------------
     async def _error(self, exc: BaseException, utterance: Utterance | None = None) -> None:

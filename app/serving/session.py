@@ -301,6 +301,35 @@ class SpeechSession:
             await result.aclose()
 
 
+class SessionConnection:
+    """A client connection that drives a ``SpeechSession`` (the WebSocket route, Wyoming): how the
+    ``SessionRegistry`` drains it. A subclass sets ``session`` and ``_audio_task`` and says how it goes
+    away (``_going_away``: its transport's error, then the close); it calls ``_after_utterance`` when
+    an utterance is reported."""
+
+    session: SpeechSession | None = None
+    draining = False
+    _audio_task: asyncio.Task | None = None
+
+    async def drain(self) -> None:
+        """Server drain: end now if idle, else after the utterances already sent (see _after_utterance)."""
+        self.draining = True
+        if self.session is not None and not self.session.busy:
+            await self._going_away()
+
+    async def force_close(self) -> None:
+        if self._audio_task is not None:
+            self._audio_task.cancel()
+        await self._going_away()
+
+    async def _going_away(self) -> None:
+        raise NotImplementedError
+
+    async def _after_utterance(self) -> None:
+        if self.draining and self.session is not None and self.session.unfinished == 0:  # this one is reported
+            asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._going_away()))
+
+
 class SessionRegistry:
     """The live sessions of one server, for their limits and the drain: each entry has ``drain()`` and
     ``force_close()``, and belongs to one surface (``websocket``, ``wyoming``), counted against its own limit."""

@@ -49,6 +49,7 @@ from app.serving.errors import (
 )
 from app.serving.plan import SpeechFields
 from app.serving.session import (
+    SessionConnection,
     SessionRefused,
     SpeechSession,
     TooManySessions,
@@ -94,7 +95,7 @@ class _Stream:
     failed: bool = False  # its error was sent: later chunks are dropped
 
 
-class WyomingConnection:
+class WyomingConnection(SessionConnection):
     """One client: the receive loop here, the audio loop in the session; a ``SessionSink`` and a registry entry."""
 
     def __init__(self, reader: CappedReader, writer: asyncio.StreamWriter, runtime: Runtime, config: WyomingConfig,
@@ -301,24 +302,9 @@ class WyomingConnection:
         self._voice = name
 
     # -- drain (SessionRegistry) -------------------------------------------------------------------------
-    async def drain(self) -> None:
-        """Server drain: end now if idle, else after the utterances already sent (see _after_utterance)."""
-        self.draining = True
-        if self.session is not None and not self.session.busy:
-            await self._going_away()
-
-    async def force_close(self) -> None:
-        if self._audio_task is not None:
-            self._audio_task.cancel()
-        await self._going_away()
-
     async def _going_away(self) -> None:
         await self._error(Draining("the server is shutting down"))
         await self._close()
-
-    async def _after_utterance(self) -> None:
-        if self.draining and self.session is not None and self.session.unfinished == 0:
-            asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._going_away()))
 
     # -- SessionSink -------------------------------------------------------------------------------------
     async def audio_start(self, utt: Utterance) -> None:
