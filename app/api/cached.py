@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+from app.api.bodies import declared_length
+from app.api.priority import header
 from app.serving.answers import Answer, AnswerCache
 from app.serving.answers.cache import Flight
 from app.serving.speech import SpeechResult
@@ -31,37 +33,32 @@ CACHED_PATHS = frozenset({"/v1/tts", "/v1/audio/speech"})
 SMALL_BODY = 64 << 10  # a JSON body up to this is read before the overload check while the cache holds answers
 
 
-def _header(scope: dict[str, Any], name: bytes) -> bytes:
-    for key, value in scope.get("headers", ()):
-        if key == name:
-            return value.lower()
-    return b""
+def _lower(scope: dict[str, Any], name: bytes) -> bytes:
+    return (header(scope, name) or b"").lower()
 
 
-def _json(scope: dict[str, Any]) -> bool:
-    return _header(scope, b"content-type").startswith(b"application/json")
+def _cacheable(scope: dict[str, Any], cache: AnswerCache | None) -> bool:
+    """A JSON request on a cached route, and a cache that is on."""
+    return (cache is not None and cache.enabled and scope.get("path") in CACHED_PATHS
+            and _lower(scope, b"content-type").startswith(b"application/json"))
 
 
 def reads_before_check(scope: dict[str, Any], cache: AnswerCache | None) -> bool:
     """Skip the edge's pre-body overload check: the cache holds answers and this may be one of them."""
-    if cache is None or not cache.enabled or scope.get("path") not in CACHED_PATHS or not _json(scope):
+    if not _cacheable(scope, cache) or (len(cache.memory) == 0 and cache.disk is None):
         return False
-    if len(cache.memory) == 0 and cache.disk is None:
-        return False
-    length = _header(scope, b"content-length")
-    return length.isdigit() and int(length) <= SMALL_BODY
+    length = declared_length(scope)
+    return length is not None and 0 <= length <= SMALL_BODY
 
 
 def defers_admission(scope: dict[str, Any], body: bytes, cache: AnswerCache | None) -> bool:
     """The handler admits this request after its cache lookup (a JSON body that may be reproducible)."""
-    if cache is None or not cache.enabled or scope.get("path") not in CACHED_PATHS or not _json(scope):
-        return False
-    return cache.config.derive_seed or b'"seed"' in body
+    return _cacheable(scope, cache) and (cache.config.derive_seed or b'"seed"' in body)
 
 
 def directives(scope: dict[str, Any]) -> tuple[bool, bool]:
     """(refresh, bypass) from the request's Cache-Control: no-cache refreshes, no-store bypasses."""
-    words = {w.strip().split(b"=")[0] for w in _header(scope, b"cache-control").split(b",")}
+    words = {w.strip().split(b"=")[0] for w in _lower(scope, b"cache-control").split(b",")}
     return b"no-cache" in words, b"no-store" in words
 
 

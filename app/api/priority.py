@@ -28,7 +28,8 @@ _MENTION = FIELD.encode()
 _BOUNDARY = re.compile(rb'boundary="?([^";\s]+)"?', re.IGNORECASE)
 
 
-def _header(scope: dict[str, Any], name: bytes) -> bytes | None:
+def header(scope: dict[str, Any], name: bytes) -> bytes | None:
+    """The value of the request's header ``name`` (lower-case bytes, as ASGI gives names), or None."""
     for key, value in scope.get("headers", ()):
         if key == name:
             return value
@@ -37,7 +38,7 @@ def _header(scope: dict[str, Any], name: bytes) -> bytes | None:
 
 def header_priority(scope: dict[str, Any]) -> Priority | None:
     """The ``X-Priority`` header's class; None without one; BadRequest for an unknown one."""
-    raw = _header(scope, HEADER)
+    raw = header(scope, HEADER)
     if raw is None:
         return None
     try:
@@ -79,9 +80,9 @@ def body_priority(scope: dict[str, Any], body: bytes) -> Priority | None:
         return _form_value(query) if _MENTION in query else None
     if _MENTION not in body:
         return None  # the common case: nothing to parse
-    ctype = (_header(scope, b"content-type") or b"").lower()
+    ctype = (header(scope, b"content-type") or b"").lower()
     if ctype.startswith(b"multipart/form-data"):
-        return _multipart_value(body, _header(scope, b"content-type") or b"")
+        return _multipart_value(body, header(scope, b"content-type") or b"")
     if ctype.startswith(b"application/x-www-form-urlencoded"):
         return _form_value(body)
     try:
