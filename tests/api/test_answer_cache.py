@@ -8,18 +8,12 @@ import time
 from tests.support.fake_app import hold
 from tests.support.metrics import scrape, value
 from tests.support.sounds import prompt_wav
+from tests.support.waiting import wait_until
 
 
 def register(client, name: str, transcript: str = "hello there, this is my voice"):
     return client.post("/v1/voices", data={"name": name, "transcript": transcript},
                        files={"audio": ("a.wav", prompt_wav(), "application/octet-stream")})
-
-
-def wait_for(pred, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
 
 
 def test_a_seeded_repeat_is_a_hit_with_the_same_bytes_and_no_engine_work(open_client, behaviour):
@@ -110,7 +104,7 @@ def test_a_hit_is_served_while_every_engine_is_busy(open_client, behaviour):
     gate = hold(behaviour)
     held = threading.Thread(target=lambda: client.post("/v1/tts", json={"text": "long"}))
     held.start()
-    wait_for(lambda: len(behaviour.started) == 2)
+    wait_until(lambda: len(behaviour.started) == 2)
     assert client.post("/v1/tts", json={"text": "x"}).status_code == 503  # full: a miss is refused at once
     t0 = time.monotonic()
     hit = client.post("/v1/tts", json=body)
@@ -120,7 +114,7 @@ def test_a_hit_is_served_while_every_engine_is_busy(open_client, behaviour):
     assert "retry-after" in miss.headers
     gate.set()
     held.join(10)
-    wait_for(lambda: client.app.state.runtime.pool.stats()["in_flight"] == 0)
+    wait_until(lambda: client.app.state.runtime.pool.stats()["in_flight"] == 0)
 
 
 def test_identical_misses_at_once_compute_once(open_client, behaviour):
@@ -132,8 +126,8 @@ def test_identical_misses_at_once_compute_once(open_client, behaviour):
                for _ in range(3)]
     for t in threads:
         t.start()
-    wait_for(lambda: len(behaviour.started) == 1)
-    wait_for(lambda: client.app.state.runtime.answers.waits == 2)
+    wait_until(lambda: len(behaviour.started) == 1)
+    wait_until(lambda: client.app.state.runtime.answers.waits == 2)
     gate.set()
     for t in threads:
         t.join(10)
