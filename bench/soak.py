@@ -31,6 +31,7 @@ import soundfile as sf
 from websockets.sync.client import connect
 
 from bench.lib.procs import ROOT, cosyserve
+from bench.lib.prom import parse_samples
 from bench.report import save, table
 
 COMMAND = ".venv/bin/python -m bench serve --scenario soak"
@@ -103,12 +104,8 @@ def client(base: str, ws_url: str, seed: int, stop: threading.Event, counts: dic
 
 
 def memory_metrics(base: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in httpx.get(base + "/metrics", timeout=10).text.splitlines():
-        if line.startswith(METRICS):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
+    samples = parse_samples(httpx.get(base + "/metrics", timeout=10).text, labels=True)
+    return {name: value for name, value in samples.items() if name.startswith(METRICS)}
 
 
 def slope_mb_per_h(samples: list[tuple[float, int]]) -> float:
