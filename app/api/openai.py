@@ -26,8 +26,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from app.api.context import context_of
-from app.api.deps import RuntimeDep, SpeechDep
+from app.api.deps import ContextDep, RuntimeDep, SpeechDep
 from app.api.openai_schemas import (
     MODEL_ALIASES,
     OPENAI_VOICES,
@@ -72,11 +71,10 @@ def check_model(speech: SpeechService, model: str) -> None:
 
 
 @register(router, "create_speech", **SPEECH_DOC)
-async def create_speech(request: Request, speech: SpeechDep) -> Response:
+async def create_speech(request: Request, speech: SpeechDep, ctx: ContextDep) -> Response:
     body, _ = await read_body(request, SpeechRequest, speech.limits)
     check_speech(body, speech.limits.max_text_chars)
     check_model(speech, body.model)
-    ctx = context_of(request.scope)
     fields = SpeechFields(text=body.input, voice=body.voice_name, instructions=body.instructions, speed=body.speed,
                           stream=True, aliases=True, text_param="input", priority=ctx.priority, seed=body.seed)
     plan = speech.plan(fields, ctx.request_id)
@@ -84,10 +82,10 @@ async def create_speech(request: Request, speech: SpeechDep) -> Response:
     out = speech.output(body.response_format, stream=body.response_format not in WHOLE_FORMATS,
                         sample_rate=PCM_RATE if body.response_format == "pcm" else None)
     if body.stream_format != "sse":
-        return await synthesize(request, speech, plan, out, headers=headers)
+        return await synthesize(request, ctx, speech, plan, out, headers=headers)
     sink = speech_sse_sink(estimate_text_tokens(body.input, plan.request.instruct_text),
                            speech_tokens_per_second(speech.info.family), lambda: ctx.audio_s)
-    return await synthesize(request, speech, plan, out, media_type=SSE_MEDIA_TYPE,
+    return await synthesize(request, ctx, speech, plan, out, media_type=SSE_MEDIA_TYPE,
                             headers={**headers, **SSE_HEADERS}, sink=sink)
 
 

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from app.api.cached import directives, fill, hit_result
-from app.api.context import RequestContext, context_of
+from app.api.context import RequestContext
 from app.api.disconnect import watch_disconnect
 from app.serving.answers import Answer, AnswerCache
 from app.serving.answers.cache import Flight
@@ -63,11 +63,13 @@ def install_quiet_cut() -> None:
 
 class JobStreamingResponse(StreamingResponse):
     """A StreamingResponse that always runs ``on_close`` (shielded) when the response ends, and cuts a
-    client that reads nothing for ``send_timeout_s`` (0: never)."""
+    client that reads nothing for ``send_timeout_s`` (0: never), noting it in the request's ``ctx``."""
 
     def __init__(self, content: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]],
-                 send_timeout_s: float = 0.0, on_stalled: Callable[[], None] | None = None, **kwargs: Any) -> None:
+                 send_timeout_s: float = 0.0, on_stalled: Callable[[], None] | None = None,
+                 ctx: RequestContext | None = None, **kwargs: Any) -> None:
         super().__init__(content, **kwargs)
+        self._ctx = ctx if ctx is not None else RequestContext()
         self._on_close = on_close
         self._send_timeout_s = send_timeout_s
         self._on_stalled = on_stalled
@@ -91,7 +93,7 @@ class JobStreamingResponse(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         except ClientStalled:
-            ctx = context_of(scope)
+            ctx = self._ctx
             ctx.stream_error = "ClientStalled"
             log.info("stream %s: the client read nothing for %g s (server.send_timeout_s); connection closed",
                      ctx.request_id, self._send_timeout_s)
@@ -103,10 +105,9 @@ class JobStreamingResponse(StreamingResponse):
                 await self._on_close()
 
 
-def speech_response(request: Request, result: SpeechResult, *, media_type: str | None = None,
+def speech_response(ctx: RequestContext, result: SpeechResult, *, media_type: str | None = None,
                     headers: dict[str, str] | None = None, sink: Sink | None = None,
                     send_timeout_s: float = 0.0, on_stalled: Callable[[], None] | None = None) -> Response:
-    ctx = context_of(request.scope)
     ctx.ttfa_s, ctx.queue_wait_s, ctx.timings = result.ttfa_s, result.queue_wait_s, result.timings
     all_headers = {"X-Sample-Rate": str(result.sample_rate), "X-Priority": ctx.priority, "Cache-Control": "no-store",
                    **(headers or {})}
@@ -117,7 +118,7 @@ def speech_response(request: Request, result: SpeechResult, *, media_type: str |
         return Response(body, media_type=media_type, headers=all_headers)
     assert result.body is not None
     return JobStreamingResponse(_framed(result, ctx, sink), on_close=result.aclose, media_type=media_type,
-                                headers=all_headers, send_timeout_s=send_timeout_s, on_stalled=on_stalled)
+                                headers=all_headers, send_timeout_s=send_timeout_s, on_stalled=on_stalled, ctx=ctx)
 
 
 async def _framed(result: SpeechResult, ctx: RequestContext, sink: Sink | None) -> AsyncIterator[bytes]:
@@ -137,12 +138,12 @@ async def _framed(result: SpeechResult, ctx: RequestContext, sink: Sink | None) 
         ctx.audio_s = result.audio_s
 
 
-async def synthesize(request: Request, speech: SpeechService, plan: Plan, out: OutputSpec, *,
-                     media_type: str | None = None, headers: dict[str, str] | None = None,
+async def synthesize(request: Request, ctx: RequestContext, speech: SpeechService, plan: Plan,
+                     out: OutputSpec, *, media_type: str | None = None, headers: dict[str, str] | None = None,
                      sink: Sink | None = None) -> Response:
     """Run ``plan`` (with the edge's permit, or one taken here after an answer-cache miss), watching for
-    the client leaving, and answer; a reproducible answer comes from, or goes to, the cache."""
-    ctx = context_of(request.scope)
+    the client leaving, and answer; a reproducible answer comes from, or goes to, the cache. ``ctx`` is
+    the request's context, handed down by its handler."""
     runtime = request.state.runtime
     cache: AnswerCache | None = runtime.answers
     refresh, bypass = directives(request.scope)
@@ -156,7 +157,7 @@ async def synthesize(request: Request, speech: SpeechService, plan: Plan, out: O
                 if ctx.ticket is not None and ctx.ticket.held:
                     ctx.ticket.release()  # a multipart request admitted at the edge: not needed
                 ctx.cache = "hit"
-                return speech_response(request, hit_result(found, out.stream), media_type=media_type,
+                return speech_response(ctx, hit_result(found, out.stream), media_type=media_type,
                                        headers={**(headers or {}), "X-Cache": "hit"}, sink=sink)
             flight, ctx.cache = found, "miss"
             headers = {**(headers or {}), "X-Cache": "miss"}
@@ -169,7 +170,7 @@ async def synthesize(request: Request, speech: SpeechService, plan: Plan, out: O
     if flight is not None:
         fill(result, flight)
     try:
-        return speech_response(request, result, media_type=media_type, headers=headers, sink=sink,
+        return speech_response(ctx, result, media_type=media_type, headers=headers, sink=sink,
                                send_timeout_s=runtime.settings.server.send_timeout_s,
                                on_stalled=speech.pool.stream_budget.note_stalled)
     except BaseException:

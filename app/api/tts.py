@@ -5,8 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from app.api.context import context_of
-from app.api.deps import SpeechDep
+from app.api.deps import ContextDep, SpeechDep
 from app.api.openapi import errors
 from app.api.respond import synthesize
 from app.api.route_docs import TTS_DOC
@@ -19,8 +18,7 @@ router = APIRouter(tags=["native"], dependencies=[Depends(close_uploads)])
 
 
 @register(router, "tts", **TTS_DOC)
-async def tts(request: Request, speech: SpeechDep) -> Response:
-    ctx = context_of(request.scope)
+async def tts(request: Request, speech: SpeechDep, ctx: ContextDep) -> Response:
     body, files = await read_body(request, TTSRequest, speech.limits)
     limit = speech.limits.max_upload_bytes
     prompt = await read_audio(request, files.get("prompt_audio") or files.get("prompt_wav"), "prompt_audio", limit)
@@ -31,7 +29,7 @@ async def tts(request: Request, speech: SpeechDep) -> Response:
                           normalize=body.normalize, first_chunk_tokens=body.first_chunk_tokens,
                           priority=ctx.priority)
     plan = speech.plan(fields, ctx.request_id)
-    return await synthesize(request, speech, plan, speech.output(body.format, body.stream, body.sample_rate))
+    return await synthesize(request, ctx, speech, plan, speech.output(body.format, body.stream, body.sample_rate))
 
 
 @router.get("/v1/speakers", response_model=SpeakersResponse, summary="Preset speakers, library voices, modes",

@@ -24,8 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
-from app.api.context import context_of
-from app.api.deps import SpeechDep
+from app.api.deps import ContextDep, SpeechDep
 from app.api.respond import synthesize
 from app.api.route_docs import UPSTREAM_MEDIA_TYPE, upstream_doc
 from app.api.routes import register
@@ -103,7 +102,7 @@ async def read_form(request: Request, speech: SpeechService, model: type[F]) -> 
 
 
 def handler(name: str, spec: Upstream) -> Callable[..., Any]:
-    async def handle(request: Request, speech: SpeechDep) -> Response:
+    async def handle(request: Request, speech: SpeechDep, ctx: ContextDep) -> Response:
         form, files = await read_form(request, speech, spec.form)
         audio = None
         if spec.prompt:
@@ -115,10 +114,9 @@ def handler(name: str, spec: Upstream) -> Callable[..., Any]:
                               instructions=getattr(form, "instruct_text", None),
                               prompt_text=getattr(form, "prompt_text", None), prompt_audio=audio,
                               text_param="tts_text", voice_param="spk_id", instructions_param="instruct_text")
-        ctx = context_of(request.scope)
         fields.priority = ctx.priority  # the edge decided it (body field, header, key default)
         plan = speech.plan(fields, ctx.request_id)
-        return await synthesize(request, speech, plan, speech.output("pcm", stream=True), media_type=MEDIA_TYPE)
+        return await synthesize(request, ctx, speech, plan, speech.output("pcm", stream=True), media_type=MEDIA_TYPE)
 
     handle.__name__ = name
     return handle
