@@ -72,7 +72,7 @@ def check_model(speech: SpeechService, model: str) -> None:
 
 @register(router, "create_speech", **SPEECH_DOC)
 async def create_speech(request: Request, speech: SpeechDep, ctx: ContextDep) -> Response:
-    body, _ = await read_body(request, SpeechRequest, speech.limits)
+    body, _ = await read_body(request, ctx, SpeechRequest, speech.limits)
     check_speech(body, speech.limits.max_text_chars)
     check_model(speech, body.model)
     fields = SpeechFields(text=body.input, voice=body.voice_name, instructions=body.instructions, speed=body.speed,

@@ -19,10 +19,10 @@ router = APIRouter(tags=["native"], dependencies=[Depends(close_uploads)])
 
 @register(router, "tts", **TTS_DOC)
 async def tts(request: Request, speech: SpeechDep, ctx: ContextDep) -> Response:
-    body, files = await read_body(request, TTSRequest, speech.limits)
+    body, files = await read_body(request, ctx, TTSRequest, speech.limits)
     limit = speech.limits.max_upload_bytes
-    prompt = await read_audio(request, files.get("prompt_audio") or files.get("prompt_wav"), "prompt_audio", limit)
-    source = await read_audio(request, files.get("source_audio") or files.get("source_wav"), "source_audio", limit)
+    prompt = await read_audio(ctx, files.get("prompt_audio") or files.get("prompt_wav"), "prompt_audio", limit)
+    source = await read_audio(ctx, files.get("source_audio") or files.get("source_wav"), "source_audio", limit)
     fields = SpeechFields(text=body.text, mode=body.mode, voice=body.voice or body.speaker,
                           instructions=body.instruct_text, prompt_text=body.prompt_text, prompt_audio=prompt,
                           source_audio=source, speed=body.speed, stream=body.stream, seed=body.seed,

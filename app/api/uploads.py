@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
-from app.api.context import context_of
+from app.api.context import RequestContext
 from app.audio.decode import AudioDecodeError, AudioTooLong, decode_audio
 from app.engines.base import PROMPT_RATE, PromptAudio
 from app.serving.bounds import (
@@ -64,22 +64,25 @@ def _deadline(limits: SpeechLimits) -> Any:
     return asyncio.timeout(limits.body_timeout_s) if limits.body_timeout_s > 0 else nullcontext()
 
 
-async def read_body(request: Request, model: type[M], limits: SpeechLimits) -> tuple[M, dict[str, UploadFile]]:
-    """Parse JSON or form fields into ``model``; return uploaded files separately."""
+async def read_body(request: Request, ctx: RequestContext, model: type[M],
+                    limits: SpeechLimits) -> tuple[M, dict[str, UploadFile]]:
+    """Parse JSON or form fields into ``model``; return uploaded files separately (``ctx``: the request's
+    context, whose id an unreadable form is logged with)."""
     try:
         async with _deadline(limits):
-            return await _read(request, model, limits.max_upload_bytes)
+            return await _read(request, ctx, model, limits.max_upload_bytes)
     except TimeoutError:
         raise BodyTimeout("body_timeout", f"the request body did not arrive within {limits.body_timeout_s:g} s") from None
 
 
-async def _read(request: Request, model: type[M], max_bytes: int) -> tuple[M, dict[str, UploadFile]]:
+async def _read(request: Request, ctx: RequestContext, model: type[M],
+                max_bytes: int) -> tuple[M, dict[str, UploadFile]]:
     files: dict[str, UploadFile] = {}
     if is_form(request):
         try:
             form = await request.form(max_part_size=max_bytes)
         except HTTPException as exc:  # Starlette's multipart errors: its words stay in the log
-            log.info("request %s: unreadable form: %s", context_of(request.scope).request_id, exc.detail)
+            log.info("request %s: unreadable form: %s", ctx.request_id, exc.detail)
             if "maximum size" in str(exc.detail):
                 raise PayloadTooLarge("payload_too_large", f"a form part is larger than {size_text(max_bytes)}") from None
             raise BadRequest("invalid_form", "the form body could not be parsed; send multipart/form-data "
@@ -110,9 +113,10 @@ async def read_file(upload: UploadFile, field: str, max_bytes: int) -> bytes:
     return data
 
 
-async def read_audio(request: Request, upload: UploadFile | bytes | None, field: str, max_bytes: int,
+async def read_audio(ctx: RequestContext, upload: UploadFile | bytes | None, field: str, max_bytes: int,
                      target_rate: int = PROMPT_RATE) -> PromptAudio | None:
-    """Decode an uploaded audio file to mono float32 at ``target_rate`` (off the event loop)."""
+    """Decode an uploaded audio file to mono float32 at ``target_rate`` (off the event loop); what the
+    decoder said is logged with ``ctx``'s request id."""
     if upload is None:
         return None
     data = upload if isinstance(upload, bytes) else await read_file(upload, field, max_bytes)
@@ -126,8 +130,7 @@ async def read_audio(request: Request, upload: UploadFile | bytes | None, field:
         raise BadRequest("invalid_audio", f"{field} is {said}; send {PROMPT_MIN_S:g} to {PROMPT_MAX_S:g} "
                          f"seconds of speech", param=field) from exc
     except AudioDecodeError as exc:
-        log.info("request %s: %s could not be decoded: %s", context_of(request.scope).request_id, field,
-                 exc.detail or exc.reason)
+        log.info("request %s: %s could not be decoded: %s", ctx.request_id, field, exc.detail or exc.reason)
         raise BadRequest("invalid_audio", f"{field}: {exc.reason}", param=field) from exc
     audio = PromptAudio(samples=samples, sample_rate=target_rate)
     if not PROMPT_MIN_S <= audio.duration_s <= PROMPT_MAX_S:

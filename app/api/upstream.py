@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.responses import Response
 
+from app.api.context import RequestContext
 from app.api.deps import ContextDep, SpeechDep
 from app.api.respond import synthesize
 from app.api.route_docs import UPSTREAM_MEDIA_TYPE, upstream_doc
@@ -91,10 +92,11 @@ UPSTREAM: dict[str, Upstream] = {
 }
 
 
-async def read_form(request: Request, speech: SpeechService, model: type[F]) -> tuple[F, dict[str, UploadFile]]:
+async def read_form(request: Request, ctx: RequestContext, speech: SpeechService,
+                    model: type[F]) -> tuple[F, dict[str, UploadFile]]:
     """Form body (multipart or urlencoded) on any method; else the query string."""
     if is_form(request):
-        return await read_body(request, model, speech.limits)
+        return await read_body(request, ctx, model, speech.limits)
     try:
         return model.model_validate(dict(request.query_params)), {}
     except ValidationError as exc:
@@ -103,10 +105,10 @@ async def read_form(request: Request, speech: SpeechService, model: type[F]) -> 
 
 def handler(name: str, spec: Upstream) -> Callable[..., Any]:
     async def handle(request: Request, speech: SpeechDep, ctx: ContextDep) -> Response:
-        form, files = await read_form(request, speech, spec.form)
+        form, files = await read_form(request, ctx, speech, spec.form)
         audio = None
         if spec.prompt:
-            audio = await read_audio(request, files.get("prompt_wav"), "prompt_wav", speech.limits.max_upload_bytes)
+            audio = await read_audio(ctx, files.get("prompt_wav"), "prompt_wav", speech.limits.max_upload_bytes)
             if audio is None:
                 raise MissingField("validation_error", "prompt_wav: Field required (upload the prompt audio as a "
                                    "file)", param="prompt_wav")

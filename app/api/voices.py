@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response
 
-from app.api.deps import LibraryDep, PoolDep, SpeechDep
+from app.api.deps import ContextDep, LibraryDep, PoolDep, SpeechDep
 from app.api.openapi import errors
 from app.api.route_docs import VOICE_DOC
 from app.api.uploads import close_uploads, read_audio, read_body, read_file
@@ -24,16 +24,17 @@ router = APIRouter(tags=["voices"], dependencies=[Depends(close_uploads)])
 
 
 @router.post("/v1/voices", status_code=201, response_model=VoiceCard, summary="Register a voice", **VOICE_DOC)
-async def create_voice(request: Request, speech: SpeechDep, pool: PoolDep, library: LibraryDep) -> JSONResponse:
+async def create_voice(request: Request, speech: SpeechDep, pool: PoolDep, library: LibraryDep,
+                       ctx: ContextDep) -> JSONResponse:
     limits = speech.limits
-    form, files = await read_body(request, VoiceForm, limits)
+    form, files = await read_body(request, ctx, VoiceForm, limits)
     name, transcript, description = check_voice_form(form, min(limits.max_text_chars, PROMPT_TEXT_MAX_CHARS))
     upload = files.get("audio")
     if upload is None:
         raise BadRequest("invalid_audio", "upload 1-30 s of the voice's speech as the multipart file 'audio'",
                          param="audio")
     original = await read_file(upload, "audio", limits.max_upload_bytes)
-    audio = await read_audio(request, original, "audio", limits.max_upload_bytes)
+    audio = await read_audio(ctx, original, "audio", limits.max_upload_bytes)
     meta = await library.register(pool, name, transcript, description, audio, original, safe_ext(upload.filename))
     return JSONResponse(meta, status_code=201, headers={"Location": f"/v1/voices/{name}"})
 
