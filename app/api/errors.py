@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,7 +23,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from app.api.context import context_of
+from app.api.context import RequestContext, context_of
 from app.api.routes import is_openai_path
 from app.audio.formats import UnsupportedFormat
 from app.engines.base import EngineFailure, InvalidInput
@@ -112,10 +114,6 @@ def classify(exc: BaseException) -> ErrorInfo:
     return ErrorInfo(500, "internal_error", "internal server error")
 
 
-def request_id_of(request: Request) -> str:
-    return context_of(request.scope).request_id
-
-
 def is_openai_route(request: Request) -> bool:
     return is_openai_path(request.url.path)
 
@@ -128,21 +126,26 @@ def envelope(path: str, info: ErrorInfo, request_id: str) -> dict:
     return {"error": {"code": info.code, "message": info.message, "request_id": request_id}}
 
 
-def render_scope(scope: dict, info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
-    """The error response for an ASGI scope (``http``, or a ``websocket`` handshake being denied)."""
+def answer(ctx: RequestContext, path: str, info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The error response for a request to ``path``; its code is noted in the request's ``ctx``."""
     headers = dict(headers or {})
     if info.retry_after_s is not None:
         headers["Retry-After"] = str(max(1, math.ceil(info.retry_after_s)))
     if info.status == 408:
         headers["Connection"] = "close"  # the rest of the body may still be on its way
-    ctx = context_of(scope)
     ctx.error_code = info.code
-    return JSONResponse(envelope(scope.get("path", ""), info, ctx.request_id), status_code=info.status,
-                        headers=headers)
+    return JSONResponse(envelope(path, info, ctx.request_id), status_code=info.status, headers=headers)
 
 
-def render(request: Request, info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
-    return render_scope(request.scope, info, headers)
+def render_scope(scope: dict, info: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The error response for an ASGI scope (``http``, or a ``websocket`` handshake being denied): the ASGI
+    middlewares' form, which work on the scope."""
+    return answer(context_of(scope), scope.get("path", ""), info, headers)
+
+
+def render(request: Request, ctx: RequestContext, info: ErrorInfo,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    return answer(ctx, request.scope.get("path", ""), info, headers)
 
 
 def short(part: object) -> str:
@@ -182,34 +185,46 @@ def allowed_methods(request: Request) -> str:
     return ", ".join(allowed)
 
 
+Handler = Callable[[Request, RequestContext, Any], JSONResponse]  # Any: each takes its own exception type
+
+
+def _with_context(handle: Handler) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
+    """An exception handler (it gets only the request) that reads the request's context once and hands it on."""
+    async def handler(request: Request, exc: Exception) -> JSONResponse:
+        return handle(request, context_of(request.scope), exc)
+
+    return handler
+
+
 def install_error_handlers(app: FastAPI) -> None:
-    async def on_known(request: Request, exc: Exception) -> JSONResponse:
+    def on_known(request: Request, ctx: RequestContext, exc: Exception) -> JSONResponse:
         info = classify(exc)
         if info.status >= 500 and info.status not in (503, 504, 507):  # 507: logged once, in a line, where it arose
-            log.error("request %s failed: %s", request_id_of(request), type(exc).__name__, exc_info=exc)
-        return render(request, info)
+            log.error("request %s failed: %s", ctx.request_id, type(exc).__name__, exc_info=exc)
+        return render(request, ctx, info)
 
-    async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    def on_validation(request: Request, ctx: RequestContext, exc: RequestValidationError) -> JSONResponse:
         if _bad_unicode(exc):
-            return render(request, ErrorInfo(400, "invalid_input", "the body holds a lone surrogate (half of a "
-                                             "UTF-16 pair, e.g. \\ud800) or a broken \\u escape: send valid "
-                                             "Unicode text"))
+            return render(request, ctx, ErrorInfo(400, "invalid_input", "the body holds a lone surrogate (half "
+                                                  "of a UTF-16 pair, e.g. \\ud800) or a broken \\u escape: send "
+                                                  "valid Unicode text"))
         message, param = _validation_message(exc)
-        return render(request, ErrorInfo(422 if not is_openai_route(request) else 400, "validation_error", message, param=param))
+        return render(request, ctx, ErrorInfo(422 if not is_openai_route(request) else 400, "validation_error",
+                                              message, param=param))
 
-    async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    def on_http(request: Request, ctx: RequestContext, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         headers = dict(exc.headers or {})
         if exc.status_code == 405:
             headers["Allow"] = allowed_methods(request) or headers.get("Allow", "")
-        return render(request, ErrorInfo(exc.status_code, code, str(exc.detail)), headers=headers)
+        return render(request, ctx, ErrorInfo(exc.status_code, code, str(exc.detail)), headers=headers)
 
-    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.error("unhandled error in request %s", request_id_of(request), exc_info=exc)
-        return render(request, ErrorInfo(500, "internal_error", "internal server error"))
+    def on_unexpected(request: Request, ctx: RequestContext, exc: Exception) -> JSONResponse:
+        log.error("unhandled error in request %s", ctx.request_id, exc_info=exc)
+        return render(request, ctx, ErrorInfo(500, "internal_error", "internal server error"))
 
     for exc_type in (RequestError, ServingError, InvalidInput, EngineFailure, UnsupportedFormat, VoiceError):
-        app.add_exception_handler(exc_type, on_known)
-    app.add_exception_handler(RequestValidationError, on_validation)
-    app.add_exception_handler(StarletteHTTPException, on_http)
-    app.add_exception_handler(Exception, on_unexpected)
+        app.add_exception_handler(exc_type, _with_context(on_known))
+    app.add_exception_handler(RequestValidationError, _with_context(on_validation))
+    app.add_exception_handler(StarletteHTTPException, _with_context(on_http))
+    app.add_exception_handler(Exception, _with_context(on_unexpected))
