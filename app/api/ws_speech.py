@@ -44,7 +44,8 @@ from fastapi import APIRouter, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from app.api.context import context_of, request_id
+from app.api.context import RequestContext, request_id
+from app.api.deps import ContextDep
 from app.api.errors import classify
 from app.api.openai import check_model
 from app.api.priority import client_of, header_priority
@@ -155,16 +156,17 @@ def _short(part: object) -> str:
 
 
 @router.websocket(PATH)
-async def speech_stream(websocket: WebSocket) -> None:
-    await Connection(websocket, websocket.state.runtime).serve()
+async def speech_stream(websocket: WebSocket, ctx: ContextDep) -> None:
+    await Connection(websocket, websocket.state.runtime, ctx).serve()
 
 
 class Connection(SessionConnection):
     """One client's socket: the receive loop here, the audio loop in the session."""
 
-    def __init__(self, ws: WebSocket, runtime: Runtime) -> None:
+    def __init__(self, ws: WebSocket, runtime: Runtime, ctx: RequestContext | None = None) -> None:
         self.ws = ws
         self.runtime = runtime
+        self.ctx = ctx if ctx is not None else RequestContext()  # the key check wrote the key's id and class here
         self.request_id = request_id(ws.headers.get("x-request-id"))
         self.session: SpeechSession | None = None
         self.priority = Priority.INTERACTIVE  # the connection's class (X-Priority, the API key's default)
@@ -182,7 +184,7 @@ class Connection(SessionConnection):
         speech, limits, metrics = self.runtime.speech, self.runtime.session_limits, self.runtime.metrics
         started = time.monotonic()
         sessions = self.runtime.sessions
-        ctx = context_of(self.ws.scope)  # the key check wrote the key's id and default class here
+        ctx = self.ctx
         try:
             priority = header_priority(self.ws.scope) or parse_priority(ctx.key_priority or Priority.INTERACTIVE)
         except RequestError as exc:  # an unknown X-Priority: say so; the client may connect again
