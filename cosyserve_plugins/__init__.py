@@ -1,0 +1,6 @@
+"""Voice-agent framework plugins for cosyserve's streaming route, ``WS /v1/audio/speech/stream``.
+
+Each framework lives in its own module, imported only when asked for, behind its own extra:
+``pip install "cosyserve[livekit]"`` then ``from cosyserve_plugins.livekit import TTS``.
+``protocol`` holds what every plugin shares: the route's messages and its error codes.
+"""
