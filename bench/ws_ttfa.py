@@ -13,6 +13,9 @@ so streamed text goes into bistream sequences). For each text, ``--reps`` times:
       text to ``/v1/tts`` (streamed pcm); TTFA = that wait + the POST's first byte.
 
 Both ask for the same seed. The tiny model's audio is noise: only the timing counts.
+
+``--livekit`` adds the same tokens at the same pace through LiveKit Agents (bench/lib/livekit_ttfa.py):
+our plugin on the WebSocket vs. LiveKit's OpenAI TTS a sentence at a time (needs the dev extra).
 """
 
 from __future__ import annotations
@@ -98,10 +101,23 @@ def post_run(base: str, text: str, rate: float, seed: int) -> tuple[float, float
     return wait + first - t0, wait + done - t0
 
 
+def livekit_medians(base: str, text: str, rate: float, reps: int) -> list[float]:
+    """Median TTFA through LiveKit: our plugin (WebSocket), then its OpenAI TTS a sentence at a time."""
+    from bench.lib.livekit_ttfa import openai_run, plugin_run
+
+    pieces = tokens(text)
+    plugin_run(base, pieces, rate, 0)  # warm-up
+    openai_run(base, pieces, rate, 0)
+    plugin = [plugin_run(base, pieces, rate, rep)[0] for rep in range(reps)]
+    oai = [openai_run(base, pieces, rate, rep)[0] for rep in range(reps)]
+    return [statistics.median(plugin), statistics.median(oai)]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=float, default=20.0, help="tokens per second the 'LLM' writes")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--livekit", action="store_true", help="also time LiveKit: our plugin vs. its OpenAI TTS")
     ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "ws_ttfa"), help="output dir (writes ws-ttfa.md)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
@@ -121,18 +137,21 @@ def main(argv: list[str] | None = None) -> None:
                 n = len(tokens(text))
                 med = [statistics.median(x) for x in ([a for a, _ in ws], [a for a, _ in post],
                                                       [b for _, b in ws], [b for _, b in post])]
+                if args.livekit:
+                    med += livekit_medians(base, text, args.rate, args.reps)
                 rows.append((label, n, (n - 1) / args.rate, *med))
                 print(rows[-1], flush=True)
     lines = [
         f"# Time to first audio: text streamed at {args.rate:g} tokens/s over the WebSocket vs. POST after the text",
         "",
-        (f"Command: `{COMMAND} --rate {args.rate:g} --reps {args.reps}` (tiny random-weight CosyVoice2, default "
+        (f"Command: `{COMMAND} --rate {args.rate:g} --reps {args.reps}{' --livekit' * args.livekit}` (tiny random-weight CosyVoice2, default "
          "config: batched LLM, bistream; 2 workers, 1 torch thread)"),
         (f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
          f"Medians of {args.reps} runs."),
         "",
         *table(["text", "tokens", "text written in (s)", "TTFA WebSocket (s)", "TTFA POST after text (s)",
-                "done WebSocket (s)", "done POST (s)"],
+                "done WebSocket (s)", "done POST (s)",
+                *(["TTFA LiveKit plugin (s)", "TTFA LiveKit openai.TTS (s)"] if args.livekit else [])],
                [[label, n, f"{written:.2f}", *(f"{t:.3f}" for t in times)] for label, n, written, *times in rows]),
         "", "All times from the first token the LLM wrote. 'done': the last audio byte.",
     ]

@@ -147,3 +147,15 @@ def test_no_server_is_a_livekit_api_connection_error():
 
     with pytest.raises(lk_agents.APIConnectionError):
         run(main(), timeout=20)
+
+
+def test_the_bench_legs_time_first_audio_through_livekit(server):
+    from bench.lib.livekit_ttfa import openai_run, plugin_run
+
+    pieces = [w if i == 0 else " " + w for i, w in enumerate(WORDS)]
+    rate = 10.0
+    written = (len(pieces) - 1) / rate
+    plugin = plugin_run(server.base_url, pieces, rate, 0)
+    oai = openai_run(server.base_url, pieces, rate, 0)
+    assert 0 < plugin[0] < written - 0.5 < plugin[1], plugin  # speaks while the text is written, ends after it
+    assert 0 < oai[0] < oai[1] and oai[1] > written, oai
