@@ -58,6 +58,7 @@ class EngineMetrics:
         self._prefill_batch = metrics.llm_prefill_batch_size
         self._prefill = metrics.llm_prefill
         self._flow_recomputed = metrics.flow_cache_recomputed
+        self._flow_cache = (metrics.flow_cache_bytes, metrics.flow_cache_budget, metrics.flow_cache_streams)
         self._flow_batch = metrics.token2wav_batch_size
         self._flow_round = metrics.token2wav_round
 
@@ -78,3 +79,7 @@ class EngineMetrics:
 
     def on_flow_cache_recompute(self) -> None:
         self._flow_recomputed.inc()
+
+    def on_flow_cache_usage(self, held: int, budget: int, streams: int) -> None:
+        for gauge, value in zip(self._flow_cache, (held, budget, streams), strict=True):
+            gauge.set(value)

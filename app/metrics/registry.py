@@ -143,6 +143,11 @@ class Metrics:
         self.flow_cache_recomputed = Counter("tts_flow_cache_recomputed_streams", "Streams that recompute their "
                                              "flow prefix because the flow cache budget "
                                              "(engine.flow_cache_budget_mb) was full", registry=r)
+        self.flow_cache_bytes = Gauge("tts_flow_cache_bytes", "Bytes the streams' flow caches hold (reserved for "
+                                      "their next hop included)", registry=r)
+        self.flow_cache_budget = Gauge("tts_flow_cache_budget_bytes", "What all streams' flow caches may hold "
+                                       "together (engine.flow_cache_budget_mb, or sized at load)", registry=r)
+        self.flow_cache_streams = Gauge("tts_flow_cache_streams", "Streams holding a flow cache now", registry=r)
         self.token2wav_batch_size = Histogram("tts_token2wav_batch_size", "Flow calls (request hops) run together "
                                               "in one batched flow round (engine.token2wav_batch)",
                                               buckets=BATCH_BUCKETS, registry=r)

@@ -38,9 +38,10 @@ MB = 1024 * 1024
 STREAM_BUFFER_CHUNKS = 1 << 16  # a stream's buffered items when pool.stream_buffer_chunks is unset (bytes bound it)
 CLOSE_TIMEOUT_S = 30.0  # closing the pool waits this long for slot threads to return
 # An engine built without a server (benchmarks, tests) starts from this, not from the server's defaults:
-# one request per instance, the torch flow, fp32, no prompt cache, ONNX graphs in memory. A caller asks for more.
+# one request per instance, the torch flow, fp32, no flow or prompt cache, ONNX graphs in memory. A caller asks
+# for more.
 BARE_ENGINE = {"batching": False, "flow_runtime": "torch", "dtype": "fp32", "flow_prompt_cache_mb": 0,
-               "onnx_cache_dir": None}
+               "flow_cache": False, "onnx_cache_dir": None}
 
 
 def pool_config(settings: Settings, batching: bool = False) -> PoolConfig:
@@ -82,7 +83,8 @@ def engine_config(settings: Settings, model_dir: str) -> CosyVoiceConfig:
         prompt_cache_size=e.prompt_cache_size, max_segment_chars=MAX_SEGMENT_CHARS,
         max_segment_tokens=MAX_SEGMENT_TOKENS, text_normalization=e.text_normalization, batching=e.batching,
         max_batch_size=e.max_batch_size, llm_greedy=settings.dev.llm_greedy, token2wav_workers=e.token2wav_workers,
-        flow_cache=e.flow_cache, flow_cache_window_frames=e.flow_cache_window_frames,
+        flow_cache=e.flow_cache, flow_cache_precision=e.flow_cache_precision,
+        flow_cache_window_frames=e.flow_cache_window_frames,
         flow_prompt_cache_mb=e.flow_prompt_cache_mb, flow_cache_budget_mb=e.flow_cache_budget_mb,
         levers=levers(settings), token2wav_batch=e.token2wav_batch, token2wav_max_batch=e.token2wav_max_batch,
         prefill_batch=e.prefill_batch)

@@ -109,10 +109,13 @@ class EngineSettings(_Section):
     # (resolved by Settings: stays true only for a CosyVoice2/3 dir or the tiny v2/v3 default)
     max_batch_size: int = Field(16, ge=1, le=256)  # most sequences in one batched LLM step
     token2wav_workers: int | None = Field(None, ge=1, le=256)  # batched: flow+HiFT calls at once (None: auto)
-    flow_cache: bool = False  # batched v2 streaming: flow keeps per-request caches, a hop costs its own frames
+    # batched v2 streaming: flow keeps per-request caches, a hop costs its own frames (auto: on for a CPU flow)
+    flow_cache: bool | Literal["auto"] = "auto"
+    flow_cache_precision: Literal["fp16", "fp32"] = "fp16"  # the caches' keys/values (fp32: exact, twice the memory)
     flow_cache_window_frames: int | None = Field(None, ge=1)  # cap on cached frames per layer (None: exact)
     flow_prompt_cache_mb: float = Field(1024, ge=0)  # flow_cache or token2wav_batch: registered voices' prompt flow state (0: off)
-    flow_cache_budget_mb: float = Field(4096, ge=0)  # with flow_cache: all streams' caches together; beyond: recompute
+    # all streams' flow caches together; beyond it a stream recomputes (None: a quarter of the memory free at load)
+    flow_cache_budget_mb: float | None = Field(None, ge=0)
     llm_quantization: Literal["none", "int8"] = "none"  # int8: dynamic int8 LLM backbone on a CPU (approximate)
     flow_runtime: Literal["auto", "torch", "onnxruntime"] = "auto"  # flow estimator; auto: ORT on a CPU, torch on CUDA
     flow_steps: int | None = Field(None, ge=1, le=100)  # flow ODE steps (None: the model's, 10); changes the audio
@@ -135,7 +138,7 @@ class EngineSettings(_Section):
 
     @model_validator(mode="after")
     def _token2wav_batch_alone(self) -> EngineSettings:
-        if self.token2wav_batch == "on" and self.flow_cache:
+        if self.token2wav_batch == "on" and self.flow_cache is True:
             raise ValueError("engine.token2wav_batch: on cannot be combined with engine.flow_cache: true (a flow "
                              "round recomputes each hop's prefix; the flow cache keeps per-stream estimator state). "
                              "Choose one; with token2wav_batch: auto the flow cache wins")

@@ -61,7 +61,8 @@ class BatchedRunner:
     def __init__(self, model: Any, *, max_batch_size: int, greedy: bool = False,
                  observer: LLMObserver | None = None, initial_hop: int | None = None,
                  token2wav_workers: int | None = None,
-                 flow_cache: bool = False, flow_cache_window_frames: int | None = None,
+                 flow_cache: bool = False, flow_cache_precision: str = "fp32",
+                 flow_cache_window_frames: int | None = None,
                  flow_prompt_cache_mb: float = 0, flow_cache_budget_mb: float | None = None,
                  token2wav_batch: bool = False, token2wav_max_batch: int | None = None,
                  flow_observer: FlowObserver | None = None, prefill_batch: bool = False) -> None:
@@ -77,6 +78,10 @@ class BatchedRunner:
         self.first_hop_bounds = first_hop_bounds(model, self.schedule)
         self.flow_cache = flow_cache and self._can_cache_flow()
         self.flow_cache_window_frames = flow_cache_window_frames
+        import torch
+
+        self.flow_cache_dtype = {"fp32": None, "fp16": torch.float16}[flow_cache_precision]
+        self.flow_runtime: Any = None  # the flow cache's estimator on ONNX Runtime (onnx_stream.py); None: torch
         self.prompt_cache: PromptCache | None = None
         self.flow_budget: FlowCacheBudget | None = None
         # the voices' prompt states: for the flow cache's streams, or for batched rounds' streamed calls
@@ -86,8 +91,11 @@ class BatchedRunner:
         if self.flow_cache:
             install_flow_cache(model.flow)
             if flow_cache_budget_mb is not None:
-                self.flow_budget = FlowCacheBudget(int(flow_cache_budget_mb * 2**20), bytes_per_frame(model.flow),
-                                                   on_recompute=getattr(observer, "on_flow_cache_recompute", None))
+                size = 2 if self.flow_cache_dtype is not None else 4
+                self.flow_budget = FlowCacheBudget(int(flow_cache_budget_mb * 2**20), bytes_per_frame(model.flow, size),
+                                                   on_recompute=getattr(observer, "on_flow_cache_recompute", None),
+                                                   on_usage=getattr(observer, "on_flow_cache_usage", None))
+                self.flow_budget.report()  # the budget is in /metrics before the first stream
         elif flow_cache:
             log.warning("engine.flow_cache: this model's flow or hop schedule cannot be streamed incrementally; "
                         "streaming recomputes the prefix")
@@ -144,7 +152,8 @@ class BatchedRunner:
         """
         if not self.flow_cache:
             return None
-        stream = FlowStream(window_frames=self.flow_cache_window_frames, budget=self.flow_budget)
+        stream = FlowStream(window_frames=self.flow_cache_window_frames, budget=self.flow_budget,
+                            kv_dtype=self.flow_cache_dtype, runtime=self.flow_runtime)
         if cache_prompt and self.prompt_cache is not None:
             key = prompt_key(model_input.get("flow_prompt_speech_token"), model_input.get("prompt_speech_feat"),
                              model_input.get("flow_embedding"))

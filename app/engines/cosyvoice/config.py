@@ -28,10 +28,11 @@ class CosyVoiceConfig:
     max_batch_size: int
     llm_greedy: bool  # tests: argmax sampling
     token2wav_workers: int | None  # batched: token2wav calls at once; None: CPU cores (CPU), no limit (GPU)
-    flow_cache: bool  # batched streaming: flow computes each hop's new frames only (flow/cache.py)
+    flow_cache: bool | str  # batched streaming: flow computes each hop's new frames only (flow/cache.py); "auto"
+    flow_cache_precision: str  # fp16 | fp32: the flow cache's stored keys/values
     flow_cache_window_frames: int | None  # keep at most this many cached frames per layer (inexact)
     flow_prompt_cache_mb: float  # flow_cache or token2wav_batch: voices' prompt flow state, LRU by bytes (0: off)
-    flow_cache_budget_mb: float | None  # with flow_cache: all streams' caches together (None: no limit)
+    flow_cache_budget_mb: float | None  # with flow_cache: all streams' caches together (None: sized at load)
     levers: Levers  # the cost levers: int8 LLM, flow runtime, ODE steps, CFG (levers.py)
     token2wav_batch: str  # auto | on | off: every request's flow in one thread, batched rounds (auto: CUDA)
     token2wav_max_batch: int | None  # calls per flow round (None: max_batch_size)

@@ -81,6 +81,8 @@ class FlowStream:
     first_call_frames: int | None = None  # estimator frames of the first call (the first hop's cost)
     budget: Any = None  # flow_budget.FlowCacheBudget: the bytes all streams may hold (None: no limit)
     recompute: bool = False  # the budget refused it: the rest of the stream recomputes its prefix
+    kv_dtype: Any = None  # what keys/values are stored in (a torch dtype; None: as computed, fp32)
+    runtime: Any = None  # onnx_stream.StreamEstimator running the estimator (None: the hooked torch modules)
 
     def close(self) -> None:
         """The request ended: drop the caches and give their bytes back."""
@@ -262,9 +264,11 @@ class CachedAttention:
         key = (stream.step, id(attn))
         cached = stream.kv.get(key)
         if cached is not None:
-            k, v = torch.cat([cached[0], k], dim=2), torch.cat([cached[1], v], dim=2)
-        keep = k.shape[2] if stream.window_frames is None else min(k.shape[2], stream.window_frames)
-        stream.kv[key] = (k[:, :, -keep:], v[:, :, -keep:])
+            k, v = torch.cat([cached[0].to(k.dtype), k], dim=2), torch.cat([cached[1].to(v.dtype), v], dim=2)
+        store = (k, v) if stream.kv_dtype is None else (k.to(stream.kv_dtype), v.to(stream.kv_dtype))
+        if stream.window_frames is not None and k.shape[2] > stream.window_frames:
+            store = (store[0][:, :, -stream.window_frames:], store[1][:, :, -stream.window_frames:])
+        stream.kv[key] = store
         past = k.shape[2] - t
         bias = attention_mask  # [b, t, t] additive chunk mask over the new frames
         if bias is not None:
@@ -355,7 +359,8 @@ def incremental_inference(flow: Any, stream: FlowStream, *, token: Any, token_le
 def _start_after_prompt(flow: Any, stream: FlowStream, prompt_token: Any, prompt_feat: Any, emb: Any) -> None:
     """Load the voice's prompt state into ``stream`` (computing and storing it on a miss)."""
     assert stream.prompt_cache is not None and stream.prompt_key is not None
-    state, computed = prompt_state(flow, stream.prompt_cache, stream.prompt_key, prompt_token, prompt_feat, emb)
+    state, computed = prompt_state(flow, stream.prompt_cache, stream.prompt_key, prompt_token, prompt_feat, emb,
+                                   like=stream)
     if state is None:
         return
     if computed:
@@ -368,11 +373,12 @@ def _start_after_prompt(flow: Any, stream: FlowStream, prompt_token: Any, prompt
 
 
 def prompt_state(flow: Any, cache: PromptCache, key: str, prompt_token: Any, prompt_feat: Any,
-                 emb: Any) -> tuple[PromptState | None, bool]:
+                 emb: Any, like: FlowStream | None = None) -> tuple[PromptState | None, bool]:
     """The voice's prompt state from ``cache`` (computed and stored on a miss; ``install`` must have run).
 
-    ``emb`` is the projected speaker embedding ``[1, 80]``. Returns (state or None when the prompt
-    has no cacheable frames, whether it was computed now).
+    ``emb`` is the projected speaker embedding ``[1, 80]``; ``like``: the stream that will use it (its
+    key/value precision and runtime compute the state). Returns (state or None when the prompt has no
+    cacheable frames, whether it was computed now).
     """
     import torch
 
@@ -388,7 +394,7 @@ def prompt_state(flow: Any, cache: PromptCache, key: str, prompt_token: Any, pro
     mu = flow.encoder_proj(h).transpose(1, 2)[:, :, :frames]
     cond = prompt_feat[:, :frames].transpose(1, 2).to(mu.dtype)
     # unwindowed: the first hop then sees every prompt frame, as it does in one call without this cache
-    fresh = FlowStream()
+    fresh = FlowStream(kv_dtype=like.kv_dtype if like else None, runtime=like.runtime if like else None)
     with bound_stream(fresh):  # the estimator's hooks read the bound stream
         _solve(flow.decoder, mu, cond, emb, 0, fresh)
     # own copies where a cached tensor is a view pinning a larger input (so nbytes is what is held)
@@ -429,7 +435,10 @@ def _solve(cfm: Any, mu: Any, cond: Any, spks: Any, start: int, stream: FlowStre
         x_in[:] = x
         t_in[:] = t
         stream.step = i - 1
-        d = cfm.estimator(x_in, mask_in, mu_in, t_in, spks_in, cond_in, streaming=True)
+        if stream.runtime is not None:
+            d = stream.runtime(x_in, mask_in, mu_in, t_in, spks_in, cond_in, stream)
+        else:
+            d = cfm.estimator(x_in, mask_in, mu_in, t_in, spks_in, cond_in, streaming=True)
         if options.cfg:
             d = (1.0 + rate) * d[:1] - rate * d[1:]
         x = x + dt * d

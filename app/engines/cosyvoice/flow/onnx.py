@@ -34,17 +34,19 @@ import os
 import tempfile
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from app.engines.cosyvoice.layout import FLOW_ESTIMATOR_ONNX
 
 log = logging.getLogger("cosyserve.engine")
+T = TypeVar("T")
 
 MODEL_DIR_FILE = FLOW_ESTIMATOR_ONNX  # the name is the model-dir contract's (layout.py)
 CACHE_FILE = "estimator.onnx"
-UNUSABLE_FILE = "estimator.unusable"  # an export of these weights that did not match torch: not tried again
+UNUSABLE_FILE = "estimator.unusable"  # unusable_marker(CACHE_FILE): an export that did not match torch
 INPUTS = ("x", "mask", "mu", "t", "spks", "cond")
 EXPORT_VERSION = 1  # part of the cache key: bump when the exported graph's interface changes
 TOLERANCE = 1e-4  # largest |ORT - torch| accepted, relative to the largest |torch output|
@@ -183,7 +185,7 @@ def export(estimator: Any, target: Any) -> None:
                 m.training = training
 
 
-def _session(model: str | bytes, threads: int) -> Any:
+def open_session(model: str | bytes, threads: int) -> Any:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -232,12 +234,12 @@ def _checked(onnx_est: OnnxEstimator, estimator: Any, what: str) -> OnnxEstimato
     return onnx_est
 
 
-def _write_atomically(path: Path, estimator: Any) -> None:
+def _write_atomically(path: Path, write: Callable[[Any], None]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".estimator-", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            export(estimator, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -249,47 +251,63 @@ def _write_atomically(path: Path, estimator: Any) -> None:
 def _mark_unusable(graph: Path, reason: str) -> None:
     """Replace a graph that does not match torch by a marker saying why (best effort)."""
     try:
-        graph.with_name(UNUSABLE_FILE).write_text(reason + "\n")
+        unusable_marker(graph).write_text(reason + "\n")
         graph.unlink(missing_ok=True)
     except OSError:
         pass
 
 
-def load_onnx_estimator(estimator: Any, *, model_dir: str | os.PathLike | None, cache_dir: str | os.PathLike | None,
-                        threads: int = 1) -> OnnxEstimator:
-    """The estimator's ONNX Runtime stand-in (model dir file, else cache, else a fresh export); checked."""
-    errors = []
-    shipped = Path(model_dir) / MODEL_DIR_FILE if model_dir is not None else None
-    if shipped is not None and shipped.is_file():
-        try:
-            return _checked(_wrap(_session(str(shipped), threads), estimator, "model dir"), estimator,
-                            f"the model dir's {MODEL_DIR_FILE}")
-        except Exception as exc:  # noqa: BLE001 - any failure here means: export our own instead
-            log.warning("engine.flow_runtime: not using %s (%s); exporting the estimator instead", shipped, exc)
-            errors.append(str(exc))
-    key = weights_key(estimator)
-    cached = Path(cache_dir).expanduser() / key[:32] / CACHE_FILE if cache_dir is not None else None
+def unusable_marker(graph: Path) -> Path:
+    """The marker left instead of ``graph`` when its export did not match torch (``estimator.unusable``)."""
+    return graph.with_suffix(".unusable")
+
+
+def load_graph(*, key: str, filename: str, cache_dir: str | os.PathLike | None, write: Callable[[Any], None],
+               open_graph: Callable[[str | bytes, str], T]) -> T:
+    """A graph of the weights ``key`` from ``cache_dir``, else exported by ``write`` (into the cache dir, or into
+    memory when there is none or it is not writable), opened and checked by ``open_graph(path or bytes, source)``
+    (which raises OnnxUnavailable when the graph does not match torch)."""
+    cached = Path(cache_dir).expanduser() / key[:32] / filename if cache_dir is not None else None
     if cached is not None and cached.is_file():
         try:
-            return _checked(_wrap(_session(str(cached), threads), estimator, "cache"), estimator, f"cached {cached}")
+            return open_graph(str(cached), "cache")
         except Exception as exc:  # noqa: BLE001 - a stale or damaged cache entry: export again
             log.warning("engine.flow_runtime: cached graph %s unusable (%s); exporting again", cached, exc)
     if cached is not None:
-        unusable = cached.with_name(UNUSABLE_FILE)
+        unusable = unusable_marker(cached)
         if unusable.is_file():
             raise OnnxUnavailable(f"an earlier export of these weights did not match torch ({unusable.read_text().strip()}; "
                                   f"delete {unusable.parent} to try again)")
         try:
-            _write_atomically(cached, estimator)
-            log.info("engine.flow_runtime: exported the flow estimator to %s", cached)
+            _write_atomically(cached, write)
+            log.info("engine.flow_runtime: exported %s", cached)
         except OSError as exc:
             log.warning("engine.flow_runtime: cannot write %s (%s); keeping the exported graph in memory", cached, exc)
         else:
             try:
-                return _checked(_wrap(_session(str(cached), threads), estimator, "exported"), estimator, "the export")
+                return open_graph(str(cached), "exported")
             except OnnxUnavailable as exc:
                 _mark_unusable(cached, str(exc))
                 raise
     buf = io.BytesIO()
-    export(estimator, buf)
-    return _checked(_wrap(_session(buf.getvalue(), threads), estimator, "memory"), estimator, "the export")
+    write(buf)
+    return open_graph(buf.getvalue(), "memory")
+
+
+def load_onnx_estimator(estimator: Any, *, model_dir: str | os.PathLike | None, cache_dir: str | os.PathLike | None,
+                        threads: int = 1) -> OnnxEstimator:
+    """The estimator's ONNX Runtime stand-in (model dir file, else cache, else a fresh export); checked."""
+    shipped = Path(model_dir) / MODEL_DIR_FILE if model_dir is not None else None
+    if shipped is not None and shipped.is_file():
+        try:
+            return _checked(_wrap(open_session(str(shipped), threads), estimator, "model dir"), estimator,
+                            f"the model dir's {MODEL_DIR_FILE}")
+        except Exception as exc:  # noqa: BLE001 - any failure here means: export our own instead
+            log.warning("engine.flow_runtime: not using %s (%s); exporting the estimator instead", shipped, exc)
+
+    def opened(model: str | bytes, source: str) -> OnnxEstimator:
+        return _checked(_wrap(open_session(model, threads), estimator, source), estimator,
+                        "the export" if source != "cache" else "the cached graph")
+
+    return load_graph(key=weights_key(estimator), filename=CACHE_FILE, cache_dir=cache_dir,
+                      write=lambda f: export(estimator, f), open_graph=opened)
