@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib.procs import ROOT, THREAD_ENV, logger, python_module, results_dir, shown
-from bench.report import cost_goals, cost_markdown, lever_goals
+from bench.report import cost_goals, cost_markdown, lever_goals, stream_goals
 
 LONG = ("The train to the city leaves at seven every single morning, and the people who ride it read, "
         "sleep or stare at the fields going by.")
@@ -57,11 +57,33 @@ LEVER_PLAN: dict[tuple[str, str], list[tuple[str, str, bool, int, int]]] = {
     **{("full", v): LEVER_CASES for v in LEVER_VARIANTS},
     **{("tiny", v): [(n, t, st, c, 3 if c == 1 else 2) for n, t, st, c, _ in LEVER_CASES] for v in LEVER_VARIANTS},
 }
-PLANS = {"cost": PLAN, "levers": LEVER_PLAN}
-OUTPUTS = {"cost": "cost", "levers": "cost-cpu"}
+# --plan stream: streamed vs whole on the server's engine defaults (flow cache on, issue 48) against the same
+# with the flow cache off (what streams cost before) and with exact fp32 caches; c=1 and c=4, long text
+STREAM_CASES = [("long-whole", LONG, False, 1, 1), ("long-stream", LONG, True, 1, 1),
+                ("long-whole-c4", LONG, False, 4, 1), ("long-stream-c4", LONG, True, 4, 1)]
+STREAM_VARIANTS = ("defaults", "recompute", "exact")
+STREAM_PLAN: dict[tuple[str, str], list[tuple[str, str, bool, int, int]]] = {
+    ("full", "defaults"): STREAM_CASES, ("full", "recompute"): STREAM_CASES,
+    ("full", "exact"): [STREAM_CASES[1]],
+    **{("tiny", v): [(n, t, st, c, 3) for n, t, st, c, _ in STREAM_CASES] for v in ("defaults", "recompute")},
+}
+PLANS = {"cost": PLAN, "levers": LEVER_PLAN, "stream": STREAM_PLAN}
+OUTPUTS = {"cost": "cost", "levers": "cost-cpu", "stream": "cost-stream"}
+
+
+def _server_engine(**over: Any) -> dict[str, Any]:
+    """The engine settings a server starts with (where ``runtime.BARE_ENGINE`` differs), and ``over``."""
+    from app.settings.runtime import BARE_ENGINE
+    from app.settings.sections import EngineSettings
+
+    defaults = EngineSettings()
+    return {**{k: getattr(defaults, k) for k in BARE_ENGINE if k not in ("batching", "onnx_cache_dir")}, **over}
+
 
 # variant -> engine settings (over runtime.BARE_ENGINE); "-voice": requests use a registered voice
-VARIANTS: dict[str, dict[str, Any]] = {
+VARIANTS: dict[str, Any] = {
+    "defaults": lambda: _server_engine(), "recompute": lambda: _server_engine(flow_cache=False),
+    "exact": lambda: _server_engine(flow_cache_precision="fp32"),
     "fp32": {}, "bf16": {"dtype": "bf16"},
     "fp32-cache": {"flow_cache": True}, "fp32-cache-voice": {"flow_cache": True, "flow_prompt_cache_mb": 1024},
     "int8": {"llm_quantization": "int8"}, "ort": {"flow_runtime": "onnxruntime"},
@@ -79,13 +101,13 @@ class FrameCounter:
     """Counts the mel frames the flow estimator computes per request (its frames per call / ODE steps),
     in torch (a forward hook) and on ONNX Runtime (the session's own tally)."""
 
-    def __init__(self, flow: Any) -> None:
+    def __init__(self, flow: Any, stream_graph: Any = None) -> None:
         from app.engines.cosyvoice.flow.solver import MODEL_STEPS, onnx_of, options_of
 
         self.frames = 0
         self.steps = options_of(flow.decoder).steps or MODEL_STEPS
-        self.onnx = onnx_of(flow)
-        self._onnx_seen = self.onnx.frames if self.onnx is not None else 0
+        self.graphs = [g for g in (onnx_of(flow), stream_graph) if g is not None]  # the flow cache's graph too
+        self._graphs_seen = self._graph_frames()
         self._lock = threading.Lock()
         flow.decoder.estimator.register_forward_pre_hook(self._count)
 
@@ -93,18 +115,18 @@ class FrameCounter:
         with self._lock:
             self.frames += int(args[0].shape[2])
 
-    def _onnx_new(self) -> int:
-        return self.onnx.frames - self._onnx_seen if self.onnx is not None else 0
+    def _graph_frames(self) -> int:
+        return sum(g.frames for g in self.graphs)
 
     def peek(self) -> float:
         with self._lock:
-            return (self.frames + self._onnx_new()) / self.steps
+            return (self.frames + self._graph_frames() - self._graphs_seen) / self.steps
 
     def take(self) -> float:
         with self._lock:
-            n = self.frames + self._onnx_new()
+            n = self.frames + self._graph_frames() - self._graphs_seen
             self.frames = 0
-            self._onnx_seen = self.onnx.frames if self.onnx is not None else 0
+            self._graphs_seen = self._graph_frames()
         return n / self.steps
 
 
@@ -163,7 +185,14 @@ def run_case(engine: Any, counter: FrameCounter, text: str, stream: bool, concur
             "ttfa_s": statistics.median(r["ttfa_s"] for r in runs if r["ttfa_s"] is not None),
             "flow_frames_per_request": counter.take() / concurrency,
             "first_hop_flow_frames": runs[0]["first_frames"] if concurrency == 1 and stream else None,
-            "stages_s_per_request": stages}
+            "stages_s_per_request": stages, "peak_rss_mb": _peak_rss_mb()}
+
+
+def _peak_rss_mb() -> float:
+    """The worker's peak RSS so far (one variant per process: the cases run in order, c=4 last)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | None = None,
@@ -181,11 +210,18 @@ def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | No
     t0 = time.perf_counter()
     by_voice = variant.endswith("-voice")
     onnx_dir = tempfile.mkdtemp(prefix="cosyserve-bench-onnx-")  # a fresh export: load_s includes it
+    settings = VARIANTS[variant]
     engine = CosyVoiceEngine(engine_config_of(model_dir, torch_threads=1, batching=True, max_batch_size=16,
-                                              onnx_cache_dir=onnx_dir, **VARIANTS[variant]))
+                                              onnx_cache_dir=onnx_dir,
+                                              **(settings() if callable(settings) else settings)))
     engine.load()
     load_s = time.perf_counter() - t0
-    counter = FrameCounter(engine.loaded.model.flow)
+    runner = engine.runner
+    counter = FrameCounter(engine.loaded.model.flow, runner.flow_runtime if runner is not None else None)
+    held = [0]
+    budget = runner.flow_budget if runner is not None else None
+    if budget is not None:  # the flow cache's peak bytes (all streams)
+        budget.on_usage = lambda used, _max, _n: held.__setitem__(0, max(held[0], used))
     _one(engine, "Hello.", False)  # warm-up: first-call kernel setup, the prompt's features (cached)
     voice, voice_fill = None, None
     if by_voice:
@@ -212,6 +248,10 @@ def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | No
     out = {"model": model, "variant": variant, "ran": precision.dtype, "stages_reduced": list(precision.stages),
            "flow_cache": bool(engine_cache), "levers": engine.loaded.levers.describe(), "load_s": load_s,
            "cases": cases}
+    if budget is not None:
+        out["flow_cache_budget"] = {"max_mb": budget.max_bytes / 2**20, "peak_mb": held[0] / 2**20,
+                                    "recomputed": budget.recomputed,
+                                    "runtime": "onnxruntime" if runner.flow_runtime is not None else "torch"}
     pc = engine.runner.prompt_cache if engine.runner is not None else None
     if pc is not None:
         out["voice_cache"] = {"hits": pc.hits, "misses": pc.misses, "bytes": pc.bytes, "fill": voice_fill}
@@ -245,7 +285,8 @@ def _host() -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plan", choices=sorted(PLANS), default="cost",
-                    help="cost: fp32/bf16/flow cache (cost.*); levers: the CPU cost levers (cost-cpu.*)")
+                    help="cost: fp32/bf16/flow cache (cost.*); levers: the CPU cost levers (cost-cpu.*); "
+                         "stream: streamed vs whole on the server's defaults (cost-stream.*)")
     ap.add_argument("--models", default="full,tiny", help="comma list of full, tiny")
     ap.add_argument("--variants", default=None,
                     help="comma list from VARIANTS (default: the plan's: fp32,bf16,fp32-cache,fp32-cache-voice; "
@@ -260,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", nargs=3, metavar=("MODEL_DIR", "MODEL", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.variants is None:
-        args.variants = ",".join(LEVER_VARIANTS) if args.plan == "levers" else "fp32,bf16,fp32-cache,fp32-cache-voice"
+        args.variants = {"levers": ",".join(LEVER_VARIANTS), "stream": ",".join(STREAM_VARIANTS)}.get(
+            args.plan, "fp32,bf16,fp32-cache,fp32-cache-voice")
     if args.worker:
         print("RESULT " + json.dumps(worker(*args.worker, quick=args.quick, only=args.cases, plan=args.plan)),
               flush=True)
@@ -304,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
                     merged.setdefault(model, {})[variant] = res
         results = merged
     doc = {"commands": commands, "host": host, "results": results,
-           "goals": lever_goals(results) if args.plan == "levers" else cost_goals(results)}
+           "goals": {"levers": lever_goals, "stream": stream_goals}.get(args.plan, cost_goals)(results)}
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
     (out / f"{name}.md").write_text(cost_markdown(doc, args.plan))
     for g in doc["goals"]:

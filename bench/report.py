@@ -997,6 +997,41 @@ def cost_goals(results: dict) -> list[str]:
     return out
 
 
+def stream_goals(results: dict) -> list[str]:
+    """Issue 48's goals: streamed vs whole on the server's defaults (flow cache on) and with it off, same run."""
+    out = []
+    for model, res in results.items():
+        for variant in ("defaults", "recompute"):
+            cases = res.get(variant, {}).get("cases", {})
+            for c in ("", "-c4"):
+                whole, streamed = cases.get(f"long-whole{c}"), cases.get(f"long-stream{c}")
+                if whole is None or streamed is None:
+                    continue
+                cpu = _cost_ratio(streamed["cpu_rtf"], whole["cpu_rtf"])
+                flow = _cost_ratio(streamed["stages_s_per_request"].get("flow", 0),
+                                   whole["stages_s_per_request"].get("flow", 0))
+                met = variant != "defaults" or model != "full"
+                out.append(f"{model} {variant} c={4 if c else 1}: streamed CPU-s per audio-s / whole = {cpu:.2f}x "
+                           f"({streamed['cpu_rtf']:.2f} vs {whole['cpu_rtf']:.2f}; goal <= 1.2x"
+                           f"{'' if met else ': ' + ('met' if cpu <= 1.2 else 'MISSED')}), flow seconds {flow:.2f}x "
+                           f"(goal <= 1.5x{'' if met else ': ' + ('met' if flow <= 1.5 else 'MISSED')}), first audio "
+                           f"{streamed['ttfa_s']:.2f} s, peak RSS {streamed.get('peak_rss_mb', 0):.0f} MB")
+        on, off = (res.get(v, {}).get("cases", {}).get("long-stream") for v in ("defaults", "recompute"))
+        if on is not None and off is not None:
+            out.append(f"{model}: first audio with the flow cache {on['ttfa_s']:.2f} s vs without {off['ttfa_s']:.2f} s "
+                       f"(goal: no later): {'met' if on['ttfa_s'] <= off['ttfa_s'] * 1.05 else 'MISSED'}")
+        exact = res.get("exact", {}).get("cases", {}).get("long-stream")
+        if on is not None and exact is not None:
+            out.append(f"{model}: fp16 caches vs exact fp32: CPU {on['cpu_s_per_request']:.2f} vs "
+                       f"{exact['cpu_s_per_request']:.2f} s per stream, peak RSS {on['peak_rss_mb']:.0f} vs "
+                       f"{exact['peak_rss_mb']:.0f} MB")
+        budget = res.get("defaults", {}).get("flow_cache_budget")
+        if budget:
+            out.append(f"{model}: flow cache budget {budget['max_mb']:.0f} MB ({budget['runtime']}), peak held "
+                       f"{budget['peak_mb']:.0f} MB, streams sent to recompute {budget['recomputed']}")
+    return out
+
+
 def lever_goals(results: dict) -> list[str]:
     """The issue's goals for the CPU levers (full size), and tiny's no-regression check, from one run."""
     out = []
@@ -1048,20 +1083,27 @@ def lever_goals(results: dict) -> list[str]:
 
 def cost_markdown(doc: dict, plan: str = "cost") -> str:
     """The cost plan's table (fp32 vs bf16, streamed vs whole) or, ``plan`` "levers", the CPU cost levers'."""
-    levers = plan == "levers"
+    levers, streams = plan == "levers", plan == "stream"
     host = ", ".join(f"{k} {v}" for k, v in doc["host"].items())
     cmds = " then ".join(f"`{c}`" for c in doc["commands"])
     stages = ("llm", "flow", "hift") if levers else ("frontend", "llm", "flow", "hift")
-    lines = ["# Request cost on a CPU: the cost levers" if levers else "# Request cost: fp32 vs bf16, streamed vs whole",
+    title = {"levers": "# Request cost on a CPU: the cost levers",
+             "stream": "# Streamed vs whole on the server's defaults: the flow cache"}.get(
+        plan, "# Request cost: fp32 vs bf16, streamed vs whole")
+    lines = [title,
              "", f"Commands: {cmds}. Host: {host}. One torch thread, batched engine path, zero-shot with a 2 s prompt"
              + (", the short text (~38 speech tokens). `fp32`: today's default before this work (torch flow, fp32 "
                 "LLM); `int8`: `engine.llm_quantization: int8`; `ort`: `engine.flow_runtime: onnxruntime`; `steps5`: "
                 "`engine.flow_steps: 5`; `nocfg`: `engine.flow_cfg: false`; `int8-ort`: both; `all`: all four. "
                 "`steps5`, `nocfg` and `all` change the audio (docs/cpu.md)." if levers else
-                " (50 prompt tokens)."), ""]
+                " (50 prompt tokens)." + (" `defaults`: the engine settings a server starts with (ONNX Runtime flow, "
+                                          "flow cache on, fp16 caches, budget sized at load); `recompute`: the same "
+                                          "with `engine.flow_cache: false` (streams before this work); `exact`: "
+                                          "`engine.flow_cache_precision: fp32`." if streams else "")), ""]
     header = ["model", "variant" if levers else "dtype (ran)", "case", "c", "CPU s/req", "wall s", "RTF",
               "audio s / wall s" if levers else "CPU RTF", "TTFA s", "audio s/req", "flow frames/req",
-              *([] if levers else ["first hop frames"]), *stages, *(["load s"] if levers else [])]
+              *([] if levers else ["first hop frames"]), *stages, *(["load s"] if levers else []),
+              *(["peak RSS MB"] if streams else [])]
     rows = []
     for model, by_variant in doc["results"].items():
         for variant, res in by_variant.items():
@@ -1074,7 +1116,8 @@ def cost_markdown(doc: dict, plan: str = "cost") -> str:
                              f"{c['flow_frames_per_request']:.0f}",
                              *([] if levers else [num(c.get("first_hop_flow_frames"), 0)]),
                              *(f"{st.get(k, 0.0):.2f}" for k in stages),
-                             *([f"{res.get('load_s', 0):.1f}"] if levers else [])])
+                             *([f"{res.get('load_s', 0):.1f}"] if levers else []),
+                             *([num(c.get("peak_rss_mb"), 0)] if streams else [])])
     note = ("Stage columns: seconds per request (`llm` is wall time from start to last token, waiting for the batch "
             "included). `load s`: engine load, a fresh ONNX export included for `ort` variants." if levers else
             "Stage columns: seconds per request (`llm` is wall time from start to last token; it overlaps "
