@@ -119,15 +119,18 @@ class CosyVoiceEngine:
             lm.model.llm.sampling = ranked_greedy()  # testing: deterministic per-request decoding
         if self.config.batching:
             from app.engines.cosyvoice.batched import BatchedRunner
+            from app.engines.cosyvoice.flow.budget import budget_mb
+            from app.engines.cosyvoice.flow.onnx_stream import stream_estimator
 
+            cached, budget = self._flow_cache(), self.config.flow_cache_budget_mb
             self.runner = BatchedRunner(lm.model, max_batch_size=self.config.max_batch_size,
                                         greedy=self.config.llm_greedy, observer=self.llm_observer,
                                         initial_hop=self._initial_hop, token2wav_workers=self._token2wav_workers(),
-                                        flow_cache=self._flow_cache(),
+                                        flow_cache=cached,
                                         flow_cache_precision=self.config.flow_cache_precision,
                                         flow_cache_window_frames=self.config.flow_cache_window_frames,
                                         flow_prompt_cache_mb=self.config.flow_prompt_cache_mb,
-                                        flow_cache_budget_mb=self._flow_cache_budget_mb(),
+                                        flow_cache_budget_mb=budget_mb(budget, str(lm.device)) if cached else budget,
                                         token2wav_batch=self._token2wav_batch(),
                                         token2wav_max_batch=self.config.token2wav_max_batch,
                                         prefill_batch=self._prefill_batch(),
@@ -135,7 +138,8 @@ class CosyVoiceEngine:
                                         else None)
             self.runner.set_bulk_room(self._bulk_room)
             if self.runner.flow_cache:
-                self.runner.flow_runtime = self._stream_estimator()
+                self.runner.flow_runtime = stream_estimator(lm.model.flow, self.config.levers,
+                                                            self.config.flow_cache_precision)
         elif self.config.flow_cache is True:
             log.warning("engine.flow_cache needs the batched CosyVoice2/3 path (engine.batching): not used")
         instrument(lm.model)  # flow / HiFT seconds per request (app/engines/timings.py), outermost
@@ -165,39 +169,13 @@ class CosyVoiceEngine:
         return str(getattr(self.loaded.model, "device", "cpu")).startswith("cuda")
 
     def _flow_cache(self) -> bool:
-        """``engine.flow_cache``: true, false, or auto (on where the flow computes on the CPU, measured there:
-        docs/cpu.md; on CUDA the batched flow rounds of ``engine.token2wav_batch`` stay the default)."""
+        """``engine.flow_cache``: auto is on where a cacheable flow computes on the CPU (docs/cpu.md), not on CUDA."""
+        from app.engines.cosyvoice.flow.cache import supports_flow_cache
+
         if self.config.flow_cache == "auto":
-            return not self._on_cuda and self.config.token2wav_batch != "on"
+            return (not self._on_cuda and self.config.token2wav_batch != "on"
+                    and supports_flow_cache(self.loaded.model.flow))
         return bool(self.config.flow_cache)
-
-    def _flow_cache_budget_mb(self) -> float | None:
-        """``engine.flow_cache_budget_mb``, or sized to the memory free now (``flow/budget.py``) when unset."""
-        if self.config.flow_cache_budget_mb is not None or not self._flow_cache():
-            return self.config.flow_cache_budget_mb
-        from app.engines.cosyvoice.flow.budget import auto_budget_bytes
-
-        budget, how = auto_budget_bytes(str(getattr(self.loaded.model, "device", "cpu")))
-        log.info("flow cache budget %.0f MB (%s; engine.flow_cache_budget_mb sets it)", budget / 2**20, how)
-        return budget / 2**20
-
-    def _stream_estimator(self) -> Any:
-        """The flow cache's estimator on ONNX Runtime when the flow runs there (``flow/onnx_stream.py``), else None
-        (the hooked torch modules): streams keep the runtime whole answers use."""
-        from app.engines.cosyvoice.flow.onnx_stream import load_stream_estimator
-        from app.engines.cosyvoice.flow.solver import onnx_of
-
-        flow = self.loaded.model.flow
-        if onnx_of(flow) is None:
-            return None
-        levers = self.config.levers
-        try:
-            return load_stream_estimator(flow.decoder.estimator, cache_dir=levers.onnx_cache_dir,
-                                         storage=self.config.flow_cache_precision, threads=levers.threads)
-        except Exception as exc:  # noqa: BLE001 - any failure: the cache's streams run on torch
-            log.warning("engine.flow_cache: its streams run the flow estimator on torch (%s: %s)",
-                        type(exc).__name__, exc)
-            return None
 
     def _prefill_batch(self) -> bool:
         """``engine.prefill_batch``: on, off, or auto (on for CUDA, where one forward over all joiners replaces

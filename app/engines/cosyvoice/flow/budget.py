@@ -88,6 +88,15 @@ def auto_budget_bytes(device: str) -> tuple[int, str]:
     return int(free * AUTO_SHARE), f"{AUTO_SHARE:.0%} of {free / 2**30:.1f} GiB {where} at load"
 
 
+def budget_mb(setting: float | None, device: str) -> float:
+    """``engine.flow_cache_budget_mb``, or, unset, sized to the memory free now on ``device`` (logged)."""
+    if setting is not None:
+        return setting
+    size, how = auto_budget_bytes(device)
+    log.info("flow cache budget %.0f MB (%s; engine.flow_cache_budget_mb sets it)", size / 2**20, how)
+    return size / 2**20
+
+
 class FlowCacheBudget:
     """Bytes held by all streams' flow caches, at most ``max_bytes`` (thread-safe).
 

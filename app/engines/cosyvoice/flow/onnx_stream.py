@@ -236,3 +236,18 @@ def load_stream_estimator(estimator: Any, *, cache_dir: str | os.PathLike | None
 
     return load_graph(key=weights_key(estimator), filename=graph_file(storage), cache_dir=cache_dir,
                       write=lambda f: export(estimator, f, storage), open_graph=opened)
+
+
+def stream_estimator(flow: Any, levers: Any, storage: str) -> StreamEstimator | None:
+    """The flow cache's estimator on ONNX Runtime when the flow's estimator runs there (``levers``: the engine's
+    ``Levers``), else None: the hooked torch modules. A graph that cannot be had leaves the streams on torch."""
+    from app.engines.cosyvoice.flow.solver import onnx_of
+
+    if onnx_of(flow) is None:
+        return None
+    try:
+        return load_stream_estimator(flow.decoder.estimator, cache_dir=levers.onnx_cache_dir, storage=storage,
+                                     threads=levers.threads)
+    except Exception as exc:  # noqa: BLE001 - any failure: the cache's streams run on torch
+        log.warning("engine.flow_cache: its streams run the flow estimator on torch (%s: %s)", type(exc).__name__, exc)
+        return None
