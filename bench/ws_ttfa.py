@@ -16,26 +16,32 @@ Both ask for the same seed. The tiny model's audio is noise: only the timing cou
 
 ``--livekit`` adds the same tokens at the same pace through LiveKit Agents (bench/lib/livekit_ttfa.py):
 our plugin on the WebSocket vs. LiveKit's OpenAI TTS a sentence at a time (needs the dev extra).
+
+``--clients ws,post,...`` instead times each client (bench/lib/clients_ttfa.py lists them) at each
+``--concurrency`` level (default 1,4): that many sessions at once, each fed the ``--text`` at ``--rate``
+(a whole-text client sends it when the LLM would have finished), ``--reps`` rounds (default 3) with
+the clients interleaved; the server keeps its default pool and admission (the table above pins
+2 workers) and opens its Wyoming port. Per client and level: first-audio p50/p99,
+audio seconds per wall second, for wyoming-stream how often audio came before ``synthesize-stop``,
+and the goals (Wyoming streamed p50 within 1.2x the WebSocket's; each plugin's p50 below its
+framework's OpenAI path). Writes ws-clients.md and .json; a client whose packages are missing is skipped.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import asyncio
 import os
 import platform
 import re
 import statistics
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-import httpx
-from websockets.sync.client import connect
-
-from bench.lib.procs import ROOT, cosyserve
-from bench.report import save, table
+from bench.lib import clients_ttfa as clients
+from bench.lib.load import percentile
+from bench.lib.procs import ROOT, cosyserve, free_port
+from bench.report import add_goal, goals_table, num, print_goals, ratio, save, table
 
 COMMAND = ".venv/bin/python -m bench serve --scenario ws"
 TEXTS = {
@@ -51,54 +57,16 @@ def tokens(text: str) -> list[str]:
     return re.findall(r"\s*\w+|\s*[^\w\s]", text)
 
 
-def ws_run(url: str, text: str, rate: float, seed: int) -> tuple[float, float]:
+def ws_run(base: str, text: str, rate: float, seed: int) -> tuple[float, float]:
     """(TTFA, total) seconds for one utterance fed at ``rate`` tokens/s."""
-    pieces = tokens(text)
-    t0: list[float] = []
-    with connect(url, max_size=None) as ws:
-        ws.send(json.dumps({"type": "session.config", "response_format": "pcm", "seed": seed}))
-
-        def feed() -> None:
-            for i, p in enumerate(pieces):
-                if i:
-                    time.sleep(1.0 / rate)
-                ws.send(json.dumps({"type": "input.text", "text": p}))
-                if not t0:
-                    t0.append(time.perf_counter())
-            ws.send(json.dumps({"type": "input.done"}))
-
-        feeder = threading.Thread(target=feed)
-        feeder.start()
-        first = None
-        while True:
-            m = ws.recv(timeout=120)
-            if isinstance(m, bytes):
-                first = first or time.perf_counter()
-                continue
-            event = json.loads(m)
-            if event["type"] == "error":
-                raise RuntimeError(event)
-            if event["type"] == "audio.done":
-                done = time.perf_counter()
-                break
-        feeder.join()
-    return first - t0[0], done - t0[0]
+    s = asyncio.run(clients.ws(clients.Target(base), tokens(text), rate, seed))
+    return s.ttfa, s.total
 
 
 def post_run(base: str, text: str, rate: float, seed: int) -> tuple[float, float]:
     """(TTFA, total) counting the wait for the whole text at ``rate`` tokens/s."""
-    wait = (len(tokens(text)) - 1) / rate
-    time.sleep(wait)  # the client waits for the LLM, as it would
-    t0 = time.perf_counter()
-    first = None
-    with httpx.stream("POST", base + "/v1/tts", json={"text": text, "format": "pcm", "stream": True, "seed": seed},
-                      timeout=120) as r:
-        r.raise_for_status()
-        for chunk in r.iter_bytes():
-            if chunk and first is None:
-                first = time.perf_counter()
-    done = time.perf_counter()
-    return wait + first - t0, wait + done - t0
+    s = asyncio.run(clients.post(clients.Target(base), tokens(text), rate, seed))
+    return s.ttfa, s.total
 
 
 def livekit_medians(base: str, text: str, rate: float, reps: int) -> list[float]:
@@ -113,41 +81,150 @@ def livekit_medians(base: str, text: str, rate: float, reps: int) -> list[float]
     return [statistics.median(plugin), statistics.median(oai)]
 
 
+def run_clients(target: clients.Target, names: list[str], levels: list[int], pieces: list[str], rate: float,
+                reps: int) -> dict:
+    """Each client at each concurrency ``reps`` times (the clients interleaved), after one warm-up each."""
+    raw: dict = {n: {c: {"ttfa": [], "audio_s": 0.0, "wall_s": 0.0, "early": 0, "errors": []} for c in levels}
+                 for n in names}
+    for name in names:
+        for x in asyncio.run(clients.batch(name, target, pieces, rate, 1, 0)):
+            if not isinstance(x, clients.Session):
+                print(f"warm-up {name}: {x!r}", flush=True)
+    for c in levels:
+        for rep in range(reps):
+            for name in names:
+                ok, bad = [], []
+                for x in asyncio.run(clients.batch(name, target, pieces, rate, c, 1 + rep * c)):
+                    (ok if isinstance(x, clients.Session) and x.first is not None else bad).append(x)
+                r = raw[name][c]
+                r["errors"] += [repr(x)[:200] for x in bad]
+                r["ttfa"] += [x.ttfa for x in ok]
+                r["early"] += sum(bool(x.early) for x in ok)
+                if ok:
+                    r["audio_s"] += sum(x.audio_s for x in ok)
+                    r["wall_s"] += max(x.end for x in ok) - min(x.t0 for x in ok)
+                errors = f" errors {[repr(x)[:200] for x in bad]}" if bad else ""
+                print(f"c={c} rep {rep} {name}: TTFA {[round(x.ttfa, 3) for x in ok]}{errors}", flush=True)
+    return raw
+
+
+def clients_summary(raw: dict) -> dict:
+    """Per client and concurrency: first-audio p50/p99, audio seconds per wall second, early count."""
+    return {n: {c: {"sessions": len(r["ttfa"]), "errors": len(r["errors"]), "early": r["early"],
+                    "ttfa_p50_s": percentile(r["ttfa"], 50), "ttfa_p99_s": percentile(r["ttfa"], 99),
+                    "audio_per_wall": ratio(r["audio_s"], r["wall_s"])}
+                for c, r in levels.items()} for n, levels in raw.items()}
+
+
+def clients_goals(summ: dict, levels: list[int]) -> list[dict]:
+    def p50(name: str, c: int) -> float | None:
+        return summ.get(name, {}).get(c, {}).get("ttfa_p50_s")
+
+    goals: list[dict] = []
+    for c in levels:
+        w = summ.get("wyoming-stream", {}).get(c)
+        add_goal(goals, f"c={c}: wyoming-stream first audio before synthesize-stop",
+                 f"{w['early']}/{w['sessions'] + w['errors']}" if w else None, "all",
+                 w["early"] == w["sessions"] + w["errors"] > 0 if w else None)
+        for a, b, limit in [("wyoming-stream", "ws", 1.2), *((p, o, 1.0) for p, o in clients.PLUGIN_VS_OPENAI.items())]:
+            v = ratio(p50(a, c), p50(b, c))  # Wyoming: within 1.2x of the WebSocket; a plugin: below its OpenAI path
+            ok = None if v is None else v <= limit if limit > 1 else v < limit
+            add_goal(goals, f"c={c}: {a} p50 / {b} p50", v, f"<= {limit:g}" if limit > 1 else f"< {limit:g}", ok,
+                     detail=f"{num(p50(a, c), 3)} s vs {num(p50(b, c), 3)} s")
+    return goals
+
+
+def clients_report(args: argparse.Namespace, summ: dict, goals: list[dict], skipped: dict[str, str],
+                   n: int, reps: int) -> str:
+    levels = ",".join(str(c) for c in args.concurrency)
+    lines = [
+        f"# First audio per client: text streamed at {args.rate:g} tokens/s, {levels} sessions at once",
+        "",
+        (f"Command: `{COMMAND} --clients {','.join(args.clients)} --concurrency {levels} --rate {args.rate:g} "
+         f"--reps {reps} --text '{args.text}'` (tiny random-weight CosyVoice2, default config: batched LLM, "
+         "bistream, the pool and admission as the server sizes them; 1 torch thread; the Wyoming port on)"),
+        (f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
+         f"Text: {args.text}, {n} tokens, written in {(n - 1) / args.rate:.2f} s; {reps} rounds of each "
+         "level, clients interleaved."),
+        "",
+        *table(["client", "sessions at once", "sessions", "errors", "first audio p50 (s)", "first audio p99 (s)",
+                "audio s / wall s", "first audio before synthesize-stop"],
+               [[name, c, p["sessions"], p["errors"], num(p["ttfa_p50_s"], 3), num(p["ttfa_p99_s"], 3),
+                 num(p["audio_per_wall"]), f"{p['early']}/{p['sessions']}" if name == "wyoming-stream" else "-"]
+                for c in args.concurrency for name, by_c in summ.items() if (p := by_c[c])]),
+        "",
+        ("First audio: from the first token the LLM wrote (whole-text clients wait for the last one, then send). "
+         "audio s / wall s: the audio of all sessions of a level over the time from their first token to their "
+         "last audio, summed over the rounds."),
+        *([""] + [f"Skipped {name}: {why}" for name, why in skipped.items()] if skipped else []),
+        "", "## Goals", "", *goals_table(goals, tail=("detail",)),
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=float, default=20.0, help="tokens per second the 'LLM' writes")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=None, help="runs per point (default 5; with --clients 3)")
     ap.add_argument("--livekit", action="store_true", help="also time LiveKit: our plugin vs. its OpenAI TTS")
-    ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "ws_ttfa"), help="output dir (writes ws-ttfa.md)")
+    ap.add_argument("--clients", type=lambda v: [c for c in v.split(",") if c], default=None,
+                    help=f"instead, time these clients side by side (ws-clients.md): {','.join(clients.CLIENTS)}")
+    ap.add_argument("--concurrency", type=lambda v: [int(c) for c in v.split(",")], default=[1, 4],
+                    help="with --clients: sessions at once, each level in turn (default 1,4)")
+    ap.add_argument("--text", choices=list(TEXTS), default="40 words", help="with --clients: the text")
+    ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "ws_ttfa"),
+                    help="output dir (writes ws-ttfa.md; with --clients ws-clients.md and .json)")
     args = ap.parse_args(argv)
+    unknown = [c for c in args.clients or [] if c not in clients.CLIENTS]
+    if unknown:
+        ap.error(f"unknown clients {unknown}; known: {','.join(clients.CLIENTS)}")
+    reps = args.reps or (3 if args.clients else 5)
+    skipped = {c: why for c in args.clients or [] if (why := clients.missing(c))}
+    for name, why in skipped.items():
+        print(f"skipping {name}: {why}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = {"engine": {"torch_threads": 1}, "pool": {"workers": 2}, "server": {"access_log": False},
                "dev": {"tiny_version": 2, "tiny_cache_dir": str(ROOT / ".cache" / "models")},
                "voices": {"dir": str(Path(tmp) / "voices")}}
+        if args.clients:  # the pool as the server sizes it (4 sessions fit), the Wyoming port on
+            del cfg["pool"]
+            cfg["wyoming"] = {"port": free_port()}
         with cosyserve("ws-ttfa", cfg, Path(tmp)) as srv:
-            base, url = srv.base_url, f"ws://127.0.0.1:{srv.port}/v1/audio/speech/stream"
+            base = srv.base_url
+            if args.clients:
+                pieces = tokens(TEXTS[args.text])
+                names = [c for c in args.clients if c not in skipped]
+                raw = run_clients(clients.Target(base, cfg["wyoming"]["port"]), names, args.concurrency, pieces,
+                                  args.rate, reps)
+                summ = clients_summary(raw)
+                goals = clients_goals(summ, args.concurrency)
+                md = clients_report(args, summ, goals, skipped, len(pieces), reps)
+                print(md)
+                print_goals(goals)
+                save(Path(args.out), "ws-clients", {"summary": summ, "raw": raw, "skipped": skipped}, md)
+                return
             rows = []
             for label, text in TEXTS.items():
-                ws_run(url, text, args.rate, 0)  # warm-up
+                ws_run(base, text, args.rate, 0)  # warm-up
                 post_run(base, text, 1e6, 0)
                 ws, post = [], []
-                for rep in range(args.reps):
-                    ws.append(ws_run(url, text, args.rate, rep))
+                for rep in range(reps):
+                    ws.append(ws_run(base, text, args.rate, rep))
                     post.append(post_run(base, text, args.rate, rep))
                 n = len(tokens(text))
                 med = [statistics.median(x) for x in ([a for a, _ in ws], [a for a, _ in post],
                                                       [b for _, b in ws], [b for _, b in post])]
                 if args.livekit:
-                    med += livekit_medians(base, text, args.rate, args.reps)
+                    med += livekit_medians(base, text, args.rate, reps)
                 rows.append((label, n, (n - 1) / args.rate, *med))
                 print(rows[-1], flush=True)
     lines = [
         f"# Time to first audio: text streamed at {args.rate:g} tokens/s over the WebSocket vs. POST after the text",
         "",
-        (f"Command: `{COMMAND} --rate {args.rate:g} --reps {args.reps}{' --livekit' * args.livekit}` (tiny random-weight CosyVoice2, default "
+        (f"Command: `{COMMAND} --rate {args.rate:g} --reps {reps}{' --livekit' * args.livekit}` (tiny random-weight CosyVoice2, default "
          "config: batched LLM, bistream; 2 workers, 1 torch thread)"),
         (f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
-         f"Medians of {args.reps} runs."),
+         f"Medians of {reps} runs."),
         "",
         *table(["text", "tokens", "text written in (s)", "TTFA WebSocket (s)", "TTFA POST after text (s)",
                 "done WebSocket (s)", "done POST (s)",

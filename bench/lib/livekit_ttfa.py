@@ -9,7 +9,8 @@ Both legs run what a LiveKit agent runs, fed the same tokens at the same pace th
   once it is complete.
 
 Times count from the first token pushed to the first and to the last audio frame LiveKit hands the
-agent (its emitter's 200 ms frames, the same on both legs).
+agent (its emitter's 200 ms frames, the same on both legs). ``plugin_leg``/``openai_leg`` are the
+coroutines the ``--clients`` table runs (bench/lib/clients_ttfa.py), several at once.
 """
 
 from __future__ import annotations
@@ -17,58 +18,59 @@ from __future__ import annotations
 import asyncio
 import time
 
+from bench.lib.clients_ttfa import Session, paced
 
-async def _first_audio(tts, pieces: list[str], rate: float) -> tuple[float, float]:
+
+async def _first_audio(tts, pieces: list[str], rate: float) -> Session:
     stream = tts.stream()
-    started: list[float] = []
 
     async def feed() -> None:
-        for i, piece in enumerate(pieces):
-            if i:
-                await asyncio.sleep(1.0 / rate)
-            stream.push_text(piece)
-            if not started:
-                started.append(time.perf_counter())
+        await paced(stream.push_text, pieces, rate)
         stream.end_input()
 
+    s = Session(time.perf_counter())
     feeder = asyncio.create_task(feed())
-    first = None
     try:
-        async for _ in stream:
-            first = first or time.perf_counter()
-        done = time.perf_counter()
+        async for ev in stream:
+            s.audio(ev.frame.duration)
         await feeder
     finally:
         feeder.cancel()
         await stream.aclose()
-    if first is None:
+    if s.first is None:
         raise RuntimeError("no audio")
-    return first - started[0], done - started[0]
+    return s
 
 
-def plugin_run(base: str, pieces: list[str], rate: float, seed: int) -> tuple[float, float]:
-    """(TTFA, total) seconds through our LiveKit plugin on the WebSocket route."""
+async def plugin_leg(base: str, pieces: list[str], rate: float, seed: int) -> Session:
+    """One session through our LiveKit plugin on the WebSocket route."""
     from cosyserve_plugins.livekit import TTS
 
-    async def main() -> tuple[float, float]:
-        async with TTS(base_url=base, seed=seed) as tts:
-            return await _first_audio(tts, pieces, rate)
-
-    return asyncio.run(main())
+    async with TTS(base_url=base, seed=seed) as tts:
+        return await _first_audio(tts, pieces, rate)
 
 
-def openai_run(base: str, pieces: list[str], rate: float, seed: int) -> tuple[float, float]:
-    """(TTFA, total) seconds through LiveKit's OpenAI TTS, a sentence at a time (no seed on that route's client)."""
+async def openai_leg(base: str, pieces: list[str], rate: float, seed: int) -> Session:
+    """One session through LiveKit's OpenAI TTS, a sentence at a time (no seed on that route's client)."""
     from livekit.agents.tts import StreamAdapter
     from livekit.plugins import openai
 
-    async def main() -> tuple[float, float]:
-        inner = openai.TTS(base_url=f"{base}/v1", api_key="x", model="tts-1", response_format="pcm")
-        tts = StreamAdapter(tts=inner)
-        try:
-            return await _first_audio(tts, pieces, rate)
-        finally:
-            await tts.aclose()
-            await inner.aclose()
+    inner = openai.TTS(base_url=f"{base}/v1", api_key="x", model="tts-1", response_format="pcm")
+    tts = StreamAdapter(tts=inner)
+    try:
+        return await _first_audio(tts, pieces, rate)
+    finally:
+        await tts.aclose()
+        await inner.aclose()
 
-    return asyncio.run(main())
+
+def plugin_run(base: str, pieces: list[str], rate: float, seed: int) -> tuple[float, float]:
+    """(TTFA, total) seconds through our LiveKit plugin."""
+    s = asyncio.run(plugin_leg(base, pieces, rate, seed))
+    return s.ttfa, s.total
+
+
+def openai_run(base: str, pieces: list[str], rate: float, seed: int) -> tuple[float, float]:
+    """(TTFA, total) seconds through LiveKit's OpenAI TTS."""
+    s = asyncio.run(openai_leg(base, pieces, rate, seed))
+    return s.ttfa, s.total
