@@ -109,3 +109,22 @@ def test_an_unknown_voice_is_an_error_frame_and_no_audio(server):
     errors = [f.error for f in up if isinstance(f, frames.ErrorFrame)]
     assert errors and "unknown_voice" in errors[0], errors
     assert not audio_by_context(down)
+
+
+def test_pipecats_own_openai_tts_service_speaks_each_sentence(server):
+    """The stock ``OpenAITTSService`` (what a Pipecat agent uses without our service): unchanged, on the
+    OpenAI route, a sentence at a time."""
+    from openai import DefaultAsyncHttpxClient
+    from pipecat.services.openai.tts import OpenAITTSService
+
+    async def run():
+        async with DefaultAsyncHttpxClient() as http:  # the service never closes the client it is given
+            tts = OpenAITTSService(api_key="unused", base_url=server.base_url + "/v1", sample_rate=24000,
+                                   http_client=http)
+            return await run_test(tts, frames_to_send=[*turn("Hello there, agent.", " Two sentences now."),
+                                                      SleepFrame(sleep=1.5)])
+
+    down, up = asyncio.run(run())
+    assert not [f for f in up if isinstance(f, frames.ErrorFrame)], up
+    spoken = sum(audio_by_context(down).values())
+    assert abs(spoken - 2 * SENTENCE_S) < 0.05, spoken  # both sentences, each the fake engine's 3 chunks
