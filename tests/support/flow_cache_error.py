@@ -1,6 +1,6 @@
 """What the flow cache's precision and runtime cost in accuracy (issue 48): mel and audio against the exact path.
 
-    python -m bench.probes.flow_cache_error [--model-dir .cache/full2] [--tokens 86]
+    python -m tests.support.flow_cache_error [--model-dir .cache/full2] [--tokens 86]
 
 1. Mel: one stream's hops (fixed 25-token hops after a 50-token prompt, the last one final) through
    ``flow.inference`` recomputing the prefix (CosyVoice's own way), then with a FlowStream on the torch
@@ -20,42 +20,22 @@ import threading
 import time
 
 
-def _hops(n_tokens: int, n_prompt: int, hop: int = 25, look: int = 3) -> list[tuple[int, int, bool]]:
-    pad = -(-n_prompt // hop) * hop - n_prompt
-    offset, calls = 0, []
-    while True:
-        this = hop + pad if offset == 0 else hop
-        if offset + this + look > n_tokens:
-            break
-        calls.append((offset + this + look, offset, False))
-        offset += this
-    return [*calls, (n_tokens, offset, True)]
-
-
 def mel_errors(model_dir: str, n_tokens: int) -> list[str]:
     import torch
 
     from app.engines.cosyvoice.flow import cache as flow_cache
     from app.engines.cosyvoice.flow.onnx_stream import load_stream_estimator
     from app.engines.cosyvoice.load import load_model_dir
+    from tests.support.flow_streams import inputs, streamed_mel
 
     flow = load_model_dir(model_dir, dtype="fp32").model.flow
     flow_cache.install(flow)
-    gen = torch.Generator().manual_seed(0)
-    token = torch.randint(0, 6561, (1, n_tokens), generator=gen, dtype=torch.int32)
-    prompt = torch.randint(0, 6561, (1, 50), generator=gen, dtype=torch.int32)
-    feat, emb = torch.randn(1, 100, 80, generator=gen), torch.randn(1, 192, generator=gen)
-    n = lambda t: torch.tensor([t.shape[1]], dtype=torch.int32)  # noqa: E731
+    x = inputs(n_tokens=n_tokens)
 
     def stream(state: flow_cache.FlowStream | None) -> tuple[torch.Tensor, float]:
-        parts, t0 = [], time.perf_counter()
-        with torch.inference_mode(), flow_cache.bound_stream(state):
-            for end, offset, final in _hops(n_tokens, 50):
-                mel, _ = flow.inference(token=token[:, :end], token_len=n(token[:, :end]), prompt_token=prompt,
-                                        prompt_token_len=n(prompt), prompt_feat=feat, prompt_feat_len=n(feat),
-                                        embedding=emb, streaming=True, finalize=final)
-                parts.append(mel[:, :, offset * 2:])
-        return torch.cat(parts, dim=2), time.perf_counter() - t0
+        t0 = time.perf_counter()
+        mel, _ = streamed_mel(flow, x, state)
+        return mel, time.perf_counter() - t0
 
     ref, seconds = stream(None)
     scale = float(ref.abs().max())
@@ -77,16 +57,20 @@ def audio_errors(model_dir: str) -> list[str]:
 
     from app.engines.base import SynthesisRequest
     from app.engines.cosyvoice.engine import CosyVoiceEngine
-    from app.settings.runtime import engine_config_of
-    from bench.cost import LONG, _server_engine
+    from app.settings.runtime import BARE_ENGINE, engine_config_of
+    from app.settings.sections import EngineSettings
+    from tests.support.flow_streams import STREAM_TEXT
+
+    defaults = EngineSettings()  # the server's engine settings where a bare engine differs
+    server = {k: getattr(defaults, k) for k in BARE_ENGINE if k not in ("batching", "onnx_cache_dir")}
 
     pcm = {}
     for name, over in (("defaults", {}), ("fp32 caches", {"flow_cache_precision": "fp32"}),
                        ("cache off", {"flow_cache": False})):
         eng = CosyVoiceEngine(engine_config_of(model_dir, batching=True, text_normalization="off",
-                                               **_server_engine(**over)))
+                                               **{**server, **over}))
         eng.load()
-        req = SynthesisRequest(text=LONG, mode="sft", speaker=eng.voices()[0], stream=True, seed=7)
+        req = SynthesisRequest(text=STREAM_TEXT, mode="sft", speaker=eng.voices()[0], stream=True, seed=7)
         t0 = time.perf_counter()
         pcm[name] = [c.pcm.astype(np.float64) for c in eng.synthesize(req, threading.Event())]
         print(f"  {name}: {len(pcm[name])} chunks in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -114,10 +98,11 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from bench.lib.model import ensure_model
+    from app.devmodels.tiny import ensure_tiny_model
+    from tests.support.paths import CACHE
 
     torch.set_num_threads(1)
-    model_dir = args.model_dir or ensure_model(2)
+    model_dir = args.model_dir or str(ensure_tiny_model(CACHE, 2))
     for line in [*mel_errors(model_dir, args.tokens), *audio_errors(model_dir)]:
         print(line, flush=True)
 
