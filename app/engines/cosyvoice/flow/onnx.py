@@ -103,7 +103,7 @@ class OnnxEstimator:
         import numpy as np
         import torch
 
-        feed = {name: _array(v) for name, v in zip(INPUTS, (x, mask, mu, t, spks, cond), strict=True)}
+        feed = {name: as_array(v) for name, v in zip(INPUTS, (x, mask, mu, t, spks, cond), strict=True)}
         if self.chunked:
             feed["chunk"] = np.array([self.chunk if streaming else FULL_ATTENTION], dtype=np.int64)
         out = self.session.run(None, feed)[0]
@@ -112,7 +112,8 @@ class OnnxEstimator:
         return torch.from_numpy(out).to(x.dtype)
 
 
-def _array(value: Any) -> Any:
+def as_array(value: Any) -> Any:
+    """A tensor as the contiguous fp32 numpy array a session takes."""
     import numpy as np
 
     return np.ascontiguousarray(value.detach().cpu().float().numpy())
@@ -169,6 +170,15 @@ def export(estimator: Any, target: Any) -> None:
         names.append("chunk")
     axes = {n: {0: "batch", 2: "frames"} for n in ("x", "mask", "mu", "cond", "estimator_out")}
     axes |= {"t": {0: "batch"}, "spks": {0: "batch"}}
+    trace(estimator, module, args, target, names, ["estimator_out"], axes)
+
+
+def trace(estimator: Any, module: Any, args: tuple, target: Any, names: list[str], outputs: list[str],
+          axes: dict[str, dict[int, str]]) -> None:
+    """``torch.onnx.export`` of ``module`` (``estimator`` or a wrapper around it) to ``target``, with every
+    submodule of ``estimator`` left in the mode it was in (see ``export``)."""
+    import torch
+
     with warnings.catch_warnings(), torch.no_grad():
         # the TorchScript exporter (no onnxscript needed) warns that it is legacy, and traces with warnings
         warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -179,7 +189,7 @@ def export(estimator: Any, target: Any) -> None:
         modes = {m: m.training for m in estimator.modules()}
         try:
             torch.onnx.export(module, args, target, dynamo=False, opset_version=18, do_constant_folding=True,
-                              input_names=names, output_names=["estimator_out"], dynamic_axes=axes)
+                              input_names=names, output_names=outputs, dynamic_axes=axes)
         finally:
             for m, training in modes.items():
                 m.training = training

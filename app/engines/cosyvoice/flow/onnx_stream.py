@@ -23,15 +23,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.engines.cosyvoice.flow.onnx import (
     INPUTS,
     OnnxUnavailable,
+    as_array,
     load_graph,
     open_session,
+    trace,
     weights_key,
 )
 
@@ -111,8 +112,6 @@ def _dummy(estimator: Any, convs: list, attns: list, storage: str, frames: int, 
 
 def export(estimator: Any, target: Any, storage: str) -> None:
     """Write the cached estimator call as an ONNX graph (batch, new frames and past frames dynamic)."""
-    import torch
-
     convs, attns = _modules(estimator)
     chunk = int(estimator.static_chunk_size)
     args = _dummy(estimator, convs, attns, storage, 2 * chunk, chunk, seed=0)
@@ -122,19 +121,7 @@ def export(estimator: Any, target: Any, storage: str) -> None:
     axes |= {n: {0: "rows"} for n in names + outs if n.startswith("conv")}
     axes |= {n: {0: "rows", 2: "past"} for n in names if n[0] in "kv"}
     axes |= {n: {0: "rows", 2: "total"} for n in outs if n[0] in "kv"}
-    modes = {m: m.training for m in estimator.modules()}
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
-        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-        warnings.filterwarnings("ignore", message="Constant folding - Only steps=1 can be constant folded",
-                                category=UserWarning)
-        try:
-            torch.onnx.export(_traced(estimator, convs, attns, storage), args, target, dynamo=False,
-                              opset_version=18, do_constant_folding=True, input_names=names, output_names=outs,
-                              dynamic_axes=axes)
-        finally:
-            for m, training in modes.items():
-                m.training = training
+    trace(estimator, _traced(estimator, convs, attns, storage), args, target, names, outs, axes)
 
 
 @dataclass
@@ -156,7 +143,7 @@ class StreamEstimator:
         import torch
 
         rows, step = int(x.shape[0]), stream.step
-        feed = {n: _array(v) for n, v in zip(INPUTS, (x, mask, mu, t, spks, cond), strict=True)}
+        feed = {n: as_array(v) for n, v in zip(INPUTS, (x, mask, mu, t, spks, cond), strict=True)}
         i = len(INPUTS)
         dtype = np.float16 if self.storage == "fp16" else np.float32
         for m in self.convs:
@@ -187,12 +174,6 @@ class StreamEstimator:
         with self._lock:
             self.frames += int(x.shape[2])
         return torch.from_numpy(out[0]).to(x.dtype)
-
-
-def _array(value: Any) -> Any:
-    import numpy as np
-
-    return np.ascontiguousarray(value.detach().cpu().float().numpy())
 
 
 def check(runner: StreamEstimator, estimator: Any) -> float:
