@@ -71,19 +71,17 @@ PLANS = {"cost": PLAN, "levers": LEVER_PLAN, "stream": STREAM_PLAN}
 OUTPUTS = {"cost": "cost", "levers": "cost-cpu", "stream": "cost-stream"}
 
 
-def _server_engine(**over: Any) -> dict[str, Any]:
-    """The engine settings a server starts with (where ``runtime.BARE_ENGINE`` differs), and ``over``."""
-    from app.settings.runtime import BARE_ENGINE
-    from app.settings.sections import EngineSettings
+def _server(**over: Any) -> dict[str, Any]:
+    """The server's engine settings and ``over``, read in the worker (the driver imports no app code)."""
+    from app.settings.runtime import server_engine
 
-    defaults = EngineSettings()
-    return {**{k: getattr(defaults, k) for k in BARE_ENGINE if k not in ("batching", "onnx_cache_dir")}, **over}
+    return server_engine(**over)
 
 
 # variant -> engine settings (over runtime.BARE_ENGINE); "-voice": requests use a registered voice
 VARIANTS: dict[str, Any] = {
-    "defaults": lambda: _server_engine(), "recompute": lambda: _server_engine(flow_cache=False),
-    "exact": lambda: _server_engine(flow_cache_precision="fp32"),
+    "defaults": lambda: _server(), "recompute": lambda: _server(flow_cache=False),
+    "exact": lambda: _server(flow_cache_precision="fp32"),
     "fp32": {}, "bf16": {"dtype": "bf16"},
     "fp32-cache": {"flow_cache": True}, "fp32-cache-voice": {"flow_cache": True, "flow_prompt_cache_mb": 1024},
     "int8": {"llm_quantization": "int8"}, "ort": {"flow_runtime": "onnxruntime"},

@@ -32,6 +32,7 @@ from app.serving.limit.adaptive import (
 from app.serving.priority import Priority
 from app.serving.session import SessionLimits
 from app.settings.load import Settings
+from app.settings.sections import EngineSettings
 from app.wyoming.config import WyomingConfig
 
 MB = 1024 * 1024
@@ -42,6 +43,13 @@ CLOSE_TIMEOUT_S = 30.0  # closing the pool waits this long for slot threads to r
 # for more.
 BARE_ENGINE = {"batching": False, "flow_runtime": "torch", "dtype": "fp32", "flow_prompt_cache_mb": 0,
                "flow_cache": False, "onnx_cache_dir": None}
+
+
+def server_engine(**over: Any) -> dict[str, Any]:
+    """``engine.*`` settings that put back what a server starts with where ``BARE_ENGINE`` differs (the batching
+    and the ONNX cache dir stay the caller's), then ``over``: for benchmarks that measure the defaults."""
+    defaults = EngineSettings()
+    return {**{k: getattr(defaults, k) for k in BARE_ENGINE if k not in ("batching", "onnx_cache_dir")}, **over}
 
 
 def pool_config(settings: Settings, batching: bool = False) -> PoolConfig:

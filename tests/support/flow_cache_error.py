@@ -57,18 +57,14 @@ def audio_errors(model_dir: str) -> list[str]:
 
     from app.engines.base import SynthesisRequest
     from app.engines.cosyvoice.engine import CosyVoiceEngine
-    from app.settings.runtime import BARE_ENGINE, engine_config_of
-    from app.settings.sections import EngineSettings
+    from app.settings.runtime import engine_config_of, server_engine
     from tests.support.flow_streams import STREAM_TEXT
-
-    defaults = EngineSettings()  # the server's engine settings where a bare engine differs
-    server = {k: getattr(defaults, k) for k in BARE_ENGINE if k not in ("batching", "onnx_cache_dir")}
 
     pcm = {}
     for name, over in (("defaults", {}), ("fp32 caches", {"flow_cache_precision": "fp32"}),
                        ("cache off", {"flow_cache": False})):
         eng = CosyVoiceEngine(engine_config_of(model_dir, batching=True, text_normalization="off",
-                                               **{**server, **over}))
+                                               **server_engine(**over)))
         eng.load()
         req = SynthesisRequest(text=STREAM_TEXT, mode="sft", speaker=eng.voices()[0], stream=True, seed=7)
         t0 = time.perf_counter()
