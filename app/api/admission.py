@@ -44,10 +44,10 @@ from app.api.priority import body_priority, client_of, header_priority
 from app.api.refusals import RefusalPacer
 from app.api.routes import match
 from app.serving.admission import Ticket
+from app.serving.admission.classes import Priority, parse_priority
 from app.serving.answers import AnswerCache
 from app.serving.errors import ClientGone, PayloadTooLarge, RequestError, ServingError
 from app.serving.pool import EnginePool
-from app.serving.priority import Priority, parse_priority
 
 # A refused body up to this size (declared) is left to the HTTP parser, which reads past it and keeps the
 # connection: closing a socket with unread bytes makes the kernel send a reset, which can destroy the 413 before

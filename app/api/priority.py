@@ -1,6 +1,6 @@
 """A request's traffic class at the edge: header, key default, the body's field; and whose request it is.
 
-The class (``app/serving/priority.py``) of an HTTP request is, first to last: the body's
+The class (``app/serving/admission/classes.py``) of an HTTP request is, first to last: the body's
 ``priority`` field (a JSON body's top-level field, a urlencoded or multipart form field, or
 on the upstream GET routes a query field), the ``X-Priority`` header, the API key's default
 (``server.api_keys_file``: ``KEY priority=bulk``), else ``interactive``.
@@ -19,8 +19,8 @@ import re
 from typing import Any
 from urllib.parse import parse_qsl
 
+from app.serving.admission.classes import Priority, parse_priority
 from app.serving.errors import BadRequest
-from app.serving.priority import Priority, parse_priority
 
 HEADER = b"x-priority"
 FIELD = "priority"

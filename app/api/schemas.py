@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from app.audio.formats import FORMAT_NAMES
+from app.serving.admission.classes import Priority, parse_priority
 from app.serving.bounds import (
     ALL_MODES,
     FIRST_CHUNK_TOKENS_MAX,
@@ -18,10 +19,9 @@ from app.serving.bounds import (
     SPEED_MAX,
     SPEED_MIN,
 )
-from app.serving.priority import Priority, parse_priority
 
 FormatName = Literal[FORMAT_NAMES]  # type: ignore[valid-type]
-# The traffic class (app/serving/priority.py), case-insensitive; every surface's body takes it as ``priority``.
+# The traffic class (app/serving/admission/classes.py), case-insensitive; every surface's body takes it as ``priority``.
 PriorityName = Annotated[Priority, BeforeValidator(parse_priority)]
 PRIORITY_DOC = ("Traffic class: 'interactive' (the default) or 'bulk' (waits in its own queue and runs in the "
                 "capacity interactive work leaves; docs/priority.md). Wins over the X-Priority header and the "

@@ -52,6 +52,7 @@ from app.api.priority import client_of, header_priority
 from app.api.schemas import PriorityName
 from app.audio.formats import FORMATS
 from app.runtime import Runtime
+from app.serving.admission.classes import Priority, parse_priority
 from app.serving.bounds import (
     INSTRUCTIONS_MAX_CHARS,
     NAME_MAX_CHARS,
@@ -70,7 +71,6 @@ from app.serving.errors import (
     ServingError,
 )
 from app.serving.plan import SpeechFields
-from app.serving.priority import Priority, parse_priority
 from app.serving.session import (
     SessionConnection,
     SessionRefused,

@@ -72,7 +72,7 @@ class SynthesisRequest:
     text_stream: TextStream | None = None  # text arriving over time (WebSocket); then ``text`` is unused
     normalize: bool | None = None  # text normalization (numbers, dates -> words); None: the engine's default
     first_chunk_tokens: int | None = None  # streaming: the first chunk's speech tokens (EngineInfo's bounds)
-    priority: str = "interactive"  # traffic class (app/serving/priority.py): "bulk" yields to interactive work
+    priority: str = "interactive"  # traffic class (app/serving/admission/classes.py): "bulk" yields to interactive work
     timings: StageTimings = field(default_factory=StageTimings, repr=False, compare=False)  # filled while it runs
 
 

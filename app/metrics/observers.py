@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from app.serving.admission.classes import NAMES as PRIORITIES
 from app.serving.observer import JOB_OUTCOMES, REJECT_REASONS
-from app.serving.priority import NAMES as PRIORITIES
 
 if TYPE_CHECKING:
     from app.metrics.registry import Metrics

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from app.serving.priority import NAMES as PRIORITIES
+from app.serving.admission.classes import NAMES as PRIORITIES
 
 log = logging.getLogger("cosyserve.metrics")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.serving.limit.adaptive import AdaptiveConfig
+from app.serving.admission.limit.adaptive import AdaptiveConfig
 
 
 @dataclass
@@ -22,7 +22,7 @@ class PoolConfig:
     stuck_grace_s: float  # a job past request_timeout_s + this, still in the engine, is stuck
     close_timeout_s: float  # close(): how long to wait for slot threads to return
     adaptive: AdaptiveConfig | None  # None: fixed admission, workers + max_queue at once
-    bulk_max_queue: int  # bulk requests waiting for spare room (app/serving/bulk.py); beyond -> 503
+    bulk_max_queue: int  # bulk requests waiting for spare room (app/serving/admission/bulk.py); beyond -> 503
     bulk_queue_timeout_s: float  # a bulk request waiting longer for room gets 503
 
     @property

@@ -65,7 +65,7 @@ class SpeechFields:
     normalize: bool | None = None  # text normalization; None: the engine's default
     first_chunk_tokens: int | None = None  # streaming: the first chunk's speech tokens (the model's range)
     aliases: bool = False  # OpenAI built-in voice names map onto the presets
-    priority: str = "interactive"  # the traffic class the edge decided (app/serving/priority.py)
+    priority: str = "interactive"  # the traffic class the edge decided (app/serving/admission/classes.py)
     text_param: str = "text"  # the surface's names for its fields, for error messages
     voice_param: str = "voice"
     instructions_param: str = "instructions"

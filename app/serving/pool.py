@@ -38,13 +38,13 @@ from typing import Any
 from app.engines.base import Engine, EngineInfo, SynthesisRequest
 from app.engines.threads import lower_this_thread
 from app.serving.admission import PermitError, Ticket
+from app.serving.admission.classes import Priority
+from app.serving.admission.gate import Gate
 from app.serving.buffers import StreamBudget
 from app.serving.config import PoolConfig
 from app.serving.errors import Draining, HealthCheckTimeout, NotReady, QueueTimeout
-from app.serving.gate import Gate
 from app.serving.job import Job
 from app.serving.observer import NullObserver, PoolObserver, SafeObserver
-from app.serving.priority import Priority
 from app.serving.slots import Slot, Slots
 from app.text.stream import TextStream
 

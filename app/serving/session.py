@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from app.engines.base import EngineError
+from app.serving.admission.classes import Priority
 from app.serving.bounds import check_unicode
 from app.serving.encoded import OutputSpec
 from app.serving.errors import (
@@ -53,7 +54,6 @@ from app.serving.errors import (
     ServingError,
 )
 from app.serving.plan import Plan, SpeechFields
-from app.serving.priority import Priority
 from app.serving.speech import SpeechService
 from app.text.stream import TextStream
 

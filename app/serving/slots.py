@@ -14,7 +14,7 @@ runs only as many requests as its limit and keeps the rest waiting here, FIFO; w
 cap rises, ``refill()`` hands idle slots to the waiters. Bulk leases (``bulk=True``, issue 39) wait
 in a queue of their own, served only when no interactive waiter can take the slot, and do not count
 against the cap: the pool grants a bulk permit only into the room interactive work leaves
-(``app/serving/bulk.py``), so the cap stays the interactive requests' alone. Event-loop thread only.
+(``app/serving/admission/bulk.py``), so the cap stays the interactive requests' alone. Event-loop thread only.
 """
 
 from __future__ import annotations

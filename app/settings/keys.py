@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.serving.priority import parse_priority
+from app.serving.admission.classes import parse_priority
 
 
 def check_key(key: str) -> None:

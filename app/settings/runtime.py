@@ -20,16 +20,16 @@ from app.engines.cosyvoice.config import (
     CosyVoiceConfig,
 )
 from app.engines.cosyvoice.levers import Levers
-from app.serving.answers import AnswerCache, CacheConfig
-from app.serving.bounds import SpeechLimits
-from app.serving.config import PoolConfig
-from app.serving.limit.adaptive import (
+from app.serving.admission.classes import Priority
+from app.serving.admission.limit.adaptive import (
     LATENCY_WEIGHT,
     LEVEL_SAMPLES,
     PAIR_S,
     AdaptiveConfig,
 )
-from app.serving.priority import Priority
+from app.serving.answers import AnswerCache, CacheConfig
+from app.serving.bounds import SpeechLimits
+from app.serving.config import PoolConfig
 from app.serving.session import SessionLimits
 from app.settings.load import Settings
 from app.settings.sections import EngineSettings

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from app.serving.priority import Priority
+from app.serving.admission.classes import Priority
 from app.serving.session import SessionLimits
 
 

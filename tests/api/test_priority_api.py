@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from app.api.auth import key_id
 from app.main import create_app
-from app.serving.priority import Priority
+from app.serving.admission.classes import Priority
 from app.settings import Settings
 from tests.support.fake_app import RecordingEngine
 from tests.support.sounds import prompt_wav

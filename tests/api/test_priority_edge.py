@@ -8,7 +8,7 @@ from app.api.admission import AdmissionMiddleware
 from app.api.bodies import BodyGate, BodyLimits
 from app.api.context import CLIENT_LEFT, context_of
 from app.api.refusals import RefusalPacer
-from app.serving.priority import Priority
+from app.serving.admission.classes import Priority
 from tests.support.waiting import await_until, run
 
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from app.engines.cosyvoice.config import CosyVoiceConfig
 from app.engines.cosyvoice.levers import Levers
+from app.serving.admission.limit.adaptive import AdaptiveConfig
 from app.serving.bounds import SpeechLimits
 from app.serving.config import PoolConfig
-from app.serving.limit.adaptive import AdaptiveConfig
 from app.serving.session import SessionLimits
 from app.settings import Settings, runtime
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from app.api.priority import body_priority, client_of, header_priority
+from app.serving.admission.classes import Priority
 from app.serving.errors import BadRequest
-from app.serving.priority import Priority
 from app.settings import read_keys_file
 
 

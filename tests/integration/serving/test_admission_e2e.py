@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.slow]
 
 TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 # requests in flight the defaults may keep: running, what the limit starts at on this machine and up to two steps
-# above it (the knee search probes its neighbours); waiting, one round of those (app/serving/limit/waiting.py); 8 on 2 cores
+# above it (the knee search probes its neighbours); waiting, one round of those (app/serving/admission/limit/waiting.py); 8 on 2 cores
 BOUND = 2 * (CPU_START_PER_CORE * max(2, os.cpu_count() or 1) + 2)
 CLIENTS = 2 * BOUND  # the old defaults (16 + 16) had every one of them in flight
 BURST = 6 * CPU_START_PER_CORE * max(2, os.cpu_count() or 1)  # at once: 12 on 2 cores

@@ -49,9 +49,9 @@ def test_the_conversion_carries_each_value(tmp_path):
 
 
 def test_runtime_configs_have_no_defaults_of_their_own():
+    from app.serving.admission.limit.adaptive import AdaptiveConfig
     from app.serving.bounds import SpeechLimits
     from app.serving.config import PoolConfig
-    from app.serving.limit.adaptive import AdaptiveConfig
     from app.serving.session import SessionLimits
 
     for cls in (CosyVoiceConfig, Levers, PoolConfig, AdaptiveConfig, SessionLimits, SpeechLimits):

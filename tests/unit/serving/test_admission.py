@@ -18,8 +18,8 @@ from app.serving import (
     QueueTimeout,
 )
 from app.serving.admission import Admission
+from app.serving.admission.limit import AdaptiveLimit
 from app.serving.errors import ClientGone
-from app.serving.limit import AdaptiveLimit
 from app.serving.observer import NullObserver
 from app.serving.plan import SpeechFields
 from app.serving.speech import SpeechService
@@ -492,7 +492,7 @@ def test_adaptive_refuses_at_once_a_wait_past_the_budget_or_the_queue_timeout(li
 
 
 def test_a_request_beside_bulk_work_never_teaches_the_unloaded_latency() -> None:
-    class Bulk:  # the bulk class's account (app/serving/bulk.py): counted apart, but it computes
+    class Bulk:  # the bulk class's account (app/serving/admission/bulk.py): counted apart, but it computes
         running = 0
         starts = 0
 

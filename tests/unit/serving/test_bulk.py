@@ -1,4 +1,4 @@
-"""The bulk queue (app/serving/bulk.py): bounded, round-robin between clients, FIFO within one,
+"""The bulk queue (app/serving/admission/bulk.py): bounded, round-robin between clients, FIFO within one,
 its own timeout, cancel and drain; bulk permits counted apart from the admission load."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from app.serving import Draining, Overloaded, PermitError
-from app.serving.bulk import BulkAccount, BulkQueue
+from app.serving.admission.bulk import BulkAccount, BulkQueue
 from tests.support.waiting import await_until, run
 
 

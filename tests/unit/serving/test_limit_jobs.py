@@ -1,16 +1,16 @@
-"""The limits' parts, each alone: FixedLimit, and the adaptive limit's three jobs (app/serving/limit/)."""
+"""The limits' parts, each alone: FixedLimit, and the adaptive limit's three jobs (app/serving/admission/limit/)."""
 
 from __future__ import annotations
 
 import pytest
 
 from app.serving.admission import Admission
-from app.serving.limit import AdaptiveLimit, FixedLimit, Limit
-from app.serving.limit.baseline import UNLOADED_HORIZON_S, Baseline
-from app.serving.limit.knee import KneeSearch
-from app.serving.limit.levels import Levels, Window
-from app.serving.limit.service_time import ServiceTimeEstimator
-from app.serving.limit.waiting import WaitingRoom
+from app.serving.admission.limit import AdaptiveLimit, FixedLimit, Limit
+from app.serving.admission.limit.baseline import UNLOADED_HORIZON_S, Baseline
+from app.serving.admission.limit.knee import KneeSearch
+from app.serving.admission.limit.levels import Levels, Window
+from app.serving.admission.limit.service_time import ServiceTimeEstimator
+from app.serving.admission.limit.waiting import WaitingRoom
 from app.serving.observer import NullObserver
 from tests.support import configs
 from tests.support.limiter import Clock

@@ -1,4 +1,4 @@
-"""The adaptive admission limit (app/serving/limit/), driven by a fake clock and a synthetic server.
+"""The adaptive admission limit (app/serving/admission/limit/), driven by a fake clock and a synthetic server.
 
 The synthetic server: ``clients`` closed-loop clients, of which ``min(clients, limit)`` are
 admitted; with ``n`` in flight a request takes ``latency(n)`` seconds and requests finish at
@@ -17,8 +17,8 @@ import statistics
 
 import pytest
 
-from app.serving.limit import AdaptiveLimit
-from app.serving.limit.waiting import WaitingRoom
+from app.serving.admission.limit import AdaptiveLimit
+from app.serving.admission.limit.waiting import WaitingRoom
 from tests.support import configs
 from tests.support.limiter import Clock, changes
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 
-from app.serving.limit import AdaptiveLimit
+from app.serving.admission.limit import AdaptiveLimit
 from tests.support import configs
 from tests.support.limiter import Clock, changes
 

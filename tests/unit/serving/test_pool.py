@@ -18,7 +18,7 @@ from app.serving import (
     PermitError,
     QueueTimeout,
 )
-from app.serving.limit.service_time import ServiceTimeEstimator
+from app.serving.admission.limit.service_time import ServiceTimeEstimator
 from tests.support import configs
 from tests.support.pool import assert_released, synthesize
 from tests.support.waiting import await_until, run

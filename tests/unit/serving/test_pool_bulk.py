@@ -12,7 +12,7 @@ from app.engines.base import SynthesisRequest
 from app.engines.fake import FakeBehaviour, FakeEngine
 from app.metrics import Metrics
 from app.serving import Draining, EnginePool, Overloaded
-from app.serving.priority import Priority
+from app.serving.admission.classes import Priority
 from tests.support import configs
 from tests.support.waiting import await_until, run
 

@@ -7,8 +7,7 @@ import threading
 import pytest
 
 from app.text.scripts import SENTENCE_END
-from app.text.segments import StreamSegments
-from app.text.segments import plan_text
+from app.text.segments import StreamSegments, plan_text
 from app.text.stream import TextStream
 
 GO = threading.Event()  # never set: nothing is cancelled

@@ -27,8 +27,8 @@ from app.engines.cosyvoice.engine import CosyVoiceEngine
 from app.engines.cosyvoice.llm.forward import BatchedLM
 from app.engines.cosyvoice.load import load_model_dir
 from app.engines.cosyvoice.quantize import quantize_llm_int8
-from tests.support.llm_int8 import compare
 from tests.support import configs
+from tests.support.llm_int8 import compare
 
 MAX_ABS_LOGPROB = 0.1  # nats, over tokens fp32 gives >= 1e-4
 MAX_KL = 1e-4  # nats per step

@@ -25,7 +25,13 @@ from app.engines.cosyvoice.flow import onnx_stream
 from app.engines.cosyvoice.flow.onnx import OnnxUnavailable, weights_key
 from app.engines.cosyvoice.load import load_model_dir
 from tests.support import configs
-from tests.support.flow_streams import EXACT, STREAM_TEXT, inputs, stream_pcm, streamed_mel
+from tests.support.flow_streams import (
+    EXACT,
+    STREAM_TEXT,
+    inputs,
+    stream_pcm,
+    streamed_mel,
+)
 
 FP16_BOUND = 5e-4  # of the mel's scale, fp16 caches against the recomputing path
 DTYPES = {"fp32": None, "fp16": torch.float16}
@@ -123,10 +129,10 @@ def server_engines(tiny_models, tmp_path_factory):
     with the flow cache off (the recomputing streams of the same runtime)."""
     cache = tmp_path_factory.mktemp("onnx-engines")
     out = {}
-    for name, flow_cache in (("default", "auto"), ("off", False)):
+    for name, setting in (("default", "auto"), ("off", False)):
         usage = Usage()
         eng = CosyVoiceEngine(configs.engine(model_dir=str(tiny_models(2)), torch_threads=1, batching=True,
-                                              llm_greedy=True, flow_runtime="auto", flow_cache=flow_cache,
+                                              llm_greedy=True, flow_runtime="auto", flow_cache=setting,
                                               flow_cache_budget_mb=None, flow_cache_precision="fp16",
                                               onnx_cache_dir=str(cache)), llm_observer=usage)
         eng.load()

@@ -5,7 +5,7 @@ It is also the hard ceiling under an adaptive limit (admission.py refuses past i
 
 from __future__ import annotations
 
-from app.serving.limit.service_time import ServiceTimeEstimator
+from app.serving.admission.limit.service_time import ServiceTimeEstimator
 
 
 class FixedLimit:

@@ -17,12 +17,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from app.serving.admission import Admission, Ticket
-from app.serving.bulk import BulkAccount, BulkQueue
+from app.serving.admission.bulk import BulkAccount, BulkQueue
+from app.serving.admission.classes import Priority, parse_priority
+from app.serving.admission.interactive import Admission
+from app.serving.admission.permits import Ticket
 from app.serving.config import PoolConfig
 from app.serving.errors import Draining, NotReady
 from app.serving.observer import PoolObserver
-from app.serving.priority import Priority, parse_priority
 
 DRAINING = "the server is draining and takes no new requests"
 

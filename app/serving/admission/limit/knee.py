@@ -9,8 +9,8 @@ probes n - 1 when that is unknown or stale. The rationale: docs/design/limiter.m
 
 from __future__ import annotations
 
-from app.serving.limit.baseline import DEADBAND
-from app.serving.limit.levels import Levels
+from app.serving.admission.limit.baseline import DEADBAND
+from app.serving.admission.limit.levels import Levels
 
 MIN_GAIN = 0.03  # one more running must score this much more than the fewer (and twice that to step back up)
 FAST_RATIO = 2.0  # latency under target / this: grow by the headroom, else probe one more

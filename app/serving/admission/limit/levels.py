@@ -16,7 +16,7 @@ import statistics
 from collections import deque
 from typing import NamedTuple
 
-from app.serving.limit.baseline import DEADBAND
+from app.serving.admission.limit.baseline import DEADBAND
 
 PROBE_AFTER_S = 300.0  # seconds of load a level is trusted: its neighbours are re-checked that often ...
 PROBE_SHARE = 0.05  # ... or longer where requests are slow: re-checking costs at most this share of them

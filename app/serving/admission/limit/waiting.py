@@ -9,7 +9,7 @@ operator's budget (a promise) only the budget test admits a wait.
 
 from __future__ import annotations
 
-from app.serving.limit.baseline import DEADBAND
+from app.serving.admission.limit.baseline import DEADBAND
 
 WAIT_ROUNDS = 1.0  # one round of waiting keeps the places busy between Poisson arrivals (bench/queueing.py at 5983ddc)
 EPS = 1e-9  # float slack on comparisons of loads and times

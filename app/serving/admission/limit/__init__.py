@@ -5,8 +5,8 @@ its jobs: baseline.py (the unloaded latency), waiting.py (the waiting room), lev
 knee.py (the knee search). The design and its measurements: docs/design/limiter.md.
 """
 
-from app.serving.limit.adaptive import AdaptiveConfig, AdaptiveLimit
-from app.serving.limit.fixed import FixedLimit
-from app.serving.limit.protocol import Limit
+from app.serving.admission.limit.adaptive import AdaptiveConfig, AdaptiveLimit
+from app.serving.admission.limit.fixed import FixedLimit
+from app.serving.admission.limit.protocol import Limit
 
 __all__ = ["AdaptiveConfig", "AdaptiveLimit", "FixedLimit", "Limit"]

@@ -9,10 +9,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from app.serving.limit.baseline import Baseline
-from app.serving.limit.knee import KneeSearch
-from app.serving.limit.levels import Levels, Window
-from app.serving.limit.waiting import EPS, WaitingRoom
+from app.serving.admission.limit.baseline import Baseline
+from app.serving.admission.limit.knee import KneeSearch
+from app.serving.admission.limit.levels import Levels, Window
+from app.serving.admission.limit.waiting import EPS, WaitingRoom
 
 log = logging.getLogger("cosyserve.admission")
 

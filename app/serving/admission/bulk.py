@@ -24,7 +24,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app.serving.admission import PermitError, Ticket, _Permit
+from app.serving.admission.permits import PermitError, Ticket, _Permit
 from app.serving.errors import Overloaded
 
 log = logging.getLogger(__name__)
