@@ -236,3 +236,33 @@ def test_batched_token2wav_equals_the_per_request_path(model_dirs, upstream, ver
                          cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
     assert out.returncode == 0, out.stderr[-4000:]
     assert len(out.stdout.splitlines()) == 10
+
+
+SEEDED_SCRIPT = r"""
+import sys
+from app.engines.base import PromptAudio
+from app.engines.cosyvoice.engine import CosyVoiceEngine
+from app.settings import Settings, runtime
+from tests.support.seeded import check_repeats
+from tests.support.sounds import speechlike
+model_dir, upstream = sys.argv[1], sys.argv[2]
+settings = Settings(engine={"model_dir": model_dir, "cosyvoice_path": upstream, "torch_threads": 1})
+eng = CosyVoiceEngine(runtime.engine_config(settings, model_dir))  # the defaults a user gets (batched LLM)
+eng.load()
+import cosyvoice
+assert cosyvoice.__file__.startswith(upstream), cosyvoice.__file__
+assert eng.runner is not None
+for stream in (False, True):
+    print(check_repeats(eng, PromptAudio(speechlike(3.0), 16000), stream=stream))
+"""
+
+
+@pytest.mark.parametrize("version", [2, 3], ids=["v2", "v3"])
+def test_a_seeded_request_gives_the_same_bytes(model_dirs, upstream, version):
+    """Issue 51's goal on the checkout's classes: 10 runs alone and 10 beside four others, whole and
+    streamed, give the same PCM bytes (tests/support/seeded.py)."""
+    out = subprocess.run([sys.executable, "-c", SEEDED_SCRIPT, str(model_dirs(version)), upstream],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)
+    assert out.returncode == 0, out.stderr[-4000:]
+    lines = out.stdout.splitlines()
+    assert len(lines) == 2 and all("'alone': 10, 'beside': 10" in line for line in lines), lines
