@@ -8,7 +8,10 @@ with ``cache.enabled: false``, then the defaults (cache on). Each gets the same 
 line drawn from ``--lines`` distinct prompts by a Zipf law (``--zipf``), the same draw sequence for
 both. A 503 is retried after 50 ms (counted). Printed per run: audio seconds per wall second,
 p50/p99 latency, the hit rate, the server's CPU seconds (``process_cpu_seconds_total``) and the
-cache's bytes against its budget (sampled every second: the largest seen).
+cache's bytes against its budget (sampled every second: the largest seen). A third run, ``tight``,
+gives the cache both tiers (a directory, as replicas would share) with budgets of ``--tight-mb``
+each, far below what the replay stores, so both tiers evict all along; it also sums the
+directory's files every second, to check the budgets hold on disk, not only in the metrics.
 """
 
 from __future__ import annotations
@@ -51,10 +54,21 @@ def zipf_draws(n_lines: int, s: float, count: int, seed: int = 0) -> list[int]:
     return random.Random(seed).choices(range(n_lines), weights=weights, k=count)
 
 
-def sample_cache(base: str, stop: threading.Event, peak: dict) -> None:
-    """Every second until ``stop``, and once more then: the largest cache bytes seen per tier."""
+def dir_bytes(path: Path | None) -> int:
+    total = 0
+    for f in path.rglob("*") if path and path.is_dir() else ():
+        try:
+            total += f.stat().st_size if f.is_file() else 0
+        except OSError:  # removed while we looked
+            pass
+    return total
+
+
+def sample_cache(base: str, stop: threading.Event, peak: dict, cache_dir: Path | None = None) -> None:
+    """Every second until ``stop``, and once more then: the largest cache bytes seen per tier (and on disk)."""
     while True:
         stopped = stop.wait(1.0)
+        peak["dir"] = max(peak.get("dir", 0), dir_bytes(cache_dir))
         try:
             m = parse_samples(httpx.get(base + "/metrics", timeout=5).text, labels=True)
         except httpx.HTTPError:
@@ -62,6 +76,7 @@ def sample_cache(base: str, stop: threading.Event, peak: dict) -> None:
         for tier in ("memory", "disk"):
             peak[tier] = max(peak.get(tier, 0.0), m.get(f'tts_cache_bytes{{tier="{tier}"}}', 0.0))
             peak[f"{tier}_budget"] = m.get(f'tts_cache_budget_bytes{{tier="{tier}"}}', 0.0)
+            peak[f"{tier}_evicted"] = m.get(f'tts_cache_evictions_total{{tier="{tier}"}}', 0.0)
         if stopped:
             return
 
@@ -106,7 +121,8 @@ def run(label: str, cache: dict, args: argparse.Namespace, lines: list[str], dra
         asyncio.run(replay(base, lines, draws[:8], 1, seed=0))  # warm-up: another seed, so nothing it stores is hit
         cpu0 = parse_samples(httpx.get(base + "/metrics", timeout=10).text).get("process_cpu_seconds_total", 0.0)
         stop, peak = threading.Event(), {}
-        sampler = threading.Thread(target=sample_cache, args=(base, stop, peak), daemon=True)
+        cache_dir = Path(cache["dir"]) if cache.get("dir") else None
+        sampler = threading.Thread(target=sample_cache, args=(base, stop, peak, cache_dir), daemon=True)
         sampler.start()
         result = asyncio.run(replay(base, lines, draws, args.clients))
         stop.set()
@@ -121,13 +137,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of their popularity")
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--tight-mb", type=float, default=2.0, help="both tiers' budget in the third run (0: no such run)")
     ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "cache"), help="output dir (writes cache.md)")
     args = ap.parse_args(argv)
     lines = prompt_lines(args.lines)
     draws = zipf_draws(args.lines, args.zipf, args.requests)
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for label, cache in (("off", {"enabled": False}), ("on", {})):
+        runs = [("off", {"enabled": False}), ("on", {})]
+        if args.tight_mb:
+            tight = {"memory_mb": args.tight_mb, "disk_mb": args.tight_mb, "dir": str(Path(tmp) / "answers")}
+            runs.append(("tight", tight))
+        for label, cache in runs:
             rows[label] = run(label, cache, args, lines, draws, Path(tmp))
             print(label, rows[label], flush=True)
     off, on = rows["off"], rows["on"]
@@ -136,7 +157,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.clients} clients"),
         "",
         (f"Command: `{COMMAND} --lines {args.lines} --zipf {args.zipf:g} --requests {args.requests} "
-        f"--clients {args.clients}` (tiny random-weight CosyVoice2, defaults; off: `cache.enabled: false`)"),
+        f"--clients {args.clients} --tight-mb {args.tight_mb:g}` (tiny random-weight CosyVoice2, defaults; off: "
+        f"`cache.enabled: false`; tight: `cache.memory_mb` and `cache.disk_mb` {args.tight_mb:g}, `cache.dir` set)"),
         (f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
         f"Distinct lines drawn: {len(set(draws))}."),
         "",
@@ -144,9 +166,20 @@ def main(argv: list[str] | None = None) -> None:
                 "peak memory tier (MB) / budget"],
                [[label, f"{r['audio_s'] / r['wall_s']:.2f}", f"{r['p50']:.3f}", f"{r['p99']:.3f}",
                  f"{r['hits'] / max(1, r['n']):.1%}", f"{r['cpu_s']:.1f}", r["refused"], r["errors"],
-                 f"{r['peak'].get('memory', 0) / 2**20:.2f} / {r['peak'].get('memory_budget', 0) / 2**20:.0f}"]
+                 f"{r['peak'].get('memory', 0) / 2**20:.2f} / {r['peak'].get('memory_budget', 0) / 2**20:g}"]
                 for label, r in rows.items()]),
     ]
+    if "tight" in rows:
+        mb, t = 2**20, rows["tight"]["peak"]
+        held = max(t.get("memory", 0) / max(1, t.get("memory_budget", 0)),
+                   max(t.get("disk", 0), t.get("dir", 0)) / max(1, t.get("disk_budget", 0)))
+        lines_md += ["", *table(["tight run", "memory tier peak / budget (MB)", "disk tier peak / budget (MB)",
+                                 "directory's files peak (MB)", "evicted memory / disk"],
+                                [["tight", f"{t.get('memory', 0) / mb:.2f} / {t.get('memory_budget', 0) / mb:.2f}",
+                                  f"{t.get('disk', 0) / mb:.2f} / {t.get('disk_budget', 0) / mb:.2f}",
+                                  f"{t.get('dir', 0) / mb:.2f}",
+                                  f"{t.get('memory_evicted', 0):.0f} / {t.get('disk_evicted', 0):.0f}"]]),
+                     "", f"Largest peak against its budget in the tight run: **{held:.2f}x** (goal <= 1)."]
     speedup = (on["audio_s"] / on["wall_s"]) / max(1e-9, off["audio_s"] / off["wall_s"])
     lines_md += ["", (f"Throughput on / off: **{speedup:.2f}x** at a {on['hits'] / max(1, on['n']):.1%} hit rate; "
                  f"p99 {on['p99']:.3f} s vs {off['p99']:.3f} s; server CPU {on['cpu_s']:.1f} s vs {off['cpu_s']:.1f} s.")]
