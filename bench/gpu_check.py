@@ -21,10 +21,10 @@ import statistics
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.probes.t2w_phases import Recorder
 from bench.report import gpu_markdown, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,13 +101,36 @@ def model_dir(args: argparse.Namespace) -> tuple[str, float]:
     return str(out), time.monotonic() - t0
 
 
-def load_engine(mdir: str, device: str, observer: Recorder, threads: int) -> Any:
+@dataclass
+class Recorder:
+    """The engine's observer (LLM steps and flow rounds), thread-safe."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    steps: list[tuple[int, float]] = field(default_factory=list)
+    rounds: list[tuple[int, float]] = field(default_factory=list)
+
+    def on_step(self, batch_size: int, seconds: float) -> None:
+        with self.lock:
+            self.steps.append((batch_size, seconds))
+
+    def on_tokens(self, n: int) -> None:
+        pass
+
+    def on_flow_round(self, batch_size: int, seconds: float) -> None:
+        with self.lock:
+            self.rounds.append((batch_size, seconds))
+
+
+def load_engine(mdir: str, device: str, threads: int, **engine_kw: Any) -> Any:
+    """A loaded batched engine (``engine_kw``: more engine settings) with a :class:`Recorder` as ``.recorder``."""
     from app.engines.cosyvoice.engine import CosyVoiceEngine
     from app.settings.runtime import engine_config_of
 
-    eng = CosyVoiceEngine(engine_config_of(mdir, device=device, batching=True, max_batch_size=16,
-                                           torch_threads=threads, text_normalization="off"), llm_observer=observer)
+    recorder = Recorder()
+    eng = CosyVoiceEngine(engine_config_of(mdir, device=device, batching=True, max_batch_size=16, torch_threads=threads,
+                                           text_normalization="off", **engine_kw), llm_observer=recorder)
     eng.load()
+    eng.recorder = recorder
     return eng
 
 
@@ -314,16 +337,66 @@ def stages(eng: Any, device: Any, repeats: int = 3) -> dict:
     return out
 
 
-def streaming(eng: Any, recorder: Recorder, concurrency: int, requests: int, deadline: Deadline) -> dict:
-    """Closed loop: ``concurrency`` threads stream ``requests`` requests in all."""
-    from bench.probes.t2w_phases import closed_loop
+@dataclass
+class Streamed:
+    """What closed-loop clients got: per request its time to first audio and audio seconds; errors; wall time;
+    the LLM steps and flow rounds (batch, seconds) the engine's recorder saw meanwhile."""
 
-    since, _ = recorder.mark()
+    ttfa: list[float] = field(default_factory=list)
+    audio: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+    steps: list[tuple[int, float]] = field(default_factory=list)
+    rounds: list[tuple[int, float]] = field(default_factory=list)
+
+
+def closed_loop(eng: Any, requests: list[Any], concurrency: int, keep_going: Any = lambda: True) -> Streamed:
+    """``concurrency`` client threads take ``requests`` (``SynthesisRequest``s) from the list until it is empty
+    (or ``keep_going()`` says stop) and run each through ``eng.synthesize``; an error is counted, not raised."""
+    todo = list(requests)
+    lock = threading.Lock()
+    out = Streamed()
+    recorder: Recorder = eng.recorder
+    with recorder.lock:
+        steps0, rounds0 = len(recorder.steps), len(recorder.rounds)
+
+    def client() -> None:
+        while True:
+            with lock:
+                if not todo or not keep_going():
+                    return
+                req = todo.pop()
+            t0 = time.perf_counter()
+            first, seconds = None, 0.0
+            try:
+                for chunk in eng.synthesize(req, threading.Event()):
+                    first = first if first is not None else time.perf_counter() - t0
+                    seconds += chunk.duration_s
+            except Exception as exc:  # noqa: BLE001 - reported, not fatal to the phase
+                with lock:
+                    out.errors.append(f"{type(exc).__name__}: {exc}")
+                continue
+            with lock:
+                out.ttfa.append(first if first is not None else float("nan"))
+                out.audio.append(seconds)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, name=f"gpu-check-{k}") for k in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    out.wall_s = time.perf_counter() - t0
+    with recorder.lock:
+        out.steps, out.rounds = recorder.steps[steps0:], recorder.rounds[rounds0:]
+    return out
+
+
+def streaming(eng: Any, concurrency: int, requests: int, deadline: Deadline) -> dict:
+    """Closed loop: ``concurrency`` threads stream ``requests`` requests in all."""
     got = closed_loop(eng, [request(eng, STREAM_TEXT, stream=True, seed=i) for i in range(requests)], concurrency,
                       keep_going=lambda: deadline.left() >= 0)
-    with recorder.lock:
-        steps = recorder.steps[since:]
-    ttfa, audio, errors, wall = got.ttfa, got.audio, got.errors, got.wall_s
+    ttfa, audio, errors, wall, steps = got.ttfa, got.audio, got.errors, got.wall_s, got.steps
     step_s = [s for _, s in steps]
     return {"concurrency": concurrency, "requests": len(ttfa), "errors": errors[:3], "error_count": len(errors),
             "ttfa_p50_s": percentile(ttfa, 50), "ttfa_p95_s": percentile(ttfa, 95),
@@ -336,7 +409,7 @@ def streaming(eng: Any, recorder: Recorder, concurrency: int, requests: int, dea
 def syncs(eng: Any, device: Any) -> dict:
     """Host syncs per decode step of 4 sequences: the CPU proxy, and on CUDA the driver's own count."""
     from app.engines.cosyvoice.llm.forward import BatchedLM
-    from bench.probes.syncs import CudaSyncCounter, HostSyncCounter, summary
+    from tests.support.syncs import CudaSyncCounter, HostSyncCounter, summary
 
     out = {}
     counters: list[tuple[str, Any]] = [("proxy", HostSyncCounter())]
@@ -362,20 +435,51 @@ def syncs(eng: Any, device: Any) -> dict:
 def prefill(eng: Any, quick: bool) -> dict:
     """16 requests joining 4 running ones at once: the running batch's token gap, one-by-one vs batched prefill."""
     from app.engines.cosyvoice.llm.forward import BatchedLM
-    from bench.probes.prefill_stall import compare
+    from tests.support.prefill_stall import compare
 
     lm = BatchedLM(eng.loaded.model.llm)
     return compare(lm, joiners=16, running=4, rounds=1 if quick else 3, prompt=(50, 150) if quick else (100, 300))
 
 
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def token2wav_point(eng: Any, concurrency: int, requests: int) -> dict:
+    """``requests`` streamed requests per client thread at one concurrency: TTFA, throughput, flow rounds, LLM steps."""
+    reqs = [request(eng, STREAM_TEXT, stream=True, seed=1 + i) for i in range(requests * concurrency)]
+    got = closed_loop(eng, reqs, concurrency)
+    ttfa, audio, wall, steps, rounds = got.ttfa, got.audio, got.wall_s, got.steps, got.rounds
+    return {
+        "concurrency": concurrency, "requests": len(audio), "errors": got.errors, "stream": True,
+        "first_chunk_tokens": None, "wall_s": wall,
+        "ttfa_p50_s": statistics.median(ttfa) if ttfa else None, "ttfa_p95_s": _pct(ttfa, 0.95),
+        "audio_s": sum(audio), "audio_s_per_s": sum(audio) / wall if wall > 0 else None,
+        "req_per_s": len(audio) / wall if wall > 0 else None,
+        "flow_rounds": len(rounds),
+        "flow_batch_mean": statistics.fmean(b for b, _ in rounds) if rounds else None,
+        "flow_batch_max": max((b for b, _ in rounds), default=None),
+        "flow_round_ms_mean": 1000 * statistics.fmean(s for _, s in rounds) if rounds else None,
+        "llm_steps": len(steps),
+        "llm_batch_mean": statistics.fmean(b for b, _ in steps) if steps else None,
+        "llm_step_ms_mean": 1000 * statistics.fmean(s for _, s in steps) if steps else None,
+    }
+
+
 def token2wav(mdir: str, device: str, quick: bool, threads: int) -> dict:
     """``engine.token2wav_batch`` off vs on: the same streamed requests on one engine per setting."""
-    from bench.probes.t2w_phases import compare
-
     levels = (1, 4) if quick else (1, 4, 8, 16)
-    runs = compare(mdir, batches=("off", "on"), concurrency=levels, requests=1 if quick else 2, stream=True,
-                   text=STREAM_TEXT, engine_kw={"device": device, "torch_threads": threads,
-                                                "text_normalization": "off"}, log=None)
+    runs: dict[str, list[dict]] = {}
+    for setting in ("off", "on"):
+        eng = load_engine(mdir, device, threads, token2wav_batch=setting)
+        try:
+            eng.warmup()
+            runs[setting] = [token2wav_point(eng, c, 1 if quick else 2) for c in levels]
+        finally:
+            eng.close()
     return {"levels": list(levels), "runs": runs}
 
 
@@ -421,9 +525,8 @@ def run(args: argparse.Namespace) -> dict:
     mdir, built_s = model_dir(args)
     doc["model"] = {"dir": os.path.relpath(mdir, ROOT) if mdir.startswith(str(ROOT)) else Path(mdir).name,
                     "build_s": built_s, "full_size": not args.quick}
-    recorder = Recorder()
     t0 = time.monotonic()
-    eng = load_engine(mdir, str(device), recorder, args.threads)
+    eng = load_engine(mdir, str(device), args.threads)
     doc["model"]["load_s"] = time.monotonic() - t0
     doc["model"]["precision"] = eng.loaded.precision.stage_dtypes()
     say(f"loaded in {doc['model']['load_s']:.1f} s")
@@ -447,7 +550,7 @@ def run(args: argparse.Namespace) -> dict:
             if deadline.left() < needs:
                 doc["streaming"].append({"concurrency": c, "skipped": "time budget"})
                 continue
-            point = streaming(eng, recorder, c, n, deadline)
+            point = streaming(eng, c, n, deadline)
             doc["streaming"].append(point)
             say(f"concurrency {c}: {json.dumps(point, default=str)[:300]}")
         doc["gpu_memory"] = gpu_memory(device)

@@ -1145,6 +1145,15 @@ def _why(doc: dict, name: str) -> str:
     return value.get("skipped") or value.get("failed") or "not run"
 
 
+def _t2w_line(setting: str, r: dict) -> str:
+    """One row of the token2wav off/on table."""
+    rounds = f"{num(r['flow_batch_mean'])} / {r['flow_batch_max'] or '-'}"
+    llm = f"{num(r['llm_step_ms_mean'], 1)} ({num(r['llm_batch_mean'], 1)})"
+    return (f"| {setting} | {r['concurrency']} | {r['requests']} | {ms(r['ttfa_p50_s'])} | {ms(r['ttfa_p95_s'])} | "
+            f"{num(r['audio_s_per_s'])} | {num(r['req_per_s'])} | {r['flow_rounds']} | {rounds} | "
+            f"{num(r['flow_round_ms_mean'], 0)} | {llm} |" + (f" errors: {len(r['errors'])}" if r["errors"] else ""))
+
+
 def gpu_markdown(doc: dict) -> str:
     env = doc["environment"]
     gpu = env.get("name") != "cpu"
@@ -1217,7 +1226,7 @@ def gpu_markdown(doc: dict) -> str:
     sy = _phase(doc, "syncs")
     if sy:
         px = sy["proxy"]
-        lines.append(f"- CPU proxy (`bench/probes/syncs.py`): max {px.get('max')}, mean {px.get('mean')} over "
+        lines.append(f"- CPU proxy (`tests/support/syncs.py`): max {px.get('max')}, mean {px.get('mean')} over "
                      f"{px.get('steps')} steps ({px.get('kinds')}).")
         if "cuda_flagged" in sy:
             cf = sy["cuda_flagged"]
@@ -1244,11 +1253,11 @@ def gpu_markdown(doc: dict) -> str:
     lines += ["", "## Batched token2wav: engine.token2wav_batch off vs on", ""]
     tw = _phase(doc, "token2wav")
     if tw:
-        from bench.probes.t2w_phases import header, line
-
-        lines.append(header())
+        lines += ["| token2wav_batch | c | reqs | TTFA p50 ms | TTFA p95 ms | audio-s/s | req/s | flow rounds | "
+                  "round batch mean / max | round ms | LLM step ms (batch) |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
         for setting, rows in tw["runs"].items():
-            lines += [line(setting, r) for r in rows]
+            lines += [_t2w_line(setting, r) for r in rows]
         lines.append("\nStreamed requests, one engine per setting, closed loop; flow rounds only with the setting on.")
     else:
         lines.append(f"{_why(doc, 'token2wav')}.")

@@ -10,7 +10,7 @@ import torch
 from app.engines.cosyvoice.llm.forward import BatchedLM
 from app.engines.cosyvoice.llm.sampling import SamplingRules
 from app.engines.cosyvoice.llm.scheduler import LLMScheduler
-from bench.probes.prefill_stall import JoinGate, Recorder
+from tests.support.prefill_stall import JoinGate, Recorder
 
 MIXED = [5, 61, 23, 140, 9, 77, 31, 190, 12, 48, 103, 7, 66, 150, 3, 88]  # 16 lengths, 1 310 tokens in all
 MAX_LEN = 24  # tokens per request in the decode tests (min 8)

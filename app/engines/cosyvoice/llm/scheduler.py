@@ -65,7 +65,7 @@ class LLMScheduler:
                  step_probe: Callable[[], Any] | None = None, max_prefill_tokens: int | None = None,
                  max_prefill_batch: int | None = 1) -> None:
         """``step_probe`` (measurement): a context manager factory entered around each decode step,
-        in the scheduler thread (``bench/probes/syncs.py`` counts host syncs with it). ``max_prefill_tokens``:
+        in the scheduler thread (``tests/support/syncs.py`` counts host syncs with it). ``max_prefill_tokens``:
         padded input tokens per prefill forward (None: ``prefill.MAX_PREFILL_TOKENS``); ``max_prefill_batch``:
         joiners per prefill forward (1, the default: one by one, what a CPU does best; None: as many as join,
         ``engine.prefill_batch`` on a GPU)."""

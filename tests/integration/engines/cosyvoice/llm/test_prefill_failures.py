@@ -14,7 +14,7 @@ import contextlib
 
 import pytest
 
-from bench.probes.prefill_stall import Recorder
+from tests.support.prefill_stall import Recorder
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

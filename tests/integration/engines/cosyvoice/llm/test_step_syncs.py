@@ -1,4 +1,4 @@
-"""Host syncs per batched decode step, counted on the CPU with the proxy of ``bench/probes/syncs.py``.
+"""Host syncs per batched decode step, counted on the CPU with the proxy of ``tests/support/syncs.py``.
 
 A GPU step that reads a value back (``int()``, ``.item()``, ``.tolist()``), copies to the
 host, or indexes with a boolean mask makes the host wait for every kernel queued so far.
@@ -19,7 +19,7 @@ from app.engines.cosyvoice.llm.forward import BatchedLM  # noqa: E402
 from app.engines.cosyvoice.llm.sampling import SamplingRules  # noqa: E402
 from app.engines.cosyvoice.llm.scheduler import LLMScheduler  # noqa: E402
 from app.engines.cosyvoice.load import load_model_dir  # noqa: E402
-from bench.probes.syncs import HostSyncCounter  # noqa: E402
+from tests.support.syncs import HostSyncCounter  # noqa: E402
 
 
 def test_the_proxy_counts_what_would_wait_on_a_device_and_not_host_work():

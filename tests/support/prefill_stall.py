@@ -1,7 +1,7 @@
 """How long the running batch stalls when many requests join at once: one-by-one vs batched prefill.
 
-    python -m bench.probes.prefill_stall --model-dir DIR [--joiners 8 16] [--running 4] [--rounds 3]
-                                  [--prompt 100:300] [--threads 1] [--device cpu]
+    python -m tests.support.prefill_stall --model-dir DIR [--joiners 8 16] [--running 4] [--rounds 3]
+                                   [--prompt 100:300] [--threads 1] [--device cpu]
 
 In-process, on the LLM scheduler alone (no HTTP, no token2wav). Each round starts
 ``--running`` sequences, holds one decode step (:class:`JoinGate`, a step probe) while

@@ -1,1 +1,0 @@
-"""Probes: instruments that tests and the GPU check import (bench/README.md)."""
