@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.cosyserve-setup
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup test-deps run test test-unit test-integration test-cluster test-upstream loadtest bench bench-batching bench-cost bench-abuse bench-priority gpu-check gpu-wheels lint deploy-config clean
+.PHONY: setup test-deps run test test-unit test-integration test-cluster test-upstream loadtest bench bench-cost bench-abuse bench-priority gpu-check gpu-wheels lint deploy-config clean
 
 setup: $(STAMP) hooks
 
@@ -61,12 +61,11 @@ test-upstream: setup
 loadtest: setup
 	$(PY) -m bench serve --scenario loadtest
 
-# the headline suite, admission (3 rounds), batching and cost; results in .cache/bench/<suite>/ (a curated .md
+# the headline suite, admission (3 rounds) and cost; results in .cache/bench/<suite>/ (a curated .md
 # goes into docs/benchmarks/: bench/README.md)
 bench: setup
 	$(PY) -m bench serve --scenario run
 	$(PY) -m bench serve --scenario admission --rounds 3
-	$(PY) -m bench serve --scenario batching
 	$(PY) -m bench cost
 	$(PY) -m bench cost --plan levers
 
@@ -75,10 +74,6 @@ bench: setup
 bench-cost: setup
 	$(PY) -m bench cost
 	$(PY) -m bench cost --plan levers
-
-# per-request pool vs batched LLM, full-size (built once into .cache/full2) and tiny CosyVoice2; ~20 min
-bench-batching: setup
-	$(PY) -m bench serve --scenario batching
 
 # a polite client alone and beside each adversary (issue 36), one server with the defaults; ~7 min on 2
 # idle cores; writes .cache/bench/abuse/ (ABUSE_ARGS: e.g. --phase-s 5 --only dribblers,storm-64)

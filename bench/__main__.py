@@ -5,10 +5,10 @@
     python -m bench gpu [ARGS]                         # the GPU check (make gpu-check; --device cpu --quick)
 
 Scenarios of ``serve``: run (the headline suite, make bench), admission, abuse (make bench-abuse),
-priority (make bench-priority), batching (make bench-batching), ws (WebSocket vs POST time to
-first audio), cache (a Zipf replay, the answer cache off and on), soak (memory under mixed traffic),
-loadtest (locust, make loadtest). ARGS go to the scenario or command:
-``python -m bench serve --scenario admission --help`` lists its own. bench/README.md has them all.
+priority (make bench-priority), ws (WebSocket vs POST time to first audio), cache (a Zipf replay,
+the answer cache off and on), soak (memory under mixed traffic), loadtest (locust, make loadtest).
+ARGS go to the scenario or command: ``python -m bench serve --scenario admission --help`` lists
+its own. bench/README.md has them all (and batching, which left the tree after 8bf5a50).
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-SCENARIOS = {"run": "bench.run", "admission": "bench.admission", "abuse": "bench.abuse",
-             "priority": "bench.priority", "batching": "bench.batching", "ws": "bench.ws_ttfa",
-             "cache": "bench.cache", "soak": "bench.soak", "loadtest": "bench.loadtest"}
+SCENARIOS = {"run": "bench.run", "admission": "bench.admission", "abuse": "bench.abuse", "priority": "bench.priority",
+             "ws": "bench.ws_ttfa", "cache": "bench.cache", "soak": "bench.soak", "loadtest": "bench.loadtest"}
 COMMANDS = {"cost": "bench.cost", "gpu": "bench.gpu_check"}
 
 

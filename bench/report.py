@@ -1,10 +1,10 @@
 """Every suite's report, in one module: the goals and the Markdown, from a run's JSON.
 
 Sections, in this order: run (``make bench``: run.json, run.md), admission (when
-the limit settled, the goals of issue 20), batching (per-point summaries, goal ratios),
-priority (the bulk backlog, the side-by-side table, issue 39's goals), abuse (the
-reference, each phase's row, issue 36's goals), cost (a request's cost, the CPU levers), gpu
-(the GPU check's JSON as Markdown, docs/benchmarks/gpu.md). The helpers first are shared.
+the limit settled, the goals of issue 20), priority (the bulk backlog, the side-by-side table,
+issue 39's goals), abuse (the reference, each phase's row, issue 36's goals), cost (a request's
+cost, the CPU levers), gpu (the GPU check's JSON as Markdown, docs/benchmarks/gpu.md). The
+helpers first are shared.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.lib.batching_plan import SPEECH_TOKENS_PER_S
 from bench.lib.load import Result, percentile, work_in_window
 
 
@@ -427,146 +426,6 @@ def admission_markdown(r: dict) -> str:
         lines.append("")
     lines += ["## Goals", "", *goals_table(r.get("goals", []))]
     return "\n".join(lines) + "\n"
-
-
-# batching ----------------------------------------------------------------------------------------
-
-BATCHING_SYSTEMS = ("per_request", "batched")
-
-
-def batching_point_summary(results: list[Result], wall_s: float, sample_rate: int) -> dict[str, Any]:
-    """Client-side numbers of one point: audio seconds per wall second, latency and TTFA percentiles."""
-    ok = [r for r in results if r.kind == "ok"]
-    audio_s = sum(r.nbytes for r in ok) / (2.0 * sample_rate)  # 16-bit mono PCM
-    lat = [r.latency_s for r in ok]
-    ttfa = [r.ttfa_s for r in ok if r.ttfa_s is not None]
-    per_s = audio_s / wall_s if wall_s > 0 else 0.0
-    return {
-        "requests": len(results), "ok": len(ok), "rejected": sum(r.kind == "rejected" for r in results),
-        "timeouts": sum(r.kind == "timeout" for r in results), "errors": sum(r.kind == "error" for r in results),
-        "wall_s": wall_s, "audio_s": audio_s, "audio_s_per_s": per_s,
-        "requests_per_s": len(ok) / wall_s if wall_s > 0 else 0.0,
-        "audio_s_per_request": audio_s / len(ok) if ok else None,
-        # non-streaming CosyVoice2: one speech token per 40 ms of audio (cross-check for the metric)
-        "speech_tokens_per_s_from_audio": per_s * SPEECH_TOKENS_PER_S,
-        "latency_p50_s": percentile(lat, 50), "latency_p99_s": percentile(lat, 99),
-        "ttfa_p50_s": percentile(ttfa, 50), "ttfa_p99_s": percentile(ttfa, 99),
-    }
-
-
-def batching_point(results: dict, model: str, system: str, mode: str, c: int) -> dict | None:
-    sys_ = results.get("models", {}).get(model, {}).get("systems", {}).get(system) or {}
-    return next((p for p in sys_.get("points", []) if p.get("mode") == mode and p.get("concurrency") == c), None)
-
-
-def _v(p: dict | None, key: str) -> float | None:
-    v = (p or {}).get(key)
-    return float(v) if isinstance(v, int | float) else None
-
-
-def _pair(results: dict, model: str, mode: str, c: int, key: str | None = None) -> list[Any]:
-    """Per-request's and batched's point (``key``: their value of it) at ``c`` clients."""
-    points = [batching_point(results, model, s, mode, c) for s in BATCHING_SYSTEMS]
-    return points if key is None else [_v(p, key) for p in points]
-
-
-def tokens_per_s(p: dict | None) -> tuple[float | None, str]:
-    """The server's speech-token rate (``tts_llm_tokens_total``), else the one implied by the audio."""
-    v = _v(p, "llm_tokens_per_s")
-    return (v, "metric") if v is not None else (_v(p, "speech_tokens_per_s_from_audio"), "from audio")
-
-
-def _batching_goal(name: str, value: float | None, op: str, target: float, detail: str = "") -> dict[str, Any]:
-    ok = None if value is None else (value >= target if op == ">=" else value <= target)
-    return goal(name, value, f"{op} {target:g}", ok, detail=detail)
-
-
-def batching_goals(results: dict) -> list[dict[str, Any]]:
-    goals: list[dict[str, Any]] = []
-    for c in (8, 16):
-        (tr, sr), (tb, sb) = map(tokens_per_s, _pair(results, "full", "nonstream", c))
-        goals.append(_batching_goal(f"full c={c}: LLM speech tokens/s, batched / per-request", ratio(tb, tr), ">=",
-                                    4.0, f"{num(tb)} ({sb}) / {num(tr)} ({sr})"))
-    for mode in ("nonstream", "stream"):
-        b, a = _pair(results, "full", mode, 8, "audio_s_per_s")
-        goals.append(_batching_goal(f"full c=8 {mode}: audio-s/s, batched / per-request", ratio(a, b), ">=", 1.3,
-                                    f"{num(a)} / {num(b)}"))
-    t8, t1 = (_v(batching_point(results, "full", "batched", "stream", c), "ttfa_p50_s") for c in (8, 1))
-    goals.append(_batching_goal("full batched: TTFA p50 at c=8 / at c=1", ratio(t8, t1), "<=", 2.0,
-                                f"{num(t8)} s / {num(t1)} s"))
-    lr, lb = _pair(results, "full", "nonstream", 1, "latency_p50_s")
-    goals.append(_batching_goal("full c=1: latency p50, batched / per-request", ratio(lb, lr), "<=", 1.10,
-                                f"{num(lb)} s / {num(lr)} s"))
-    systems = results.get("models", {}).get("full", {}).get("systems", {})
-    rb, rr = (systems.get(s, {}).get("peak_rss") for s in BATCHING_SYSTEMS[::-1])
-    goals.append(_batching_goal("full: peak RSS, batched / per-request (2 workers)", ratio(rb, rr), "<=", 1.0,
-                                f"{_mib(rb)} / {_mib(rr)}"))
-    for c in _batching_levels(results.get("models", {}).get("tiny", {}), "nonstream", ("batched",)):
-        b, a = _pair(results, "tiny", "nonstream", c, "audio_s_per_s")
-        goals.append(_batching_goal(f"tiny c={c}: audio-s/s, batched / per-request", ratio(a, b), ">=", 0.95,
-                                    f"{num(a)} / {num(b)}"))
-    return goals
-
-
-def _mib(v: float | None) -> str:
-    return "-" if not v else f"{v / 2**20:.0f} MiB"
-
-
-def _nonstream_row(results: dict, model: str, c: int) -> list[Any]:
-    pr, pb = _pair(results, model, "nonstream", c)
-    (tr, _), (tb, _) = tokens_per_s(pr), tokens_per_s(pb)
-    ar, ab = _v(pr, "audio_s_per_s"), _v(pb, "audio_s_per_s")
-    return [c, f"{_batching_n(pr)} / {_batching_n(pb)}", num(ar), num(ab), num(ratio(ab, ar)),
-            *(ms(_v(p, k)) for k in ("latency_p50_s", "latency_p99_s") for p in (pr, pb)),
-            num(tr, 1), num(tb, 1), num(ratio(tb, tr)), num(_v(pb, "llm_batch_mean"), 1),
-            ms(_v(pb, "llm_step_mean_s")), _mib(_v(pr, "peak_rss")), _mib(_v(pb, "peak_rss"))]
-
-
-def _stream_row(results: dict, model: str, c: int) -> list[Any]:
-    pr, pb = _pair(results, model, "stream", c)
-    ar, ab = _v(pr, "audio_s_per_s"), _v(pb, "audio_s_per_s")
-    return [c, f"{_batching_n(pr)} / {_batching_n(pb)}",
-            *(ms(_v(p, k)) for k in ("ttfa_p50_s", "ttfa_p99_s") for p in (pr, pb)), num(ar), num(ab), num(ratio(ab, ar))]
-
-
-def batching_markdown(results: dict, goals: list[dict[str, Any]]) -> str:
-    lines = ["# Continuous LLM batching: per-request pool vs batched", "",
-             (f"Run {results.get('started', '?')}, {results.get('cores', '?')} cores, load average at start "
-             f"{num((results.get('loadavg_start') or [None])[0])}, {num(results.get('elapsed_s', 0) / 60, 1)} min. "
-             "Generated by `python -m bench serve --scenario batching` (see fullsize-model.md and README.md here)."), "",
-             (f"Sentence: \"{results.get('text', '')}\" (sft, preset speaker, PCM {results.get('sample_rate')} Hz). "
-             "Closed loop: c clients, a fixed number of requests per point; throughput = audio seconds of the "
-             "successful requests / wall seconds from the first send to the last byte. p99 over few requests "
-             "is close to the maximum."), ""]
-    for model, m in results.get("models", {}).items():
-        systems = m.get("systems", {})
-        lines += [f"## {model} model", ""]
-        for key in BATCHING_SYSTEMS:
-            s = systems.get(key, {})
-            if s:
-                lines.append(f"* **{key}**: {s.get('label', '')}; load {num(s.get('load_s'), 1)} s, "
-                             f"RSS ready {_mib(s.get('rss_at_ready'))}, peak {_mib(s.get('peak_rss'))}"
-                             + (f"; FAILED: {s['failed'][:300]}" if s.get("failed") else ""))
-        lines += ["", "### Non-streaming", "", *table(
-            ["c", "req PR / B", "audio-s/s PR", "audio-s/s B", "B/PR", "p50 ms PR", "p50 ms B", "p99 ms PR",
-             "p99 ms B", "tok/s PR", "tok/s B", "tok/s B/PR", "mean batch B", "step ms B", "peak RSS PR", "peak RSS B"],
-            [_nonstream_row(results, model, c) for c in _batching_levels(m, "nonstream")])]
-        lines += ["", "### Streaming (time to first audio)", "", *table(
-            ["c", "req PR / B", "TTFA p50 ms PR", "TTFA p50 ms B", "TTFA p99 ms PR", "TTFA p99 ms B", "audio-s/s PR",
-             "audio-s/s B", "B/PR"], [_stream_row(results, model, c) for c in _batching_levels(m, "stream")]), ""]
-    lines += ["## Goals", "", *goals_table(goals, tail=("detail",))]
-    lines += ["", ("tok/s: the server's `tts_llm_tokens_total` over the point when it has the metric, else "
-              "the rate implied by the audio length (25 tokens per second of audio); the goal lines say which."), ""]
-    return "\n".join(lines)
-
-
-def _batching_n(p: dict | None) -> str:
-    return "-" if p is None else f"{p.get('ok', 0)}/{p.get('requests', 0)}"
-
-
-def _batching_levels(model: dict, mode: str, systems: tuple[str, ...] = BATCHING_SYSTEMS) -> list[int]:
-    return sorted({p["concurrency"] for k, s in model.get("systems", {}).items() if k in systems
-                   for p in s.get("points", []) if p.get("mode") == mode})
 
 
 # priority ----------------------------------------------------------------------------------------
