@@ -209,8 +209,6 @@ def run_markdown(r: dict) -> str:
 # admission ---------------------------------------------------------------------------------------
 
 SETTLE_GOAL_S = 10.0
-
-
 COUNTS = ("requests", "ok", "rejected", "timeouts", "errors")  # summed over rounds; the rest: the median round's
 
 
@@ -431,13 +429,9 @@ def admission_markdown(r: dict) -> str:
 # priority ----------------------------------------------------------------------------------------
 
 LATENCY_RATIO_MAX = 1.1
-
-
 GOODPUT_RATIO_MIN = 0.95
-
-
 PRIORITY_PHASES = {"A": "interactive alone", "B": "interactive + bulk backlog", "A2": "interactive alone again",
-          "C": "bulk backlog alone"}
+                   "C": "bulk backlog alone"}
 
 
 def backlog_summary(results: list[Result], window: tuple[float, float] | None = None) -> dict[str, Any]:
@@ -613,16 +607,13 @@ def priority_markdown(results: dict[str, Any]) -> str:
 # abuse -------------------------------------------------------------------------------------------
 
 MB = 1024 * 1024
-
-
 # the phases graded on the polite client and the server's RSS (huge-chunked: not in the list, graded alike)
 NORMAL_GOALS = ("dribblers", "non-readers", "ws-idle", "ws-chatty", "giant-fields", "huge-body", "huge-chunked")
-
-
 GOODPUT_MIN, P99_MAX, RSS_GROWTH_MAX = 0.9, 1.5, 200 * MB
-
-
 GIANT_ANSWER_MAX_S, HUGE_SENT_MAX = 0.1, MB
+ACCESS = re.compile(r"cosyserve\.access: \S+ (\S+) (\S+) (\d{3}) ([0-9.]+)ms.*?( aborted)?$")
+HELD = re.compile(r" held=([0-9.]+)ms")  # an error answer held by the server's refusal pacer
+WS_END = re.compile(r"cosyserve\.ws: \S+ WS \S+ .* ([0-9.]+)s close=(\S+)")
 
 
 def ms_label(v: float | None) -> str:
@@ -631,15 +622,6 @@ def ms_label(v: float | None) -> str:
 
 def mb(v: float | None) -> str:
     return "-" if v is None else f"{v / MB:.0f} MB"
-
-
-ACCESS = re.compile(r"cosyserve\.access: \S+ (\S+) (\S+) (\d{3}) ([0-9.]+)ms.*?( aborted)?$")
-
-
-HELD = re.compile(r" held=([0-9.]+)ms")  # an error answer held by the server's refusal pacer
-
-
-WS_END = re.compile(r"cosyserve\.ws: \S+ WS \S+ .* ([0-9.]+)s close=(\S+)")
 
 
 def server_log(text: str) -> dict[str, dict[str, Any]]:
