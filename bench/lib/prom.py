@@ -1,17 +1,8 @@
-"""Prometheus text -> sample values, and the LLM engine metrics' deltas over a benchmark point.
-
-The batched LLM's metrics (``tts_llm_tokens_total``, the ``tts_llm_batch_size`` and
-``tts_llm_step_seconds`` histograms) may not exist on every server: a metric that is
-absent before or after a point gives ``None``, never 0.
-"""
+"""Prometheus text -> sample values."""
 
 from __future__ import annotations
 
 import math
-
-TOKENS = "tts_llm_tokens_total"
-BATCH = "tts_llm_batch_size"
-STEP = "tts_llm_step_seconds"
 
 
 def parse_samples(text: str, labels: bool = False) -> dict[str, float]:
@@ -57,37 +48,3 @@ def _label_end(rest: str) -> int:
         elif ch == "}" and not quoted:
             return i
     return -1
-
-
-def _delta(before: dict[str, float], after: dict[str, float], name: str) -> float | None:
-    if name not in before or name not in after:
-        return None
-    return after[name] - before[name]
-
-
-def _ratio(num: float | None, den: float | None) -> float | None:
-    if num is None or den is None or den <= 0:
-        return None
-    return num / den
-
-
-def llm_deltas(before: dict[str, float], after: dict[str, float], wall_s: float) -> dict[str, float | None]:
-    """Speech tokens/s over the point, mean LLM batch size, mean step time, tokens per LLM-step second.
-
-    A counter that did not exist before the point but does after (created on first use)
-    counts from 0.
-    """
-    before = dict(before)
-    for name in (TOKENS, f"{BATCH}_sum", f"{BATCH}_count", f"{STEP}_sum", f"{STEP}_count"):
-        if name in after and name not in before:
-            before[name] = 0.0
-    tokens = _delta(before, after, TOKENS)
-    step_sum = _delta(before, after, f"{STEP}_sum")
-    return {
-        "llm_tokens": tokens,
-        "llm_tokens_per_s": _ratio(tokens, wall_s),
-        "llm_batch_mean": _ratio(_delta(before, after, f"{BATCH}_sum"), _delta(before, after, f"{BATCH}_count")),
-        "llm_step_mean_s": _ratio(step_sum, _delta(before, after, f"{STEP}_count")),
-        "llm_steps": _delta(before, after, f"{STEP}_count"),
-        "llm_tokens_per_step_s": _ratio(tokens, step_sum),
-    }
