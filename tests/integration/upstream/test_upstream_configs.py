@@ -194,7 +194,7 @@ def test_the_cuda_images_build_step_passes_on_the_checkout(upstream):
     """The command Dockerfile.cuda runs at build, with this checkout in place of the image's /opt/CosyVoice."""
     from tests.support.dockerfiles import CHECK_CONFIG
 
-    command = shlex.split(CHECK_CONFIG["Dockerfile.cuda"].replace("/opt/CosyVoice", upstream))
+    command = shlex.split(CHECK_CONFIG["Dockerfile.cuda"].replace("${COSYVOICE_PATH}", upstream))  # the build ARG
     out = subprocess.run([sys.executable, "-m", "app.cli", *command[1:]], cwd=ROOT, capture_output=True, text=True,
                          timeout=600, check=False)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
