@@ -103,9 +103,12 @@ def client(base: str, ws_url: str, seed: int, stop: threading.Event, counts: dic
                 time.sleep(rng.uniform(0.2, 1.0))  # refused (503) or failed: back off as a client would
 
 
-def memory_metrics(base: str) -> dict[str, float]:
+def memory_metrics(base: str) -> tuple[dict[str, float], dict[str, float]]:
+    """The memory metrics, and the admission gauges (limit, lanes, load) that say how the gate settled."""
     samples = parse_samples(httpx.get(base + "/metrics", timeout=10).text, labels=True)
-    return {name: value for name, value in samples.items() if name.startswith(METRICS)}
+    gate = {k: next((v for name, v in samples.items() if name.split("{")[0] == f"tts_admission_{k}"), float("nan"))
+            for k in ("limit", "lanes", "load")}
+    return {name: value for name, value in samples.items() if name.startswith(METRICS)}, gate
 
 
 def slope_mb_per_h(samples: list[tuple[float, int]]) -> float:
@@ -150,12 +153,15 @@ def main(argv: list[str] | None = None) -> None:
                 t.start()
             samples: list[tuple[float, int]] = []
             mem: list[dict] = []
+            limits: list[float] = []
             while (elapsed := time.monotonic() - t0) < args.minutes * 60:
                 time.sleep(min(args.sample_s, args.minutes * 60 - elapsed))
                 samples.append((time.monotonic() - t0, proc.memory_info().rss))
-                mem.append(memory_metrics(base))
+                sampled, gate = memory_metrics(base)
+                mem.append(sampled)
+                limits.append(gate["limit"])
                 print(f"{samples[-1][0] / 60:6.1f} min  RSS {samples[-1][1] / 2**20:8.1f} MB  {sum(counts.values())} "
-                      "requests", flush=True)
+                      f"requests  limit {gate['limit']:g} lanes {gate['lanes']:g} load {gate['load']:.2f}", flush=True)
             stop.set()
             for t in threads:
                 t.join(300)
@@ -174,7 +180,9 @@ def main(argv: list[str] | None = None) -> None:
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}.",
         "",
         f"Requests: {sum(counts.values())} ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}); "
-        f"/health/live at the end: {live}. RSS when ready: {ready_rss / 2**20:.0f} MB.",
+        f"/health/live at the end: {live}. RSS when ready: {ready_rss / 2**20:.0f} MB. "
+        + (f"Admission limit over the samples: mean {np.nanmean(limits):.2f}, min {np.nanmin(limits):g}, "
+           f"max {np.nanmax(limits):g}." if limits else ""),
         "",
         *table(["minute", *map(str, shown)], [["RSS (MB)", *(f"{by_minute[m] / 2**20:.0f}" for m in shown)]]),
         "",
