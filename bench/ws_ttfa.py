@@ -1,30 +1,8 @@
-"""Benchmark: time to first audio for text that arrives at an LLM's pace, WebSocket vs. POST.
+"""Time to first audio for text that arrives at an LLM's pace: WebSocket vs POST, or (``--clients``) each client.
 
-    .venv/bin/python -m bench serve --scenario ws   # prints a Markdown table, writes .cache/bench/ws_ttfa/ws-ttfa.md
-
-A real ``cosyserve serve`` on the tiny CosyVoice2 (the default config: batched LLM,
-so streamed text goes into bistream sequences). For each text, ``--reps`` times:
-
-  (a) WebSocket: ``input.text`` one token (a word or a punctuation mark) every
-      1/``--rate`` seconds, then ``input.done``; TTFA = first binary frame - first
-      ``input.text`` sent;
-  (b) POST after the full text: the client waits until the LLM would have written the
-      last token ((tokens - 1) / rate seconds after the first), then POSTs the whole
-      text to ``/v1/tts`` (streamed pcm); TTFA = that wait + the POST's first byte.
-
-Both ask for the same seed. The tiny model's audio is noise: only the timing counts.
-
-``--livekit`` adds the same tokens at the same pace through LiveKit Agents (bench/lib/livekit_ttfa.py):
-our plugin on the WebSocket vs. LiveKit's OpenAI TTS a sentence at a time (needs the dev extra).
-
-``--clients ws,post,...`` instead times each client (bench/lib/clients_ttfa.py lists them) at each
-``--concurrency`` level (default 1,4): that many sessions at once, each fed the ``--text`` at ``--rate``
-(a whole-text client sends it when the LLM would have finished), ``--reps`` rounds (default 3) with
-the clients interleaved; the server keeps its default pool and admission (the table above pins
-2 workers) and opens its Wyoming port. Per client and level: first-audio p50/p99,
-audio seconds per wall second, for wyoming-stream how often audio came before ``synthesize-stop``,
-and the goals (Wyoming streamed p50 within 1.2x the WebSocket's; each plugin's p50 below its
-framework's OpenAI path). Writes ws-clients.md and .json; a client whose packages are missing is skipped.
+The default table feeds each text's tokens over the WebSocket at ``--rate`` and POSTs the whole text when the
+LLM would have finished; ``--clients`` times the clients of bench/lib/clients_ttfa.py side by side at each
+``--concurrency`` level. bench/README.md describes both (``--livekit`` left the tree after 776f578).
 """
 
 from __future__ import annotations
@@ -57,28 +35,10 @@ def tokens(text: str) -> list[str]:
     return re.findall(r"\s*\w+|\s*[^\w\s]", text)
 
 
-def ws_run(base: str, text: str, rate: float, seed: int) -> tuple[float, float]:
-    """(TTFA, total) seconds for one utterance fed at ``rate`` tokens/s."""
-    s = asyncio.run(clients.ws(clients.Target(base), tokens(text), rate, seed))
+def one(leg, base: str, text: str, rate: float, seed: int) -> tuple[float, float]:
+    """(TTFA, total) seconds of one session of ``leg`` (clients.ws or clients.post) for ``text`` at ``rate``."""
+    s = asyncio.run(leg(clients.Target(base), tokens(text), rate, seed))
     return s.ttfa, s.total
-
-
-def post_run(base: str, text: str, rate: float, seed: int) -> tuple[float, float]:
-    """(TTFA, total) counting the wait for the whole text at ``rate`` tokens/s."""
-    s = asyncio.run(clients.post(clients.Target(base), tokens(text), rate, seed))
-    return s.ttfa, s.total
-
-
-def livekit_medians(base: str, text: str, rate: float, reps: int) -> list[float]:
-    """Median TTFA through LiveKit: our plugin (WebSocket), then its OpenAI TTS a sentence at a time."""
-    from bench.lib.livekit_ttfa import openai_run, plugin_run
-
-    pieces = tokens(text)
-    plugin_run(base, pieces, rate, 0)  # warm-up
-    openai_run(base, pieces, rate, 0)
-    plugin = [plugin_run(base, pieces, rate, rep)[0] for rep in range(reps)]
-    oai = [openai_run(base, pieces, rate, rep)[0] for rep in range(reps)]
-    return [statistics.median(plugin), statistics.median(oai)]
 
 
 def run_clients(target: clients.Target, names: list[str], levels: list[int], pieces: list[str], rate: float,
@@ -166,7 +126,6 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=float, default=20.0, help="tokens per second the 'LLM' writes")
     ap.add_argument("--reps", type=int, default=None, help="runs per point (default 5; with --clients 3)")
-    ap.add_argument("--livekit", action="store_true", help="also time LiveKit: our plugin vs. its OpenAI TTS")
     ap.add_argument("--clients", type=lambda v: [c for c in v.split(",") if c], default=None,
                     help=f"instead, time these clients side by side (ws-clients.md): {','.join(clients.CLIENTS)}")
     ap.add_argument("--concurrency", type=lambda v: [int(c) for c in v.split(",")], default=[1, 4],
@@ -205,30 +164,27 @@ def main(argv: list[str] | None = None) -> None:
                 return
             rows = []
             for label, text in TEXTS.items():
-                ws_run(base, text, args.rate, 0)  # warm-up
-                post_run(base, text, 1e6, 0)
+                one(clients.ws, base, text, args.rate, 0)  # warm-up
+                one(clients.post, base, text, 1e6, 0)
                 ws, post = [], []
                 for rep in range(reps):
-                    ws.append(ws_run(base, text, args.rate, rep))
-                    post.append(post_run(base, text, args.rate, rep))
+                    ws.append(one(clients.ws, base, text, args.rate, rep))
+                    post.append(one(clients.post, base, text, args.rate, rep))
                 n = len(tokens(text))
                 med = [statistics.median(x) for x in ([a for a, _ in ws], [a for a, _ in post],
                                                       [b for _, b in ws], [b for _, b in post])]
-                if args.livekit:
-                    med += livekit_medians(base, text, args.rate, reps)
                 rows.append((label, n, (n - 1) / args.rate, *med))
                 print(rows[-1], flush=True)
     lines = [
         f"# Time to first audio: text streamed at {args.rate:g} tokens/s over the WebSocket vs. POST after the text",
         "",
-        (f"Command: `{COMMAND} --rate {args.rate:g} --reps {reps}{' --livekit' * args.livekit}` (tiny random-weight CosyVoice2, default "
+        (f"Command: `{COMMAND} --rate {args.rate:g} --reps {reps}` (tiny random-weight CosyVoice2, default "
          "config: batched LLM, bistream; 2 workers, 1 torch thread)"),
         (f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
          f"Medians of {reps} runs."),
         "",
         *table(["text", "tokens", "text written in (s)", "TTFA WebSocket (s)", "TTFA POST after text (s)",
-                "done WebSocket (s)", "done POST (s)",
-                *(["TTFA LiveKit plugin (s)", "TTFA LiveKit openai.TTS (s)"] if args.livekit else [])],
+                "done WebSocket (s)", "done POST (s)"],
                [[label, n, f"{written:.2f}", *(f"{t:.3f}" for t in times)] for label, n, written, *times in rows]),
         "", "All times from the first token the LLM wrote. 'done': the last audio byte.",
     ]

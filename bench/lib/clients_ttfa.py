@@ -1,4 +1,4 @@
-"""One session per client for ``bench serve --scenario ws --clients`` (and the sync legs of its default table).
+"""One session per client for ``bench serve --scenario ws --clients`` (and the legs of its default table).
 
 Every leg is a coroutine ``leg(target, pieces, rate, seed) -> Session``: it feeds the LLM's tokens
 (``pieces``) at ``rate`` tokens/s when the client streams text in, or waits until the last one would be
@@ -8,7 +8,7 @@ must. The clock starts at the first token. Clients, by the name ``--clients`` ta
 * ``ws``: raw WebSocket, each token an ``input.text``; ``post``: ``POST /v1/tts`` (streamed pcm);
 * ``openai-sdk``: the ``openai`` SDK's streaming response on ``/v1/audio/speech`` (pcm);
 * ``livekit-plugin`` / ``livekit-openai``: LiveKit Agents, our plugin vs. its OpenAI TTS a sentence at a
-  time (bench/lib/livekit_ttfa.py);
+  time (``StreamAdapter``), both fed through ``stream()``;
 * ``pipecat`` / ``pipecat-openai``: Pipecat, our service (tokens as they come) vs. its ``OpenAITTSService``
   (a sentence at a time), each driven by Pipecat's test harness;
 * ``wyoming-stream``: the ``wyoming`` client's ``synthesize-start``, a ``synthesize-chunk`` a token,
@@ -253,16 +253,47 @@ async def wyoming(t: Target, pieces: list[str], rate: float, seed: int) -> Sessi
     return s
 
 
-async def livekit_plugin(t: Target, pieces: list[str], rate: float, seed: int) -> Session:
-    from bench.lib.livekit_ttfa import plugin_leg
+async def _livekit(tts: Any, pieces: list[str], rate: float) -> Session:
+    """A LiveKit TTS fed through ``stream()``, to its last audio frame (its emitter's 200 ms frames)."""
+    stream = tts.stream()
 
-    return await plugin_leg(t.base, pieces, rate, seed)
+    async def feed() -> None:
+        await paced(stream.push_text, pieces, rate)
+        stream.end_input()
+
+    s = Session(time.perf_counter())
+    feeder = asyncio.create_task(feed())
+    try:
+        async for ev in stream:
+            s.audio(ev.frame.duration)
+        await feeder
+    finally:
+        feeder.cancel()
+        await stream.aclose()
+    if s.first is None:
+        raise RuntimeError("no audio")
+    return s
+
+
+async def livekit_plugin(t: Target, pieces: list[str], rate: float, seed: int) -> Session:
+    from cosyserve_plugins.livekit import TTS
+
+    async with TTS(base_url=t.base, seed=seed) as tts:
+        return await _livekit(tts, pieces, rate)
 
 
 async def livekit_openai(t: Target, pieces: list[str], rate: float, seed: int) -> Session:
-    from bench.lib.livekit_ttfa import openai_leg
+    """LiveKit's ``openai.TTS`` as an agent wraps it: ``StreamAdapter`` POSTs each sentence once complete."""
+    from livekit.agents.tts import StreamAdapter
+    from livekit.plugins import openai
 
-    return await openai_leg(t.base, pieces, rate, seed)
+    inner = openai.TTS(base_url=f"{t.base}/v1", api_key="x", model="tts-1", response_format="pcm")
+    tts = StreamAdapter(tts=inner)
+    try:
+        return await _livekit(tts, pieces, rate)
+    finally:
+        await tts.aclose()
+        await inner.aclose()
 
 
 # name: (the leg, the modules it needs: a client without them is skipped)
