@@ -32,7 +32,7 @@ from bench.report import (
     admission_markdown,
     best_closed,
     best_closed_rps,
-    ms_label,
+    ms,
     paired_ratios,
     per_point,
     print_goals,
@@ -185,7 +185,7 @@ class SystemRun:
         step["settle_s"] = settle_times(step)
         self.out["step"] = step
         log(f"  {self.system} step 0.5x -> 3x -> 0.5x: limit settled after {step['settle_s']} s "
-            f"(admitted p99 per phase: {[ms_label(p['latency_p99_s']) for p in step['phases']]})")
+            f"(admitted p99 per phase: {[ms(p['latency_p99_s'], 0, ' ms') for p in step['phases']]})")
 
     def plan(self) -> list[tuple[int, Callable[[], Awaitable[None]]]]:
         """The calls in order, each with its round: warm-up (the first round's); per round, closed loop per

@@ -23,7 +23,7 @@ from bench.report import (
     backlog_summary,
     best_closed,
     limit_readings,
-    ms_label,
+    ms,
     print_goals,
     priority_goals,
     priority_markdown,
@@ -102,7 +102,7 @@ async def knee(url: str, args: argparse.Namespace) -> dict[str, Any]:
             s = await load.closed_loop(url, spec(), c, args.point_s, warmup_s=args.warmup_s,
                                        timeout_s=args.timeout_s, reject_backoff_s=None)
         points.append({"concurrency": c, **s.to_dict(), "limit_last": poll.limits[-1] if poll.limits else None})
-        log(f"  c={c}: {s.throughput_rps:.2f} rps {s.audio_per_s:.1f} audio-s/s p99={ms_label(s.latency_p99_s)} "
+        log(f"  c={c}: {s.throughput_rps:.2f} rps {s.audio_per_s:.1f} audio-s/s p99={ms(s.latency_p99_s, 0, ' ms')} "
             f"503={s.rejected} limit={points[-1]['limit_last']}")
     best = best_closed(points)
     limit = best["limit_last"]

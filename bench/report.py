@@ -19,14 +19,17 @@ from typing import Any
 
 from bench.lib.load import Result, percentile, work_in_window
 
-
-def num(v: float | None, nd: int = 2) -> str:
-    return "-" if v is None else f"{v:.{nd}f}"
+MB, PER_MB, PER_GB = 1024 * 1024, 2**-20, 2**-30  # bytes in a MB (MiB); MB and GB (GiB) in a byte
 
 
-def ms(v: float | None) -> str:
-    """Seconds as whole milliseconds, no unit."""
-    return "-" if v is None else f"{v * 1000:.0f}"
+def fmt(v: float | None, nd: int = 2, scale: float = 1.0, unit: str = "") -> str:
+    """``v * scale`` to ``nd`` places, then ``unit``; None as "-"."""
+    return "-" if v is None else f"{v * scale:.{nd}f}{unit}"
+
+
+def ms(v: float | None, nd: int = 0, unit: str = "") -> str:
+    """Seconds as milliseconds (``unit`` " ms": with the unit)."""
+    return fmt(v, nd, 1000, unit)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -79,14 +82,6 @@ def print_goals(goals: list[dict], title: str = "Goals") -> None:
 
 # run ---------------------------------------------------------------------------------------------
 
-def _ms1(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1000:.1f}"
-
-
-def _run_mib(v: float | None) -> str:
-    return "-" if not v else f"{v / 2**20:.0f}"
-
-
 def _pool_text(cfg: dict) -> str:
     """cosyserve's pool settings in a run: none means the server's defaults."""
     parts = [f"{k}={cfg[c]}" for k, c in (("workers", "server_workers"), ("max_queue", "max_queue"))
@@ -125,7 +120,7 @@ def run_goals(r: dict) -> list[dict]:
             if not p:
                 continue
             rej = p.get("reject_p99_s")
-            add_goal(goals, f"(b) {name}: 503 reject latency p99 (ms)", _ms1(rej), "< 10",
+            add_goal(goals, f"(b) {name}: 503 reject latency p99 (ms)", ms(rej, 1), "< 10",
                   None if rej is None else rej < 0.010)
             adm = p.get("latency_p99_s")
             if adm is not None and base_p99:
@@ -137,12 +132,12 @@ def run_goals(r: dict) -> list[dict]:
         bp, ap = _run_point(b, 1), th["c1"]
         if bp and bp["latency_p50_s"] is not None and ap["latency_p50_s"] is not None:
             delta = bp["latency_p50_s"] - ap["latency_p50_s"]
-            add_goal(goals, "(b) p50 latency at c=1 minus (a) in-process (ms)", _ms1(delta), "<= 10", delta <= 0.010)
+            add_goal(goals, "(b) p50 latency at c=1 minus (a) in-process (ms)", ms(delta, 1), "<= 10", delta <= 0.010)
         ttfa = (b.get("ttfa") or {}).get("ttfa_p50_s")
         own = th.get("first_chunk_p50_s")
         if ttfa is not None and own is not None:
             delta = ttfa - own
-            add_goal(goals, "(b) stream TTFA p50 minus the engine's own first chunk (ms)", _ms1(delta), "<= 5",
+            add_goal(goals, "(b) stream TTFA p50 minus the engine's own first chunk (ms)", ms(delta, 1), "<= 5",
                   delta <= 0.005)
     if b and b.get("ttfa_series"):
         d = drift(b["ttfa_series"])
@@ -160,7 +155,7 @@ def run_goals(r: dict) -> list[dict]:
     mem = (b or {}).get("memory")
     if mem and mem.get("growth") is not None:
         add_goal(goals, f"(b) RSS growth over {mem['requests']} requests after warm-up",
-              f"{mem['growth'] * 100:+.2f}% ({_run_mib(mem['rss_before'])} -> {_run_mib(mem['rss_after'])} MiB)",
+              f"{mem['growth'] * 100:+.2f}% ({fmt(mem['rss_before'] or None, 0, PER_MB)} -> {fmt(mem['rss_after'] or None, 0, PER_MB)} MiB)",
               "<= +2%", mem["growth"] <= 0.02)
     return goals
 
@@ -182,10 +177,10 @@ def run_markdown(r: dict) -> str:
         setups = [("1 thread", th["c1"]), (f"{th['workers']} threads, one engine each", th["cw"])]
         lines += ["## (a) Ceilings: the engine in-process, no HTTP", "", *table(
             ["setup", "throughput (req/s)", "p50", "p99"],
-            [[label, f"{s['throughput_rps']:.2f}", _ms1(s["latency_p50_s"]), _ms1(s["latency_p99_s"])]
+            [[label, f"{s['throughput_rps']:.2f}", ms(s["latency_p50_s"], 1), ms(s["latency_p99_s"], 1)]
              for label, s in setups]),
             "", f"Engine load {th['load_s'] * 1000:.0f} ms (first, with imports: {th['load_s_first']:.1f} s); "
-            f"own first streamed chunk p50 {_ms1(th['first_chunk_p50_s'])} ms.", ""]
+            f"own first streamed chunk p50 {ms(th['first_chunk_p50_s'], 1)} ms.", ""]
     rows = []
     for sys_ in r["systems"].values():
         o = sys_.get("overload")
@@ -193,9 +188,9 @@ def run_markdown(r: dict) -> str:
         rows += [(sys_["label"], name, p) for name, p in loads]
     lines += ["## HTTP systems", "", *table(
         ["system", "load", "req/s", "p50", "p95", "p99", "TTFA p50", "503s", "503 p99", "errors", "timeouts", "peak RSS"],
-        [[label, name, f"{p['throughput_rps']:.2f}", *(_ms1(p[k]) for k in ("latency_p50_s", "latency_p95_s",
-          "latency_p99_s", "ttfa_p50_s")), p["rejected"], _ms1(p["reject_p99_s"]), p["errors"], p["timeouts"],
-          _run_mib(p.get("peak_rss"))] for label, name, p in rows])]
+        [[label, name, f"{p['throughput_rps']:.2f}", *(ms(p[k], 1) for k in ("latency_p50_s", "latency_p95_s",
+          "latency_p99_s", "ttfa_p50_s")), p["rejected"], ms(p["reject_p99_s"], 1), p["errors"], p["timeouts"],
+          fmt(p.get("peak_rss") or None, 0, PER_MB)] for label, name, p in rows])]
     for sys_ in r["systems"].values():
         if sys_.get("failed"):
             lines.append(f"\n**{sys_['label']} failed:** `{sys_['failed'][:300]}`")
@@ -531,7 +526,7 @@ def priority_goals(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _priority_fmt(v: Any, unit: str = "") -> str:
-    return ms(v) if unit == "ms" else num(v) if isinstance(v, float) or v is None else str(v)
+    return ms(v) if unit == "ms" else fmt(v) if isinstance(v, float) or v is None else str(v)
 
 
 ROWS: tuple[tuple[str, str, str, str], ...] = (
@@ -606,7 +601,6 @@ def priority_markdown(results: dict[str, Any]) -> str:
 
 # abuse -------------------------------------------------------------------------------------------
 
-MB = 1024 * 1024
 # the phases graded on the polite client and the server's RSS (huge-chunked: not in the issue's list, graded alike)
 NORMAL_GOALS = ("dribblers", "non-readers", "ws-idle", "ws-chatty", "giant-fields", "huge-body", "huge-chunked")
 GOODPUT_MIN, P99_MAX, RSS_GROWTH_MAX = 0.9, 1.5, 200 * MB
@@ -614,14 +608,6 @@ GIANT_ANSWER_MAX_S, HUGE_SENT_MAX = 0.1, MB
 ACCESS = re.compile(r"cosyserve\.access: \S+ (\S+) (\S+) (\d{3}) ([0-9.]+)ms.*?( aborted)?$")
 HELD = re.compile(r" held=([0-9.]+)ms")  # an error answer held by the server's refusal pacer
 WS_END = re.compile(r"cosyserve\.ws: \S+ WS \S+ .* ([0-9.]+)s close=(\S+)")
-
-
-def ms_label(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1000:.0f} ms"
-
-
-def mb(v: float | None) -> str:
-    return "-" if v is None else f"{v / MB:.0f} MB"
 
 
 def server_log(text: str) -> dict[str, dict[str, Any]]:
@@ -682,7 +668,7 @@ def answers_text(tally: dict | None) -> str:
     times = tally.get("answer_s") or []
     if times:
         which = "the non-200s " if tally["kind"].startswith("storm") else ""  # a storm's 200s: in ``ok``
-        text += f"; {which}after p50 {ms_label(percentile(times, 50))}, max {ms_label(max(times))}"
+        text += f"; {which}after p50 {ms(percentile(times, 50), 0, ' ms')}, max {ms(max(times), 0, ' ms')}"
     sent = tally.get("sent_bytes") or []
     if sent and tally["kind"] in ("dribble", "huge", "huge-chunked"):
         text += f"; sent max {sent_text(max(sent))}"
@@ -717,10 +703,10 @@ def abuse_row(p: dict, ref: dict) -> list[str]:
         st = p["storm"]
         adv = (f"storm of {p['clients']}: {st['goodput_rps']:.2f} 200s/s, {st['rejected_per_s']:.0f} 503s/s, "
                f"with the polite client {st['total_rps']:.2f} 200s/s; " + adv)
-    return [p["name"], f"{s['throughput_rps']:.2f} ({num(ratio(s['throughput_rps'], ref['throughput_rps']))})",
-            ms_label(s["latency_p50_s"]),
-            f"{ms_label(s['latency_p99_s'])} ({num(ratio(s['latency_p99_s'], ref['latency_p99_s']))})",
-            statuses_text(p["polite_statuses"]), f"{mb(p['rss_start'])} -> {mb(p['rss_peak'])}",
+    return [p["name"], f"{s['throughput_rps']:.2f} ({fmt(ratio(s['throughput_rps'], ref['throughput_rps']))})",
+            ms(s["latency_p50_s"], 0, ' ms'),
+            f"{ms(s['latency_p99_s'], 0, ' ms')} ({fmt(ratio(s['latency_p99_s'], ref['latency_p99_s']))})",
+            statuses_text(p["polite_statuses"]), f"{fmt(p['rss_start'], 0, PER_MB, ' MB')} -> {fmt(p['rss_peak'], 0, PER_MB, ' MB')}",
             f"{p['cpu']['server']:.2f} / {p['cpu']['bench']:.2f} / {p['cpu']['adversary']:.2f}", adv,
             server_log_text(p.get("server_log") or {})]
 
@@ -732,15 +718,15 @@ def abuse_goals(phases: list[dict]) -> list[dict]:
         name, s, tally = p["name"], p["polite"], p.get("tally") or {}
         if name in NORMAL_GOALS:
             g, q = ratio(s["throughput_rps"], ref["throughput_rps"]), ratio(s["latency_p99_s"], ref["latency_p99_s"])
-            add_goal(goals, "polite goodput vs alone", num(g), f">= {GOODPUT_MIN}", None if g is None else g >= GOODPUT_MIN, phase=name)
+            add_goal(goals, "polite goodput vs alone", fmt(g), f">= {GOODPUT_MIN}", None if g is None else g >= GOODPUT_MIN, phase=name)
             if not s["ok"]:  # not one answer in the window: as slow as it gets
                 add_goal(goals, "polite p99 vs alone", "no 200 in the window", f"<= {P99_MAX}", False, phase=name)
             else:
-                add_goal(goals, "polite p99 vs alone", num(q), f"<= {P99_MAX}", None if q is None else q <= P99_MAX, phase=name)
+                add_goal(goals, "polite p99 vs alone", fmt(q), f"<= {P99_MAX}", None if q is None else q <= P99_MAX, phase=name)
             fives = sum(n for k, n in p["polite_statuses"].items() if k.startswith("5"))
             add_goal(goals, "polite 5xx answers", str(fives), "0", fives == 0, phase=name)
             growth = p["rss_peak"] - p["rss_start"] if p["rss_peak"] and p["rss_start"] else None
-            add_goal(goals, "server RSS growth (peak - phase start)", mb(growth), f"< {mb(RSS_GROWTH_MAX)}",
+            add_goal(goals, "server RSS growth (peak - phase start)", fmt(growth, 0, PER_MB, ' MB'), f"< {fmt(RSS_GROWTH_MAX, 0, PER_MB, ' MB')}",
                   None if growth is None else growth < RSS_GROWTH_MAX, phase=name)
         if name == "giant-fields" and tally:
             refused = all(k[:1] == "4" for k in tally["answers"])
@@ -749,13 +735,13 @@ def abuse_goals(phases: list[dict]) -> list[dict]:
             add_goal(goals, "every giant field refused (4xx)", statuses_text(tally["answers"]), "4xx only",
                   refused if tally["answers"] else None, phase=name)
             add_goal(goals, "4xx answer time p99, as the server timed it (without the pacer's hold)",
-                  ms_label(None if server is None else server / 1000),
-                  f"< {ms_label(GIANT_ANSWER_MAX_S)}", None if server is None else server < GIANT_ANSWER_MAX_S * 1000, phase=name)
+                  ms(None if server is None else server / 1000, 0, ' ms'),
+                  f"< {ms(GIANT_ANSWER_MAX_S, 0, ' ms')}", None if server is None else server < GIANT_ANSWER_MAX_S * 1000, phase=name)
             held = p.get("server_4xx_held_p99_ms")
             add_goal(goals, "time the refusal pacer held a resent giant field, p99 (server.refusals_per_s)",
-                  ms_label(None if held is None else held / 1000), "info", None, phase=name)
+                  ms(None if held is None else held / 1000, 0, ' ms'), "info", None, phase=name)
             add_goal(goals, "giant field answer time p99, as the niced adversary timed it (1 MB upload in)",
-                  ms_label(p99), "info", None, phase=name)
+                  ms(p99, 0, ' ms'), "info", None, phase=name)
         if name == "huge-body" and tally:
             sent = max(tally.get("sent_bytes") or [0], default=0)
             answered = [k for k in tally["answers"] if k != "open at end"]
@@ -767,7 +753,7 @@ def abuse_goals(phases: list[dict]) -> list[dict]:
                   "info (server.max_upload_mb)", None, phase=name)
         if p.get("storm"):
             t = ratio(p["storm"]["total_rps"], ref["throughput_rps"])
-            add_goal(goals, "all 200s/s (storm + polite) vs polite alone", num(t), f">= {GOODPUT_MIN}",
+            add_goal(goals, "all 200s/s (storm + polite) vs polite alone", fmt(t), f">= {GOODPUT_MIN}",
                   None if t is None else t >= GOODPUT_MIN, phase=name)
     return goals
 
@@ -781,7 +767,7 @@ def abuse_markdown(results: dict) -> str:
         f"server: no pool settings (the defaults); {results['phase_s']:g} s per phase after {results['lead_s']:g} s "
         f"for the adversary to settle in; load generator: {results['load_generator']}."), "",
         (f"Alone (reference: the mean of the {ref['runs']} alone phases, first and last): "
-         f"{num(ref['throughput_rps'])} req/s, p99 {ms_label(ref['latency_p99_s'])}. Goodput: the polite client's 200s per "
+         f"{fmt(ref['throughput_rps'])} req/s, p99 {ms(ref['latency_p99_s'], 0, ' ms')}. Goodput: the polite client's 200s per "
          "second in the window; p99: its latency; in brackets, each over the reference."), "",
         *table(ABUSE_COLUMNS, [abuse_row(p, ref) for p in phases]),
     ]
@@ -796,19 +782,15 @@ def abuse_markdown(results: dict) -> str:
 
 # cost --------------------------------------------------------------------------------------------
 
-def _cost_ratio(a: float | None, b: float | None) -> float | None:
-    return None if not a or not b else a / b
-
-
 def cost_goals(results: dict) -> list[str]:
     out = []
     full = results.get("full", {})
     fp32, bf16 = full.get("fp32", {}).get("cases", {}), full.get("bf16", {}).get("cases", {})
     if "short-whole" in fp32 and "short-whole" in bf16:
-        r = _cost_ratio(fp32["short-whole"]["cpu_s_per_request"], bf16["short-whole"]["cpu_s_per_request"])
+        r = ratio(fp32["short-whole"]["cpu_s_per_request"], bf16["short-whole"]["cpu_s_per_request"])
         out.append(f"bf16 CPU time at c=1: fp32/bf16 = {r:.2f}x (goal >= 1.35x): {'met' if r >= 1.35 else 'MISSED'}")
     if "short-c8" in fp32 and "short-c8" in bf16:
-        r = _cost_ratio(fp32["short-c8"]["cpu_s_per_request"], bf16["short-c8"]["cpu_s_per_request"])
+        r = ratio(fp32["short-c8"]["cpu_s_per_request"], bf16["short-c8"]["cpu_s_per_request"])
         out.append(f"bf16 CPU time per request at c=8 (batched LLM): fp32/bf16 = {r:.2f}x")
     for model, res in results.items():
         cases = res.get("fp32", {}).get("cases", {})
@@ -817,7 +799,7 @@ def cost_goals(results: dict) -> list[str]:
         for label, c in (("recomputing", cases.get("long-stream")), ("flow_cache", cached.get("long-stream"))):
             if whole is None or c is None:
                 continue
-            r = _cost_ratio(c["flow_frames_per_request"], whole["flow_frames_per_request"])
+            r = ratio(c["flow_frames_per_request"], whole["flow_frames_per_request"])
             out.append(f"{model}, {label}: streamed flow frames / unstreamed = {r:.2f}x (goal <= 1.3x): "
                        f"{'met' if r <= 1.3 else 'MISSED'}; flow {c['stages_s_per_request'].get('flow', 0):.2f} s vs "
                        f"{whole['stages_s_per_request'].get('flow', 0):.2f} s unstreamed; CPU "
@@ -848,8 +830,8 @@ def stream_goals(results: dict) -> list[str]:
                 whole, streamed = cases.get(f"long-whole{c}"), cases.get(f"long-stream{c}")
                 if whole is None or streamed is None:
                     continue
-                cpu = _cost_ratio(streamed["cpu_rtf"], whole["cpu_rtf"])
-                flow = _cost_ratio(streamed["stages_s_per_request"].get("flow", 0),
+                cpu = ratio(streamed["cpu_rtf"], whole["cpu_rtf"])
+                flow = ratio(streamed["stages_s_per_request"].get("flow", 0),
                                    whole["stages_s_per_request"].get("flow", 0))
                 met = variant != "defaults" or model != "full"
                 out.append(f"{model} {variant} c={4 if c else 1}: streamed CPU-s per audio-s / whole = {cpu:.2f}x "
@@ -886,20 +868,20 @@ def lever_goals(results: dict) -> list[str]:
                 continue
             parts = []
             if "short-whole" in c and "short-whole" in base:
-                parts.append(f"CPU s/req at c=1 {_cost_ratio(base['short-whole']['cpu_s_per_request'], c['short-whole']['cpu_s_per_request']):.2f}x lower")
+                parts.append(f"CPU s/req at c=1 {ratio(base['short-whole']['cpu_s_per_request'], c['short-whole']['cpu_s_per_request']):.2f}x lower")
             if "short-stream" in c and "short-stream" in base:
                 parts.append(f"first audio (c=1 stream) {c['short-stream']['ttfa_s']:.2f} s vs {base['short-stream']['ttfa_s']:.2f} s")
             if "short-c8" in c and "short-c8" in base:
-                parts.append(f"audio s per wall s at c=8 {_cost_ratio(c['short-c8']['audio_s_per_wall_s'], base['short-c8']['audio_s_per_wall_s']):.2f}x")
+                parts.append(f"audio s per wall s at c=8 {ratio(c['short-c8']['audio_s_per_wall_s'], base['short-c8']['audio_s_per_wall_s']):.2f}x")
             out.append(f"{model}, {variant} vs fp32: " + "; ".join(parts))
         full = model == "full"
 
         def cpu1(v: str) -> float | None:
-            return _cost_ratio(base.get("short-whole", {}).get("cpu_s_per_request"),
+            return ratio(base.get("short-whole", {}).get("cpu_s_per_request"),
                          res.get(v, {}).get("cases", {}).get("short-whole", {}).get("cpu_s_per_request"))
 
         def wall8(v: str) -> float | None:
-            return _cost_ratio(res.get(v, {}).get("cases", {}).get("short-c8", {}).get("audio_s_per_wall_s"),
+            return ratio(res.get(v, {}).get("cases", {}).get("short-c8", {}).get("audio_s_per_wall_s"),
                          base.get("short-c8", {}).get("audio_s_per_wall_s"))
 
         if full:
@@ -955,10 +937,10 @@ def cost_markdown(doc: dict, plan: str = "cost") -> str:
                              f"{c['audio_s_per_wall_s']:.3f}" if levers else f"{c['cpu_rtf']:.2f}",
                              f"{c['ttfa_s']:.2f}", f"{c['audio_s_per_request']:.2f}",
                              f"{c['flow_frames_per_request']:.0f}",
-                             *([] if levers else [num(c.get("first_hop_flow_frames"), 0)]),
+                             *([] if levers else [fmt(c.get("first_hop_flow_frames"), 0)]),
                              *(f"{st.get(k, 0.0):.2f}" for k in stages),
                              *([f"{res.get('load_s', 0):.1f}"] if levers else []),
-                             *([num(c.get("peak_rss_mb"), 0)] if streams else [])])
+                             *([fmt(c.get("peak_rss_mb"), 0)] if streams else [])])
     note = ("Stage columns: seconds per request (`llm` is wall time from start to last token, waiting for the batch "
             "included). `load s`: engine load, a fresh ONNX export included for `ort` variants." if levers else
             "Stage columns: seconds per request (`llm` is wall time from start to last token; it overlaps "
@@ -971,32 +953,92 @@ def cost_markdown(doc: dict, plan: str = "cost") -> str:
 
 # gpu ---------------------------------------------------------------------------------------------
 
-def _gib(v: Any) -> str:
-    return "-" if v is None else f"{v / 2**30:.2f}"
-
-
-def _phase(doc: dict, name: str) -> dict | None:
-    """The phase's result, or None with the reason written by the caller."""
-    value = doc.get(name)
-    return value if isinstance(value, dict) and "skipped" not in value and "failed" not in value else None
-
-
-def _why(doc: dict, name: str) -> str:
-    value = doc.get(name) or {}
-    return value.get("skipped") or value.get("failed") or "not run"
-
-
-def _t2w_line(setting: str, r: dict) -> str:
+def t2w_row(setting: str, r: dict) -> list[Any]:
     """One row of the token2wav off/on table."""
-    rounds = f"{num(r['flow_batch_mean'])} / {r['flow_batch_max'] or '-'}"
-    llm = f"{num(r['llm_step_ms_mean'], 1)} ({num(r['llm_batch_mean'], 1)})"
-    return (f"| {setting} | {r['concurrency']} | {r['requests']} | {ms(r['ttfa_p50_s'])} | {ms(r['ttfa_p95_s'])} | "
-            f"{num(r['audio_s_per_s'])} | {num(r['req_per_s'])} | {r['flow_rounds']} | {rounds} | "
-            f"{num(r['flow_round_ms_mean'], 0)} | {llm} |" + (f" errors: {len(r['errors'])}" if r["errors"] else ""))
+    errors = f"; errors: {len(r['errors'])}" if r["errors"] else ""
+    return [setting, r["concurrency"], r["requests"], ms(r["ttfa_p50_s"]), ms(r["ttfa_p95_s"]),
+            fmt(r["audio_s_per_s"]), fmt(r["req_per_s"]), r["flow_rounds"],
+            f"{fmt(r['flow_batch_mean'])} / {r['flow_batch_max'] or '-'}", fmt(r["flow_round_ms_mean"], 0),
+            f"{fmt(r['llm_step_ms_mean'], 1)} ({fmt(r['llm_batch_mean'], 1)}){errors}"]
+
+
+def _gpu_sections(doc: dict) -> dict[str, Callable[[dict], list[str]]]:
+    """Each phase's lines from its result (a phase skipped or failed: the why, written by the caller)."""
+    def parity(p: dict) -> list[str]:
+        return [f"- Batched tokens equal CosyVoice's own `llm.inference` (greedy, fp32): **{p['tokens_equal']} of "
+                f"{p['requests']}** requests (tokens {p['tokens']}, batch {p['batch']}); largest log-prob "
+                f"difference where a token has any chance: {p['max_logp_diff']:.2e}."]
+
+    def seeded(s: dict) -> list[str]:
+        alone = f"- Seeded, alone vs inside a batch of 3: {'equal' if s['alone_equals_batched'] else 'DIFFERENT'} "
+        if s.get("cpu_equals_device") is None:
+            return [f"{alone}({s['tokens']} tokens).", "- Seeded, CPU vs GPU: not applicable (one device)."]
+        first = s["first_difference"] if s["first_difference"] is not None else "-"
+        return [f"{alone}({s['tokens']} tokens).",
+                f"- Seeded, CPU vs this device: {'equal' if s['cpu_equals_device'] else 'DIFFERENT'} "
+                f"({s['cpu_tokens']} tokens on the CPU; first difference at {first})."]
+
+    def drift(d: dict) -> list[str]:
+        return ["", *table(["LLM dtype", "KV cache", "steps", "max abs log-prob diff (live)", "max rel L2",
+                            "top-1 agreement"],
+                           [[name, r["kv_dtype"], r["steps"], f"{r['max_abs_live']:.3g}", f"{r['max_rel_l2']:.3g}",
+                             f"{r['top1_agree']:.0%}"] for name, r in d.items()])]
+
+    def stages(st: dict) -> list[str]:
+        return table(["frontend ms", "LLM ms", "flow ms", "HiFT ms", "speech tokens", "audio s"],
+                     [[*(ms(st[k]) for k in ("frontend", "llm", "flow", "hift")), f"{st['tokens']:.0f}",
+                       fmt(st["audio_s"])]])
+
+    def syncs(sy: dict) -> list[str]:
+        px, cf = sy["proxy"], sy.get("cuda_flagged")
+        return [f"- CPU proxy (`tests/support/syncs.py`): max {px.get('max')}, mean {px.get('mean')} over "
+                f"{px.get('steps')} steps ({px.get('kinds')}).",
+                f"- `torch.cuda.set_sync_debug_mode`: max {cf.get('max')}, mean {cf.get('mean')} flagged per step "
+                f"over {cf.get('steps')} steps ({cf.get('messages') or 'none'}); plus {sy['by_design']}." if cf
+                else "- `torch.cuda.set_sync_debug_mode`: not run (no CUDA device)."]
+
+    def prefill(pf: dict) -> list[str]:
+        rows = [[mode.replace("_", " "), r["prefill_forwards"], fmt(r["gap_ms"], 1), fmt(r["usual_gap_ms"], 1),
+                 fmt(r["prefill_ms"], 1), r["all_joined_at_once"]] for mode in ("one_by_one", "batched")
+                if (r := pf[mode])]
+        return [*table(["prefill", "forwards", "running batch's token gap ms", "usual gap ms", "prefill ms",
+                        "all 16 joined at one step"], rows),
+                f"\nInputs of {pf['prompt_tokens'][0]}-{pf['prompt_tokens'][1]} tokens ({pf['input_tokens']} in "
+                f"all), median of {pf['rounds']} round(s); gap one by one / batched: {fmt(pf['speedup'])}x; the "
+                f"joiners' first tokens {'equal' if pf['first_tokens_equal'] else 'DIFFER'} between the modes."]
+
+    def token2wav(tw: dict) -> list[str]:
+        return [*table(["token2wav_batch", "c", "reqs", "TTFA p50 ms", "TTFA p95 ms", "audio-s/s", "req/s",
+                        "flow rounds", "round batch mean / max", "round ms", "LLM step ms (batch)"],
+                       [t2w_row(setting, r) for setting, rows in tw["runs"].items() for r in rows]),
+                "\nStreamed requests, one engine per setting, closed loop; flow rounds only with the setting on."]
+
+    return {"parity": parity, "seeded": seeded, "drift": drift, "stages": stages, "syncs": syncs,
+            "prefill": prefill, "token2wav": token2wav}
+
+
+GPU_HEADINGS = {  # a phase's heading (None: under the one before) and its line when it did not run
+    "parity": ("Parity", "- Batched vs CosyVoice's own: {why}."), "seeded": (None, "- Seeded: {why}."),
+    "drift": (None, "- Half-precision drift: {why}."),
+    "stages": ("One request, per stage (non-streamed, device synchronised at each boundary; median)", "{why}."),
+    "syncs": ("Host syncs per decode step (4 sequences)", "{why}."),
+    "prefill": ("Prefill: 16 requests join a running batch of 4 at once", "{why}."),
+    "token2wav": ("Batched token2wav: engine.token2wav_batch off vs on", "{why}."),
+}
+
+
+def _gpu_phase(doc: dict, name: str) -> list[str]:
+    """A phase's heading and lines, or why it did not run (skipped, failed, not run)."""
+    heading, missing = GPU_HEADINGS[name]
+    value = doc.get(name)
+    ran = isinstance(value, dict) and "skipped" not in value and "failed" not in value
+    why = (value or {}).get("skipped") or (value or {}).get("failed") or "not run"
+    lines = _gpu_sections(doc)[name](value) if ran else [missing.format(why=why)]
+    return ([] if heading is None else ["", f"## {heading}", ""]) + lines
 
 
 def gpu_markdown(doc: dict) -> str:
-    env = doc["environment"]
+    env, model = doc["environment"], doc["model"]
     gpu = env.get("name") != "cpu"
     lines = [f"# GPU check: {env.get('name')} ({doc['mode']})", ""]
     if not gpu:
@@ -1004,113 +1046,35 @@ def gpu_markdown(doc: dict) -> str:
     v = env.get("versions", {})
     device = (f"{env.get('device')}: {env.get('name')}, compute capability {env.get('capability')}, "
               f"{env.get('memory_gib')} GiB" if gpu else "cpu")
-    lines += ["| | |", "|---|---|", f"| device | {device} |"]
-    if gpu:
-        lines.append(f"| CUDA / driver | {env.get('cuda')} / {env.get('driver')} |")
-    lines += [f"| torch / transformers / numpy | {v.get('torch')} / {v.get('transformers')} / {v.get('numpy')} |",
-              f"| Python | {env.get('python')} on {env.get('platform')} ({env.get('cpu_count')} CPUs, "
-              f"{env.get('torch_threads')} torch threads) |",
-              f"| PYTORCH_CUDA_ALLOC_CONF | {env.get('alloc_conf') or '(unset)'} |",
-              f"| model | {doc['model']['dir']} ({'full-size' if doc['model']['full_size'] else 'tiny'} random-weight "
-              f"CosyVoice2; built in {doc['model']['build_s']:.0f} s, loaded in {doc['model']['load_s']:.1f} s) |",
-              f"| precision | {', '.join(f'{k} {x}' for k, x in doc['model']['precision'].items())} |",
-              f"| run | {doc['started']}, {doc['elapsed_s']} s of a {doc['budget_s']:.0f} s budget |", ""]
-    lines += ["## Parity", ""]
-    p = _phase(doc, "parity")
-    if p:
-        lines.append(f"- Batched tokens equal CosyVoice's own `llm.inference` (greedy, fp32): **{p['tokens_equal']} of "
-                     f"{p['requests']}** requests (tokens {p['tokens']}, batch {p['batch']}); largest log-prob "
-                     f"difference where a token has any chance: {p['max_logp_diff']:.2e}.")
-    else:
-        lines.append(f"- Batched vs CosyVoice's own: {_why(doc, 'parity')}.")
-    s = _phase(doc, "seeded")
-    if s:
-        lines.append(f"- Seeded, alone vs inside a batch of 3: {'equal' if s['alone_equals_batched'] else 'DIFFERENT'} "
-                     f"({s['tokens']} tokens).")
-        if s.get("cpu_equals_device") is None:
-            lines.append("- Seeded, CPU vs GPU: not applicable (one device).")
-        else:
-            lines.append(f"- Seeded, CPU vs this device: {'equal' if s['cpu_equals_device'] else 'DIFFERENT'} "
-                         f"({s['cpu_tokens']} tokens on the CPU; first difference at "
-                         f"{s['first_difference'] if s['first_difference'] is not None else '-'}).")
-    else:
-        lines.append(f"- Seeded: {_why(doc, 'seeded')}.")
-    d = _phase(doc, "drift")
-    if d:
-        lines += ["", "| LLM dtype | KV cache | steps | max abs log-prob diff (live) | max rel L2 | top-1 agreement |",
-                  "|---|---|---:|---:|---:|---:|"]
-        for name, r in d.items():
-            lines.append(f"| {name} | {r['kv_dtype']} | {r['steps']} | {r['max_abs_live']:.3g} | "
-                         f"{r['max_rel_l2']:.3g} | {r['top1_agree']:.0%} |")
-    else:
-        lines.append(f"- Half-precision drift: {_why(doc, 'drift')}.")
-    lines += ["", "## One request, per stage (non-streamed, device synchronised at each boundary; median)", ""]
-    st = _phase(doc, "stages")
-    if st:
-        lines += ["| frontend ms | LLM ms | flow ms | HiFT ms | speech tokens | audio s |",
-                  "|---:|---:|---:|---:|---:|---:|",
-                  f"| {ms(st['frontend'])} | {ms(st['llm'])} | {ms(st['flow'])} | {ms(st['hift'])} | "
-                  f"{st['tokens']:.0f} | {num(st['audio_s'])} |"]
-    else:
-        lines.append(f"{_why(doc, 'stages')}.")
+    size = "full-size" if model["full_size"] else "tiny"
+    facts = [["device", device], *([["CUDA / driver", f"{env.get('cuda')} / {env.get('driver')}"]] if gpu else []),
+             ["torch / transformers / numpy", f"{v.get('torch')} / {v.get('transformers')} / {v.get('numpy')}"],
+             ["Python", f"{env.get('python')} on {env.get('platform')} ({env.get('cpu_count')} CPUs, "
+                        f"{env.get('torch_threads')} torch threads)"],
+             ["PYTORCH_CUDA_ALLOC_CONF", env.get("alloc_conf") or "(unset)"],
+             ["model", f"{model['dir']} ({size} random-weight CosyVoice2; built in {model['build_s']:.0f} s, "
+                       f"loaded in {model['load_s']:.1f} s)"],
+             ["precision", ", ".join(f"{k} {x}" for k, x in model["precision"].items())],
+             ["run", f"{doc['started']}, {doc['elapsed_s']} s of a {doc['budget_s']:.0f} s budget"]]
+    lines += table(["", ""], facts)
+    for name in ("parity", "seeded", "drift", "stages"):
+        lines += _gpu_phase(doc, name)
+    points = [[pt["concurrency"], f"skipped: {pt['skipped']}", *[""] * 6] if "skipped" in pt else
+              [pt["concurrency"], pt["requests"], ms(pt["ttfa_p50_s"]), ms(pt["ttfa_p95_s"]),
+               fmt(pt["audio_s_per_wall_s"]), fmt(pt["llm_step_ms_p50"], 1), fmt(pt["llm_mean_batch"], 1),
+               pt["error_count"]] for pt in doc.get("streaming", [])]
     lines += ["", "## Streaming (closed loop, sft, one sentence)", "",
-              "| concurrency | requests | TTFA p50 ms | TTFA p95 ms | audio s / wall s | LLM step ms p50 | mean batch | errors |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for pt in doc.get("streaming", []):
-        if "skipped" in pt:
-            lines.append(f"| {pt['concurrency']} | skipped: {pt['skipped']} | | | | | | |")
-            continue
-        lines.append(f"| {pt['concurrency']} | {pt['requests']} | {ms(pt['ttfa_p50_s'])} | {ms(pt['ttfa_p95_s'])} | "
-                     f"{num(pt['audio_s_per_wall_s'])} | {num(pt['llm_step_ms_p50'], 1)} | {num(pt['llm_mean_batch'], 1)} | "
-                     f"{pt['error_count']} |")
-    lines += ["", "## Host syncs per decode step (4 sequences)", ""]
-    sy = _phase(doc, "syncs")
-    if sy:
-        px = sy["proxy"]
-        lines.append(f"- CPU proxy (`tests/support/syncs.py`): max {px.get('max')}, mean {px.get('mean')} over "
-                     f"{px.get('steps')} steps ({px.get('kinds')}).")
-        if "cuda_flagged" in sy:
-            cf = sy["cuda_flagged"]
-            lines.append(f"- `torch.cuda.set_sync_debug_mode`: max {cf.get('max')}, mean {cf.get('mean')} flagged per "
-                         f"step over {cf.get('steps')} steps ({cf.get('messages') or 'none'}); plus {sy['by_design']}.")
-        else:
-            lines.append("- `torch.cuda.set_sync_debug_mode`: not run (no CUDA device).")
-    else:
-        lines.append(f"{_why(doc, 'syncs')}.")
-    lines += ["", "## Prefill: 16 requests join a running batch of 4 at once", ""]
-    pf = _phase(doc, "prefill")
-    if pf:
-        lines += ["| prefill | forwards | running batch's token gap ms | usual gap ms | prefill ms | "
-                  "all 16 joined at one step |", "|---|---:|---:|---:|---:|---|"]
-        for mode in ("one_by_one", "batched"):
-            r = pf[mode]
-            lines.append(f"| {mode.replace('_', ' ')} | {r['prefill_forwards']} | {num(r['gap_ms'], 1)} | "
-                         f"{num(r['usual_gap_ms'], 1)} | {num(r['prefill_ms'], 1)} | {r['all_joined_at_once']} |")
-        lines.append(f"\nInputs of {pf['prompt_tokens'][0]}-{pf['prompt_tokens'][1]} tokens ({pf['input_tokens']} in "
-                     f"all), median of {pf['rounds']} round(s); gap one by one / batched: {num(pf['speedup'], 2)}x; the "
-                     f"joiners' first tokens {'equal' if pf['first_tokens_equal'] else 'DIFFER'} between the modes.")
-    else:
-        lines.append(f"{_why(doc, 'prefill')}.")
-    lines += ["", "## Batched token2wav: engine.token2wav_batch off vs on", ""]
-    tw = _phase(doc, "token2wav")
-    if tw:
-        lines += ["| token2wav_batch | c | reqs | TTFA p50 ms | TTFA p95 ms | audio-s/s | req/s | flow rounds | "
-                  "round batch mean / max | round ms | LLM step ms (batch) |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
-        for setting, rows in tw["runs"].items():
-            lines += [_t2w_line(setting, r) for r in rows]
-        lines.append("\nStreamed requests, one engine per setting, closed loop; flow rounds only with the setting on.")
-    else:
-        lines.append(f"{_why(doc, 'token2wav')}.")
+              *table(["concurrency", "requests", "TTFA p50 ms", "TTFA p95 ms", "audio s / wall s", "LLM step ms p50",
+                      "mean batch", "errors"], points)]
+    for name in ("syncs", "prefill", "token2wav"):
+        lines += _gpu_phase(doc, name)
     mem = doc.get("gpu_memory")
-    lines += ["", "## GPU memory", ""]
-    if mem:
-        lines.append(f"Peak while streaming: {_gib(mem['peak_allocated_bytes'])} GiB allocated, "
-                     f"{_gib(mem['peak_reserved_bytes'])} GiB reserved by the allocator "
-                     f"({_gib(mem['allocated_after_bytes'])} GiB allocated after).")
-    else:
-        lines.append("Not applicable (no CUDA device).")
-    lines += ["", "Written by `python -m bench gpu` (docs/gpu.md); the JSON it writes beside this report "
+    lines += ["", "## GPU memory", "",
+              f"Peak while streaming: {fmt(mem['peak_allocated_bytes'], 2, PER_GB)} GiB allocated, "
+              f"{fmt(mem['peak_reserved_bytes'], 2, PER_GB)} GiB reserved by the allocator "
+              f"({fmt(mem['allocated_after_bytes'], 2, PER_GB)} GiB allocated after)." if mem
+              else "Not applicable (no CUDA device).",
+              "", "Written by `python -m bench gpu` (docs/gpu.md); the JSON it writes beside this report "
               "(default .cache/bench/gpu_check/, not committed) holds every value. Random weights: speed and "
               "memory are the real model's, audio is noise.", ""]
     return "\n".join(lines)

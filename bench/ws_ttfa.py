@@ -19,7 +19,7 @@ from pathlib import Path
 from bench.lib import clients_ttfa as clients
 from bench.lib.load import percentile
 from bench.lib.procs import ROOT, cosyserve, free_port
-from bench.report import add_goal, goals_table, num, print_goals, ratio, save, table
+from bench.report import add_goal, fmt, goals_table, print_goals, ratio, save, table
 
 COMMAND = ".venv/bin/python -m bench serve --scenario ws"
 TEXTS = {
@@ -90,7 +90,7 @@ def clients_goals(summ: dict, levels: list[int]) -> list[dict]:
             v = ratio(p50(a, c), p50(b, c))  # Wyoming: within 1.2x of the WebSocket; a plugin: below its OpenAI path
             ok = None if v is None else v <= limit if limit > 1 else v < limit
             add_goal(goals, f"c={c}: {a} p50 / {b} p50", v, f"<= {limit:g}" if limit > 1 else f"< {limit:g}", ok,
-                     detail=f"{num(p50(a, c), 3)} s vs {num(p50(b, c), 3)} s")
+                     detail=f"{fmt(p50(a, c), 3)} s vs {fmt(p50(b, c), 3)} s")
     return goals
 
 
@@ -109,8 +109,8 @@ def clients_report(args: argparse.Namespace, summ: dict, goals: list[dict], skip
         "",
         *table(["client", "sessions at once", "sessions", "errors", "first audio p50 (s)", "first audio p99 (s)",
                 "audio s / wall s", "first audio before synthesize-stop"],
-               [[name, c, p["sessions"], p["errors"], num(p["ttfa_p50_s"], 3), num(p["ttfa_p99_s"], 3),
-                 num(p["audio_per_wall"]), f"{p['early']}/{p['sessions']}" if name == "wyoming-stream" else "-"]
+               [[name, c, p["sessions"], p["errors"], fmt(p["ttfa_p50_s"], 3), fmt(p["ttfa_p99_s"], 3),
+                 fmt(p["audio_per_wall"]), f"{p['early']}/{p['sessions']}" if name == "wyoming-stream" else "-"]
                 for c in args.concurrency for name, by_c in summ.items() if (p := by_c[c])]),
         "",
         ("First audio: from the first token the LLM wrote (whole-text clients wait for the last one, then send). "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from app.engines.fake import FakeBehaviour, FakeEngine
 from bench.gpu_check import Recorder, _pct, token2wav_point
-from bench.report import _t2w_line
+from bench.report import t2w_row
 
 
 def test_a_point_runs_every_request_and_reports_its_rounds():
@@ -15,7 +15,7 @@ def test_a_point_runs_every_request_and_reports_its_rounds():
     assert row["requests"] == 6 and not row["errors"] and row["audio_s"] > 0
     assert row["ttfa_p50_s"] is not None and row["audio_s_per_s"] > 0
     assert row["flow_rounds"] == 0 and row["flow_batch_mean"] is None
-    assert _t2w_line("on", row).startswith("| on | 3 | 6 |")
+    assert t2w_row("on", row)[:3] == ["on", 3, 6]
 
 
 def test_percentiles_and_the_recorder():
