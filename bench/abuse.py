@@ -25,7 +25,7 @@ import psutil
 from bench.lib import load, prom
 from bench.lib.admission_server import pool_server, work
 from bench.lib.load import LoadClient, Result
-from bench.lib.procs import ROOT, ServerProc, logger, start_run
+from bench.lib.procs import ROOT, ServerProc, SuiteParser, logger, start_run
 from bench.lib.sched import realtime_client
 from bench.report import (
     abuse_goals,
@@ -53,28 +53,24 @@ log = logger("abuse")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = SuiteParser(__doc__, "abuse")
     ap.add_argument("--phase-s", type=float, default=30.0, help="measured seconds of each phase")
     ap.add_argument("--lead-s", type=float, default=3.0,
                     help="seconds the adversary runs before the polite client's measured window opens")
     ap.add_argument("--only", help=f"comma list of adversary phases (default all: {', '.join(PHASES)}); the alone "
                     "phase runs first and last regardless")
-    ap.add_argument("--out", help="output dir (default .cache/bench/abuse)")
-    ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/lib/model.py")
     ap.add_argument("--adversary-nice", type=int, default=10,
                     help="niceness of the adversary process: on one host it steals the server's CPU, which real "
                          "adversaries on their own machines do not (its CPU is reported; 0: same as the server)")
     ap.add_argument("--client-rt-priority", type=int, default=1,
                     help="the polite client in SCHED_FIFO at this priority where permitted (bench/lib/sched.py; 0: off)")
     ap.add_argument("--rss-guard-mb", type=int, default=6000, help="kill the server past this tree RSS (0: no guard)")
-    ap.add_argument("--timeout-s", type=float, default=120.0, help="the polite client's timeout per request")
-    args = ap.parse_args(argv)
+    args = ap.parse(argv)
     only = [p.strip() for p in (args.only or ",".join(PHASES)).split(",") if p.strip()]
     unknown = [p for p in only if p not in PHASES]
     if unknown:
         ap.error(f"unknown phase(s) {', '.join(unknown)}; known: {', '.join(PHASES)}")
     args.phases = ["alone", *only, "alone-again"]
-    args.out = Path(args.out or ROOT / ".cache" / "bench" / "abuse")
     return args
 
 

@@ -25,7 +25,7 @@ from bench.lib.admission_server import (
     work,
 )
 from bench.lib.load import Result
-from bench.lib.procs import ServerProc, logger, results_dir, start_run
+from bench.lib.procs import ServerProc, SuiteParser, logger, start_run
 from bench.lib.sched import realtime_client
 from bench.report import (
     admission_goals,
@@ -45,10 +45,7 @@ log = logger("admission")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smoke run: a few seconds per point (numbers meaningless)")
-    ap.add_argument("--out", help="output dir (default .cache/bench/admission; --quick: .cache/bench/admission/quick)")
-    ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/lib/model.py")
+    ap = SuiteParser(__doc__, "admission", quick="smoke run: a few seconds per point (numbers meaningless)")
     ap.add_argument("--systems", default="defaults,before,tuned", help="comma list of defaults, before, tuned")
     ap.add_argument("--concurrency", default="1,2,4,8,16")
     ap.add_argument("--factors", default="1.5,3", help="open-loop rates, in best closed-loop throughputs")
@@ -72,22 +69,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--client-rt-priority", type=int, default=1,
                     help="run the load generator in SCHED_FIFO at this priority where permitted, its servers in the "
                          "normal class (bench/lib/sched.py), so it is not preempted by their compute threads (0: off)")
-    ap.add_argument("--timeout-s", type=float, default=120.0, help="client timeout per request")
     ap.add_argument("--reject-backoff-s", type=float, default=None,
                     help="closed-loop client pause after a 503 (default: the Retry-After it names, as a client that "
                          "honours it, the openai SDK's or urllib3's, does)")
-    args = ap.parse_args(argv)
-    quick = {"point_s": 3.0, "warmup_s": 1.0, "overload_s": 4.0, "step_s": 4.0}
-    full = {"point_s": 25.0, "warmup_s": 5.0, "overload_s": 30.0, "step_s": 20.0}
-    for key, default in (quick if args.quick else full).items():
-        if getattr(args, key) is None:
-            setattr(args, key, default)
+    args = ap.parse(argv, quick={"point_s": 3.0, "warmup_s": 1.0, "overload_s": 4.0, "step_s": 4.0},
+                    full={"point_s": 25.0, "warmup_s": 5.0, "overload_s": 30.0, "step_s": 20.0})
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
     args.factors = [float(f) for f in args.factors.split(",") if f.strip()]
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if args.rounds < 1:
         ap.error("--rounds must be at least 1")
-    args.out = Path(args.out) if args.out else results_dir("admission", args.quick)
     return args
 
 

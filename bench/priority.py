@@ -18,7 +18,7 @@ from typing import Any
 from bench.lib import load
 from bench.lib.admission_server import Poller, pool_server
 from bench.lib.load import LoadClient, RequestSpec, Result
-from bench.lib.procs import logger, results_dir, start_run
+from bench.lib.procs import SuiteParser, logger, start_run
 from bench.report import (
     backlog_summary,
     best_closed,
@@ -39,28 +39,19 @@ log = logger("priority")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smoke run: short phases, a small backlog (numbers meaningless)")
-    ap.add_argument("--out", help="output dir (default .cache/bench/priority)")
-    ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/model.py")
+    ap = SuiteParser(__doc__, "priority", quick="smoke run: short phases, a small backlog (numbers meaningless)")
     ap.add_argument("--concurrency", help="closed-loop sweep for the knee (default 1,2,4,8; --quick 1,2)")
     ap.add_argument("--phase-s", type=float, help="measured seconds of the interactive loop (default 60; --quick 6)")
     ap.add_argument("--point-s", type=float, help="measured seconds per sweep point (default 20; --quick 3)")
     ap.add_argument("--warmup-s", type=float, help="unmeasured seconds before each loop (default 5; --quick 1)")
     ap.add_argument("--backlog", type=int, help="bulk requests submitted at once (default 200; --quick 12)")
     ap.add_argument("--server-nice", type=int, default=5, help="run the server at this niceness (0: as the client)")
-    ap.add_argument("--timeout-s", type=float, default=120.0, help="interactive client timeout per request")
     ap.add_argument("--clients", type=int, help="interactive clients in A, B, A2 (default: the knee, the settled limit)")
-    args = ap.parse_args(argv)
-    quick = {"concurrency": "1,2", "phase_s": 6.0, "point_s": 3.0, "warmup_s": 1.0, "backlog": 12}
-    full = {"concurrency": "1,2,4,8", "phase_s": 60.0, "point_s": 20.0, "warmup_s": 5.0, "backlog": 200}
-    for key, default in (quick if args.quick else full).items():
-        if getattr(args, key) is None:
-            setattr(args, key, default)
+    args = ap.parse(argv, quick={"concurrency": "1,2", "phase_s": 6.0, "point_s": 3.0, "warmup_s": 1.0, "backlog": 12},
+                    full={"concurrency": "1,2,4,8", "phase_s": 60.0, "point_s": 20.0, "warmup_s": 5.0, "backlog": 200})
     args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     if not args.concurrency or args.backlog < 1:
         ap.error("--concurrency needs a value and --backlog at least 1")
-    args.out = Path(args.out) if args.out else results_dir("priority", args.quick)
     return args
 
 

@@ -25,9 +25,9 @@ from bench.lib.procs import (
     ROOT,
     THREAD_ENV,
     ServerProc,
+    SuiteParser,
     cosyserve,
     logger,
-    results_dir,
     shown,
     start_run,
 )
@@ -38,10 +38,7 @@ SHORT_TEXT = "Hello there."
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smoke run: a few seconds per point (numbers meaningless)")
-    ap.add_argument("--out", help="output dir (default .cache/bench/run, --quick: .cache/bench/run/quick)")
-    ap.add_argument("--model-dir", help="default: the tiny CosyVoice2 model, built once into the cache")
+    ap = SuiteParser(__doc__, "run", quick="smoke run: a few seconds per point (numbers meaningless)")
     ap.add_argument("--systems", default="ceilings,cosyserve", help="comma list of: ceilings, cosyserve")
     ap.add_argument("--concurrency", default="1,2,4,8,16")
     ap.add_argument("--point-s", type=float, help="measured seconds per closed-loop point")
@@ -51,7 +48,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--streams", type=int, help="sequential streams for the TTFA series")
     ap.add_argument("--rss-requests", type=int, help="requests in the memory run")
     ap.add_argument("--rss-warmup", type=int, help="requests before the memory run's baseline")
-    ap.add_argument("--timeout-s", type=float, default=120.0, help="client timeout")
     ap.add_argument("--reject-backoff-s", type=float, default=0.1,
                     help="closed-loop client pause after a 503")
     ap.add_argument("--workers", type=int, default=2,
@@ -61,16 +57,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-queue", type=int, default=None, help="cosyserve pool.max_queue (default: the server's)")
     ap.add_argument("--max-rss-gb", type=float, default=10.0,
                     help="kill a server whose process tree grows past this (protects the machine); 0: no limit")
-    args = ap.parse_args(argv)
-    quick = {"point_s": 3.0, "warmup_s": 1.0, "overload_s": 4.0, "streams": 10, "rss_requests": 40, "rss_warmup": 10}
-    full = {"point_s": 15.0, "warmup_s": 3.0, "overload_s": 20.0, "streams": 100, "rss_requests": 2000,
-            "rss_warmup": 100}
-    for key, default in (quick if args.quick else full).items():
-        if getattr(args, key) is None:
-            setattr(args, key, default)
+    args = ap.parse(argv, quick={"point_s": 3.0, "warmup_s": 1.0, "overload_s": 4.0, "streams": 10,
+                                 "rss_requests": 40, "rss_warmup": 10},
+                    full={"point_s": 15.0, "warmup_s": 3.0, "overload_s": 20.0, "streams": 100,
+                          "rss_requests": 2000, "rss_warmup": 100})
     args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
     args.systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    args.out = Path(args.out) if args.out else results_dir("run", args.quick)
     return args
 
 

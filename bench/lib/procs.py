@@ -8,6 +8,7 @@ benchmark.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import signal
@@ -39,6 +40,29 @@ def results_dir(suite: str, quick: bool = False) -> Path:
     (bench/README.md, "Curated results").
     """
     return ROOT / ".cache" / "bench" / suite / ("quick" if quick else "")
+
+
+class SuiteParser(argparse.ArgumentParser):
+    """A server suite's parser, with the options every one takes (``quick``: the help of its ``--quick``)."""
+
+    def __init__(self, doc: str | None, suite: str, quick: str | None = None) -> None:
+        super().__init__(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+        self.suite = suite
+        if quick:
+            self.add_argument("--quick", action="store_true", help=quick)
+        self.add_argument("--out", help=f"output dir (default .cache/bench/{suite}{'; --quick: its quick/' * bool(quick)})")
+        self.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/lib/model.py")
+        self.add_argument("--timeout-s", type=float, default=120.0, help="client timeout per request")
+
+    def parse(self, argv: list[str] | None, quick: dict | None = None, full: dict | None = None) -> argparse.Namespace:
+        """The options: those left None take ``quick``'s or ``full``'s value, ``--out`` the suite's folder."""
+        args = self.parse_args(argv)
+        is_quick = getattr(args, "quick", False)
+        for key, default in ((quick if is_quick else full) or {}).items():
+            if getattr(args, key) is None:
+                setattr(args, key, default)
+        args.out = Path(args.out) if args.out else results_dir(self.suite, is_quick)
+        return args
 
 
 def new_run_dir(name: str) -> Path:
