@@ -50,7 +50,8 @@ class SuiteParser(argparse.ArgumentParser):
         self.suite = suite
         if quick:
             self.add_argument("--quick", action="store_true", help=quick)
-        self.add_argument("--out", help=f"output dir (default .cache/bench/{suite}{'; --quick: its quick/' * bool(quick)})")
+        where = f".cache/bench/{suite}" + (f"; --quick: .cache/bench/{suite}/quick" if quick else "")
+        self.add_argument("--out", help=f"output dir (default {where})")
         self.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/lib/model.py")
         self.add_argument("--timeout-s", type=float, default=120.0, help="client timeout per request")
 
