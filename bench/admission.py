@@ -31,7 +31,6 @@ from bench.report import (
     admission_goals,
     admission_markdown,
     best_closed,
-    best_closed_rps,
     ms,
     paired_ratios,
     per_point,
@@ -143,7 +142,7 @@ class SystemRun:
 
     @property
     def capacity(self) -> float:
-        return best_closed_rps(per_point(self.out["points"], "concurrency"))
+        return best_closed(per_point(self.out["points"], "concurrency"))["throughput_rps"]
 
     async def overload(self, factor: float) -> None:
         args, rate = self.args, factor * self.capacity

@@ -10,10 +10,12 @@ helpers first are shared.
 from __future__ import annotations
 
 import json
+import operator
 import re
 import statistics
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,19 @@ def goal(name: str, value: Any, target: str, ok: bool | None, **extra: str) -> d
 
 def add_goal(goals: list, *args: Any, **extra: str) -> None:
     goals.append(goal(*args, **extra))
+
+
+BOUNDS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt}
+
+
+def bound(goals: list, name: str, value: float | None, target: str, *, nd: int = 2, scale: float = 1.0,
+          shown: str | None = None, graded: bool = True, **extra: str) -> None:
+    """A goal whose target is a bound ("<= 2", ">= 0.95"): met when ``value * scale`` is within it, shown to ``nd``
+    places unless ``shown``; None (not measured, or not ``graded``): neither met nor missed."""
+    op, limit = target.split(" ", 1)
+    v = None if value is None else value * scale
+    ok = None if v is None or not graded else BOUNDS[op](v, float(limit))
+    add_goal(goals, name, fmt(v, nd) if shown is None else shown, target, ok, **extra)
 
 
 def verdict(g: dict) -> str:
@@ -109,9 +124,8 @@ def run_goals(r: dict) -> list[dict]:
     ceiling = th["cw"]["throughput_rps"] if th else None
     for p in b["points"] if b and ceiling else ():
         if p["concurrency"] >= workers:
-            ratio = p["throughput_rps"] / ceiling
-            add_goal(goals, f"(b) throughput at c={p['concurrency']} / (a) {workers}-thread ceiling",
-                     f"{ratio:.3f}", ">= 0.95", ratio >= 0.95)
+            bound(goals, f"(b) throughput at c={p['concurrency']} / (a) {workers}-thread ceiling",
+                  p["throughput_rps"] / ceiling, ">= 0.95", nd=3)
     if b:
         base = _run_point(b, workers)
         base_p99 = base["latency_p99_s"] if base else None
@@ -119,26 +133,22 @@ def run_goals(r: dict) -> list[dict]:
         for name, p in ((f"c={top}", _run_point(b, top) if top else None), ("3x overload", b.get("overload"))):
             if not p:
                 continue
-            rej = p.get("reject_p99_s")
-            add_goal(goals, f"(b) {name}: 503 reject latency p99 (ms)", ms(rej, 1), "< 10",
-                  None if rej is None else rej < 0.010)
+            bound(goals, f"(b) {name}: 503 reject latency p99 (ms)", p.get("reject_p99_s"), "< 10", nd=1, scale=1000)
             adm = p.get("latency_p99_s")
             if adm is not None and base_p99:
-                add_goal(goals, f"(b) {name}: admitted p99 / p99 at c={workers}", f"{adm / base_p99:.2f}", "<= 2",
-                      adm <= 2 * base_p99)
+                bound(goals, f"(b) {name}: admitted p99 / p99 at c={workers}", adm / base_p99, "<= 2")
             other = p["errors"] + p["timeouts"]
             add_goal(goals, f"(b) {name}: errors + timeouts (not 503)", str(other), "0", other == 0)
     if b and th:
         bp, ap = _run_point(b, 1), th["c1"]
         if bp and bp["latency_p50_s"] is not None and ap["latency_p50_s"] is not None:
-            delta = bp["latency_p50_s"] - ap["latency_p50_s"]
-            add_goal(goals, "(b) p50 latency at c=1 minus (a) in-process (ms)", ms(delta, 1), "<= 10", delta <= 0.010)
+            bound(goals, "(b) p50 latency at c=1 minus (a) in-process (ms)",
+                  bp["latency_p50_s"] - ap["latency_p50_s"], "<= 10", nd=1, scale=1000)
         ttfa = (b.get("ttfa") or {}).get("ttfa_p50_s")
         own = th.get("first_chunk_p50_s")
         if ttfa is not None and own is not None:
-            delta = ttfa - own
-            add_goal(goals, "(b) stream TTFA p50 minus the engine's own first chunk (ms)", ms(delta, 1), "<= 5",
-                  delta <= 0.005)
+            bound(goals, "(b) stream TTFA p50 minus the engine's own first chunk (ms)", ttfa - own, "<= 5", nd=1,
+                  scale=1000)
     if b and b.get("ttfa_series"):
         d = drift(b["ttfa_series"])
         if d:
@@ -154,9 +164,9 @@ def run_goals(r: dict) -> list[dict]:
                   f"{d[1] * 1000:.1f} vs {d[0] * 1000:.1f}", "info", None)
     mem = (b or {}).get("memory")
     if mem and mem.get("growth") is not None:
+        mib = [fmt(mem[k] or None, 0, PER_MB) for k in ("rss_before", "rss_after")]
         add_goal(goals, f"(b) RSS growth over {mem['requests']} requests after warm-up",
-              f"{mem['growth'] * 100:+.2f}% ({fmt(mem['rss_before'] or None, 0, PER_MB)} -> {fmt(mem['rss_after'] or None, 0, PER_MB)} MiB)",
-              "<= +2%", mem["growth"] <= 0.02)
+                 f"{mem['growth'] * 100:+.2f}% ({mib[0]} -> {mib[1]} MiB)", "<= +2%", mem["growth"] <= 0.02)
     return goals
 
 
@@ -265,11 +275,6 @@ def best_closed(points: list[dict]) -> dict:
     return max(points, key=lambda p: p["throughput_rps"])
 
 
-def best_closed_rps(points: list[dict]) -> float:
-    """The best closed-loop throughput (of the points' median rounds)."""
-    return best_closed(points)["throughput_rps"]
-
-
 def paired_ratios(opened: list[dict], refs: list[dict]) -> list[dict]:
     """Per open-loop factor: each round's goodput over the best closed-loop point measured just before it
     (the k-th open phase at a factor with the k-th reference at that factor), and their median."""
@@ -293,7 +298,7 @@ def knee(points: list[dict]) -> dict | None:
     """The closed-loop point with the fewest clients reaching 0.9x the best throughput."""
     if not points:
         return None
-    best = best_closed_rps(points)
+    best = best_closed(points)["throughput_rps"]
     return min((p for p in points if p["throughput_rps"] >= 0.9 * best), key=lambda p: p["concurrency"])
 
 
@@ -304,52 +309,45 @@ def admission_goals(r: dict) -> list[dict]:
         if sys_.get("failed") or not sys_.get("points"):
             continue
         graded = key == "defaults"  # the issue's goals are for the defaults; the others are shown for comparison
-
-        def graded_ok(ok: bool) -> bool | None:
-            return ok if graded else None
-
         k = knee(sys_["points"])
-        best = best_closed_rps(sys_["points"])
+        best = best_closed(sys_["points"])["throughput_rps"]
         k_p99 = k["latency_p99_s"] if k else None
         add_goal(goals, f"[{key}] knee (fewest clients at >= 0.9x the best {best:.2f} req/s)",
-              f"c={k['concurrency']}, p99 {ms(k_p99)} ms" if k else "-", "info", None)
+                 f"c={k['concurrency']}, p99 {ms(k_p99)} ms" if k else "-", "info", None)
         for o in sys_.get("open", []):
             name = f"[{key}] open loop {o['factor']:g}x"
             if o["latency_p99_s"] is not None and k_p99:
-                ratio = o["latency_p99_s"] / k_p99
-                add_goal(goals, f"{name}: admitted p99 / p99 at the knee", f"{ratio:.2f}", "<= 2", graded_ok(ratio <= 2))
-            ratio = o["throughput_rps"] / best if best else 0.0
-            add_goal(goals, f"{name}: throughput / best closed loop", f"{ratio:.2f}", ">= 0.95", graded_ok(ratio >= 0.95))
+                bound(goals, f"{name}: admitted p99 / p99 at the knee", o["latency_p99_s"] / k_p99, "<= 2",
+                      graded=graded)
+            bound(goals, f"{name}: throughput / best closed loop", o["throughput_rps"] / best if best else 0.0,
+                  ">= 0.95", graded=graded)
             pair = next((x for x in sys_.get("paired") or [] if x["factor"] == o["factor"]), None)
             if pair:
                 rounds = " / ".join(f"{x:.2f}" for x in pair["ratios"])
-                add_goal(goals, f"{name}: throughput / the best closed point re-measured just before it (median of "
-                             f"rounds: {rounds})", f"{pair['median']:.2f}", ">= 0.95", graded_ok(pair["median"] >= 0.95))
+                bound(goals, f"{name}: throughput / the best closed point re-measured just before it (median of "
+                      f"rounds: {rounds})", pair["median"], ">= 0.95", graded=graded)
             rej = o.get("reject_p99_s")
-            add_goal(goals, f"{name}: 503 p99 (ms)", ms(rej), "< 10", graded_ok(rej is None or rej < 0.010))
+            add_goal(goals, f"{name}: 503 p99 (ms)", ms(rej), "< 10", (rej is None or rej < 0.010) if graded else None)
             bad = o["errors"] + o["timeouts"]
-            add_goal(goals, f"{name}: errors + timeouts", str(bad), "0", graded_ok(bad == 0))
+            add_goal(goals, f"{name}: errors + timeouts", str(bad), "0", bad == 0 if graded else None)
         p8 = next((p for p in sys_["points"] if p["concurrency"] == 8), None)
         if p8 and p8["latency_p50_s"]:
-            ratio = p8["latency_p99_s"] / p8["latency_p50_s"]
-            add_goal(goals, f"[{key}] c=8: p99 / p50 (starvation)", f"{ratio:.2f}", "<= 2", graded_ok(ratio <= 2))
+            bound(goals, f"[{key}] c=8: p99 / p50 (starvation)", p8["latency_p99_s"] / p8["latency_p50_s"], "<= 2",
+                  graded=graded)
         rej = sys_.get("server_503") or {}
         if rej.get("count"):  # the client's clock adds its own scheduling on the same 2 cores as the server
-            add_goal(goals, f"[{key}] 503 p99 as the server timed it, whole run (ms)", f"{rej['p99_ms']:.1f}", "< 10",
-                  graded_ok(rej["p99_ms"] < 10))
+            bound(goals, f"[{key}] 503 p99 as the server timed it, whole run (ms)", rej["p99_ms"], "< 10", nd=1,
+                  graded=graded)
         settle = (sys_.get("step") or {}).get("settle_s") or []
         if settle and all(s is not None for s in settle):
-            worst = max(settle)
-            add_goal(goals, f"[{key}] step 0.5x -> 3x -> 0.5x: the limit settles within (s)",
-                  " / ".join(f"{s:g}" for s in settle), f"<= {SETTLE_GOAL_S:g}", graded_ok(worst <= SETTLE_GOAL_S))
-    d = systems.get("defaults") or {}
+            bound(goals, f"[{key}] step 0.5x -> 3x -> 0.5x: the limit settles within (s)", max(settle),
+                  f"<= {SETTLE_GOAL_S:g}", shown=" / ".join(f"{s:g}" for s in settle), graded=graded)
     fixed = [s for k, s in systems.items() if k != "defaults" and s.get("points")]
-    for p in d.get("points", []):
+    for p in (systems.get("defaults") or {}).get("points", []):
         rivals = [q["throughput_rps"] for s in fixed for q in s["points"] if q["concurrency"] == p["concurrency"]]
         if rivals and max(rivals) > 0:
-            ratio = p["throughput_rps"] / max(rivals)
-            add_goal(goals, f"[defaults] c={p['concurrency']}: throughput / best fixed", f"{ratio:.2f}", ">= 0.95",
-                  ratio >= 0.95)
+            bound(goals, f"[defaults] c={p['concurrency']}: throughput / best fixed", p["throughput_rps"] / max(rivals),
+                  ">= 0.95")
     return goals
 
 
@@ -681,6 +679,10 @@ def answers_text(tally: dict | None) -> str:
     return text
 
 
+def megabytes(v: float | None) -> str:
+    return fmt(v, 0, PER_MB, " MB")
+
+
 def sent_text(n: int) -> str:
     return f"{n} B" if n < 10_000 else f"{n / 1024:.0f} KiB" if n < MB else f"{n / MB:.1f} MiB"
 
@@ -706,7 +708,7 @@ def abuse_row(p: dict, ref: dict) -> list[str]:
     return [p["name"], f"{s['throughput_rps']:.2f} ({fmt(ratio(s['throughput_rps'], ref['throughput_rps']))})",
             ms(s["latency_p50_s"], 0, ' ms'),
             f"{ms(s['latency_p99_s'], 0, ' ms')} ({fmt(ratio(s['latency_p99_s'], ref['latency_p99_s']))})",
-            statuses_text(p["polite_statuses"]), f"{fmt(p['rss_start'], 0, PER_MB, ' MB')} -> {fmt(p['rss_peak'], 0, PER_MB, ' MB')}",
+            statuses_text(p["polite_statuses"]), f"{megabytes(p['rss_start'])} -> {megabytes(p['rss_peak'])}",
             f"{p['cpu']['server']:.2f} / {p['cpu']['bench']:.2f} / {p['cpu']['adversary']:.2f}", adv,
             server_log_text(p.get("server_log") or {})]
 
@@ -716,45 +718,39 @@ def abuse_goals(phases: list[dict]) -> list[dict]:
     ref, goals = reference(phases), []
     for p in phases:
         name, s, tally = p["name"], p["polite"], p.get("tally") or {}
+        add, check = partial(add_goal, goals, phase=name), partial(bound, goals, phase=name)
         if name in NORMAL_GOALS:
-            g, q = ratio(s["throughput_rps"], ref["throughput_rps"]), ratio(s["latency_p99_s"], ref["latency_p99_s"])
-            add_goal(goals, "polite goodput vs alone", fmt(g), f">= {GOODPUT_MIN}", None if g is None else g >= GOODPUT_MIN, phase=name)
+            check("polite goodput vs alone", ratio(s["throughput_rps"], ref["throughput_rps"]), f">= {GOODPUT_MIN}")
             if not s["ok"]:  # not one answer in the window: as slow as it gets
-                add_goal(goals, "polite p99 vs alone", "no 200 in the window", f"<= {P99_MAX}", False, phase=name)
+                add("polite p99 vs alone", "no 200 in the window", f"<= {P99_MAX}", False)
             else:
-                add_goal(goals, "polite p99 vs alone", fmt(q), f"<= {P99_MAX}", None if q is None else q <= P99_MAX, phase=name)
+                check("polite p99 vs alone", ratio(s["latency_p99_s"], ref["latency_p99_s"]), f"<= {P99_MAX}")
             fives = sum(n for k, n in p["polite_statuses"].items() if k.startswith("5"))
-            add_goal(goals, "polite 5xx answers", str(fives), "0", fives == 0, phase=name)
+            add("polite 5xx answers", str(fives), "0", fives == 0)
             growth = p["rss_peak"] - p["rss_start"] if p["rss_peak"] and p["rss_start"] else None
-            add_goal(goals, "server RSS growth (peak - phase start)", fmt(growth, 0, PER_MB, ' MB'), f"< {fmt(RSS_GROWTH_MAX, 0, PER_MB, ' MB')}",
-                  None if growth is None else growth < RSS_GROWTH_MAX, phase=name)
+            add("server RSS growth (peak - phase start)", megabytes(growth), f"< {megabytes(RSS_GROWTH_MAX)}",
+                None if growth is None else growth < RSS_GROWTH_MAX)
         if name == "giant-fields" and tally:
-            refused = all(k[:1] == "4" for k in tally["answers"])
-            p99 = percentile(tally.get("answer_s") or [], 99)
-            server = p.get("server_4xx_p99_ms")
-            add_goal(goals, "every giant field refused (4xx)", statuses_text(tally["answers"]), "4xx only",
-                  refused if tally["answers"] else None, phase=name)
-            add_goal(goals, "4xx answer time p99, as the server timed it (without the pacer's hold)",
-                  ms(None if server is None else server / 1000, 0, ' ms'),
-                  f"< {ms(GIANT_ANSWER_MAX_S, 0, ' ms')}", None if server is None else server < GIANT_ANSWER_MAX_S * 1000, phase=name)
-            held = p.get("server_4xx_held_p99_ms")
-            add_goal(goals, "time the refusal pacer held a resent giant field, p99 (server.refusals_per_s)",
-                  ms(None if held is None else held / 1000, 0, ' ms'), "info", None, phase=name)
-            add_goal(goals, "giant field answer time p99, as the niced adversary timed it (1 MB upload in)",
-                  ms(p99, 0, ' ms'), "info", None, phase=name)
-        if name == "huge-body" and tally:
+            server, held = p.get("server_4xx_p99_ms"), p.get("server_4xx_held_p99_ms")
+            add("every giant field refused (4xx)", statuses_text(tally["answers"]), "4xx only",
+                all(k[:1] == "4" for k in tally["answers"]) if tally["answers"] else None)
+            add("4xx answer time p99, as the server timed it (without the pacer's hold)", fmt(server, 0, unit=" ms"),
+                f"< {ms(GIANT_ANSWER_MAX_S, 0, ' ms')}", None if server is None else server < GIANT_ANSWER_MAX_S * 1000)
+            add("time the refusal pacer held a resent giant field, p99 (server.refusals_per_s)",
+                fmt(held, 0, unit=" ms"), "info", None)
+            add("giant field answer time p99, as the niced adversary timed it (1 MB upload in)",
+                ms(percentile(tally.get("answer_s") or [], 99), 0, " ms"), "info", None)
+        if name in ("huge-body", "huge-chunked") and tally:
             sent = max(tally.get("sent_bytes") or [0], default=0)
-            answered = [k for k in tally["answers"] if k != "open at end"]
-            add_goal(goals, "bytes sent before the answer or close (max)", sent_text(sent),
-                  f"< {sent_text(HUGE_SENT_MAX)}", sent < HUGE_SENT_MAX and bool(answered), phase=name)
-        if name == "huge-chunked" and tally:  # no goal in the issue: the server can only cut it at its upload limit
-            sent = max(tally.get("sent_bytes") or [0], default=0)
-            add_goal(goals, "bytes sent before the answer or close (max)", sent_text(sent),
-                  "info (server.max_upload_mb)", None, phase=name)
+            answered = any(k != "open at end" for k in tally["answers"])
+            if name == "huge-body":
+                add("bytes sent before the answer or close (max)", sent_text(sent), f"< {sent_text(HUGE_SENT_MAX)}",
+                    sent < HUGE_SENT_MAX and answered)
+            else:  # no goal in the issue: the server can only cut it at its upload limit
+                add("bytes sent before the answer or close (max)", sent_text(sent), "info (server.max_upload_mb)", None)
         if p.get("storm"):
-            t = ratio(p["storm"]["total_rps"], ref["throughput_rps"])
-            add_goal(goals, "all 200s/s (storm + polite) vs polite alone", fmt(t), f">= {GOODPUT_MIN}",
-                  None if t is None else t >= GOODPUT_MIN, phase=name)
+            check("all 200s/s (storm + polite) vs polite alone", ratio(p["storm"]["total_rps"], ref["throughput_rps"]),
+                  f">= {GOODPUT_MIN}")
     return goals
 
 
