@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import random
 import statistics
 import tempfile
@@ -29,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.lib.procs import ROOT, cosyserve
+from bench.lib.procs import ROOT, cosyserve, machine, tiny_config
 from bench.lib.prom import parse_samples
 from bench.report import save, table
 
@@ -113,9 +111,7 @@ async def replay(base: str, lines: list[str], draws: list[int], clients: int, se
 
 
 def run(label: str, cache: dict, args: argparse.Namespace, lines: list[str], draws: list[int], tmp: Path) -> dict:
-    cfg = {"engine": {"torch_threads": 1}, "server": {"access_log": False}, "cache": cache,
-           "dev": {"tiny_version": 2, "tiny_cache_dir": str(ROOT / ".cache" / "models")},
-           "voices": {"dir": str(tmp / "voices")}}
+    cfg = tiny_config(tmp, engine={"torch_threads": 1}, cache=cache)
     with cosyserve(f"cache-{label}", cfg, tmp) as srv:
         base = srv.base_url
         asyncio.run(replay(base, lines, draws[:8], 1, seed=0))  # warm-up: another seed, so nothing it stores is hit
@@ -159,8 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         (f"Command: `{COMMAND} --lines {args.lines} --zipf {args.zipf:g} --requests {args.requests} "
         f"--clients {args.clients} --tight-mb {args.tight_mb:g}` (tiny random-weight CosyVoice2, defaults; off: "
         f"`cache.enabled: false`; tight: `cache.memory_mb` and `cache.disk_mb` {args.tight_mb:g}, `cache.dir` set)"),
-        (f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
-        f"Distinct lines drawn: {len(set(draws))}."),
+        f"{machine()} Distinct lines drawn: {len(set(draws))}.",
         "",
         *table(["cache", "audio s / wall s", "p50 (s)", "p99 (s)", "hit rate", "server CPU s", "503 retried", "errors",
                 "peak memory tier (MB) / budget"],

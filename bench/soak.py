@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import platform
 import random
 import tempfile
 import threading
@@ -30,7 +28,7 @@ import psutil
 import soundfile as sf
 from websockets.sync.client import connect
 
-from bench.lib.procs import ROOT, cosyserve
+from bench.lib.procs import ROOT, cosyserve, machine, tiny_config
 from bench.lib.prom import parse_samples
 from bench.report import save, table
 
@@ -131,8 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "soak"), help="output dir (writes soak.md)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg: dict = {"server": {"access_log": False}, "voices": {"dir": str(Path(tmp) / "voices")},
-                     "dev": {"tiny_version": 2, "tiny_cache_dir": str(ROOT / ".cache" / "models")}}
+        cfg = tiny_config(tmp)
         if args.model_dir:
             cfg["engine"] = {"model_dir": args.model_dir}
         srv = cosyserve("soak", cfg, Path(tmp))
@@ -177,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Command: `{COMMAND} --minutes {args.minutes:g} --warmup {args.warmup:g} --clients {args.clients}"
         + (f" --model-dir {args.model_dir}" if args.model_dir else "") + "".join(f" --env {e}" for e in args.env)
         + "` (defaults; tiny random-weight CosyVoice2 unless a model dir is given)",
-        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}.",
+        machine(),
         "",
         f"Requests: {sum(counts.values())} ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}); "
         f"/health/live at the end: {live}. RSS when ready: {ready_rss / 2**20:.0f} MB. "

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import platform
 import re
 import statistics
 import tempfile
@@ -18,7 +16,7 @@ from pathlib import Path
 
 from bench.lib import clients_ttfa as clients
 from bench.lib.load import percentile
-from bench.lib.procs import ROOT, cosyserve, free_port
+from bench.lib.procs import ROOT, cosyserve, free_port, machine, tiny_config
 from bench.report import add_goal, fmt, goals_table, print_goals, ratio, save, table
 
 COMMAND = ".venv/bin/python -m bench serve --scenario ws"
@@ -103,8 +101,7 @@ def clients_report(args: argparse.Namespace, summ: dict, goals: list[dict], skip
         (f"Command: `{COMMAND} --clients {','.join(args.clients)} --concurrency {levels} --rate {args.rate:g} "
          f"--reps {reps} --text '{args.text}'` (tiny random-weight CosyVoice2, default config: batched LLM, "
          "bistream, the pool and admission as the server sizes them; 1 torch thread; the Wyoming port on)"),
-        (f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
-         f"Text: {args.text}, {n} tokens, written in {(n - 1) / args.rate:.2f} s; {reps} rounds of each "
+        (f"{machine()} Text: {args.text}, {n} tokens, written in {(n - 1) / args.rate:.2f} s; {reps} rounds of each "
          "level, clients interleaved."),
         "",
         *table(["client", "sessions at once", "sessions", "errors", "first audio p50 (s)", "first audio p99 (s)",
@@ -142,9 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, why in skipped.items():
         print(f"skipping {name}: {why}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = {"engine": {"torch_threads": 1}, "pool": {"workers": 2}, "server": {"access_log": False},
-               "dev": {"tiny_version": 2, "tiny_cache_dir": str(ROOT / ".cache" / "models")},
-               "voices": {"dir": str(Path(tmp) / "voices")}}
+        cfg = tiny_config(tmp, engine={"torch_threads": 1}, pool={"workers": 2})
         if args.clients:  # the pool as the server sizes it (4 sessions fit), the Wyoming port on
             del cfg["pool"]
             cfg["wyoming"] = {"port": free_port()}
@@ -180,8 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         "",
         (f"Command: `{COMMAND} --rate {args.rate:g} --reps {reps}` (tiny random-weight CosyVoice2, default "
          "config: batched LLM, bistream; 2 workers, 1 torch thread)"),
-        (f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}. "
-         f"Medians of {reps} runs."),
+        f"{machine()} Medians of {reps} runs.",
         "",
         *table(["text", "tokens", "text written in (s)", "TTFA WebSocket (s)", "TTFA POST after text (s)",
                 "done WebSocket (s)", "done POST (s)"],

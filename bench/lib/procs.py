@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -64,6 +65,17 @@ class SuiteParser(argparse.ArgumentParser):
                 setattr(args, key, default)
         args.out = Path(args.out) if args.out else results_dir(self.suite, is_quick)
         return args
+
+
+def tiny_config(tmp: str | Path, **sections: Any) -> dict[str, Any]:
+    """A ``cosyserve`` config on the tiny CosyVoice2 (built once into .cache/models), voices under ``tmp``, no access
+    log; ``sections`` added or replaced."""
+    return {"server": {"access_log": False}, "voices": {"dir": str(Path(tmp) / "voices")},
+            "dev": {"tiny_version": 2, "tiny_cache_dir": str(ROOT / ".cache" / "models")}, **sections}
+
+
+def machine() -> str:
+    return f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}."
 
 
 def new_run_dir(name: str) -> Path:
