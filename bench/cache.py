@@ -1,17 +1,6 @@
-"""Benchmark: a replay of repeated prompts with a popularity skew, the answer cache off and on.
+"""A replay of repeated prompts with a popularity skew, the answer cache off, on, and on tight budgets.
 
-    .venv/bin/python -m bench serve --scenario cache   # prints a Markdown table, writes .cache/bench/cache/cache.md
-
-Two real ``cosyserve serve`` on the tiny CosyVoice2, one after the other in one run: the defaults
-with ``cache.enabled: false``, then the defaults (cache on). Each gets the same replay:
-``--clients`` closed-loop clients send ``--requests`` seeded whole-WAV ``/v1/tts`` requests, each
-line drawn from ``--lines`` distinct prompts by a Zipf law (``--zipf``), the same draw sequence for
-both. A 503 is retried after 50 ms (counted). Printed per run: audio seconds per wall second,
-p50/p99 latency, the hit rate, the server's CPU seconds (``process_cpu_seconds_total``) and the
-cache's bytes against its budget (sampled every second: the largest seen). A third run, ``tight``,
-gives the cache both tiers (a directory, as replicas would share) with budgets of ``--tight-mb``
-each, far below what the replay stores, so both tiers evict all along; it also sums the
-directory's files every second, to check the budgets hold on disk, not only in the metrics.
+    python -m bench serve --scenario cache   # writes .cache/bench/cache/cache.md (method: bench/README.md)
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""``make loadtest``: a local cosyserve on the tiny model, driven by locust headless.
+"""``make loadtest``: a local cosyserve on the tiny model, driven by locust headless (bench/README.md).
 
     python -m bench serve --scenario loadtest [--users 8] [--run-time 60s] [--workers 2] [--max-queue 8]
-
-Builds (once) the tiny random-weight CosyVoice2 model, starts ``cosyserve serve``
-on a free loopback port, waits until it is ready, runs
-``locust -f locustfiles/locustfile.py --headless`` against it (bounded by a
-timeout), always stops the server with SIGTERM; locust prints its own summary.
-Reports: ``.cache/bench/loadtest/loadtest_*.csv``, ``loadtest.html`` and ``loadtest.json`` there.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Every suite's report, in one module: the goals and the Markdown, from a run's JSON.
 
-Sections, in this order: run (``make bench``: run.json, run.md), admission (when
-the limit settled, the goals of issue 20), priority (the bulk backlog, the side-by-side table,
-issue 39's goals), abuse (the reference, each phase's row, issue 36's goals), cost (a request's
-cost, the CPU levers), gpu (the GPU check's JSON as Markdown, docs/benchmarks/gpu.md). The
-helpers first are shared.
+The shared helpers (a number, a goal, a table, ``save``), then a section a suite: run, admission, priority,
+abuse, cost, gpu.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""Benchmark: memory under mixed traffic for a given time; RSS growth per hour after a warm-up.
+"""Memory under mixed traffic for a given time: RSS growth per hour after a warm-up.
 
-    .venv/bin/python -m bench serve --scenario soak [--minutes 70 --warmup 10 --clients 4]   # writes .cache/bench/soak/soak.md
-
-A real ``cosyserve serve`` on the defaults (tiny CosyVoice2 unless ``--model-dir``). ``--clients``
-threads each pick at random, request after request: a whole or streamed ``/v1/tts`` in any of the
-formats, a stream cut after two chunks, a zero-shot upload (prompt audio of a random length), the
-library voice, the OpenAI route, a WebSocket session of two utterances. Texts vary in length, so
-every shape the engines see varies too; a refused request (503) backs off 0.2-1 s. Every ``--sample-s`` the server's RSS and its memory metrics
-are sampled; printed: RSS by minute, and the growth per hour after the warm-up (a least-squares
-slope over the samples after ``--warmup`` minutes, and the same slope over each half: the spread).
+    python -m bench serve --scenario soak [--minutes 70 --warmup 10 --clients 4]   # method: bench/README.md
 """
 
 from __future__ import annotations

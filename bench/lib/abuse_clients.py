@@ -1,11 +1,9 @@
-"""The abuse suite's adversaries, run in their own process so their CPU and event loop are not the measuring client's.
+"""The abuse suite's adversaries, in their own process so their CPU and event loop are not the measuring client's.
 
     python -m bench.lib.abuse_clients KIND --url http://127.0.0.1:PORT --clients N --seconds S
 
-KIND: dribble, nonread, ws-idle, ws-chatty, ws-long, http-long, giant, huge, huge-chunked, storm, storm-fresh. It prints ``ready`` once its
-imports are done, runs its clients for ``--seconds`` (every loop bounded in time and in attempts, loopback
-only), then prints one JSON line: the ``Tally`` (each answer counted by kind, time to each answer, bytes
-sent before it). Times are ``time.monotonic()``, which all processes of a Linux host share.
+Prints ``ready`` once imported, runs ``--seconds`` (every loop bounded in time and attempts, loopback only), then
+one JSON line: the ``Tally``. Times are ``time.monotonic()``, which all processes of a Linux host share.
 """
 
 from __future__ import annotations
@@ -443,7 +441,8 @@ def retry_after(head: bytes) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind")
+    ap.add_argument("kind", choices=("dribble", "nonread", "ws-idle", "ws-chatty", "ws-long", "http-long", "giant",
+                                     "huge", "huge-chunked", "storm", "storm-fresh"))
     ap.add_argument("--url", required=True)
     ap.add_argument("--clients", type=int, required=True)
     ap.add_argument("--seconds", type=float, required=True)

@@ -1,15 +1,5 @@
-"""System (a): the ceilings. The same engine called in-process, no HTTP, no pool.
-
-Run as its own process (``python -m bench.lib.ceilings ...``) so the benchmark
-driver never holds a model, and one system runs at a time: ``workers``
-CosyVoiceEngine instances, one per thread, 1 torch thread each: cosyserve's slot
-setup without the server. Measures engine load time, concurrency-1 latency, the
-closed-loop throughput of ``workers`` threads, and the engine's own time to first
-chunk over a series of streams. (A ``processes`` mode, one process per core, ran
-beside it until 5983ddc.)
-
-Prints one JSON object on the last line of stdout.
-"""
+"""System (a), the ceilings: the engine in-process, no HTTP, no pool, ``workers`` threads of one engine each
+(``python -m bench.lib.ceilings``; bench/README.md). Prints one JSON object on stdout's last line."""
 
 from __future__ import annotations
 

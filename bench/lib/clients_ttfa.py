@@ -1,19 +1,10 @@
-"""One session per client for ``bench serve --scenario ws --clients`` (and the legs of its default table).
+"""One session per client for ``bench serve --scenario ws`` (``--clients``, and the default table's two).
 
-Every leg is a coroutine ``leg(target, pieces, rate, seed) -> Session``: it feeds the LLM's tokens
-(``pieces``) at ``rate`` tokens/s when the client streams text in, or waits until the last one would be
-written ((n - 1) / rate seconds) and then sends the whole text, as a client that cannot stream text in
-must. The clock starts at the first token. Clients, by the name ``--clients`` takes:
-
-* ``ws``: raw WebSocket, each token an ``input.text``; ``post``: ``POST /v1/tts`` (streamed pcm);
-* ``openai-sdk``: the ``openai`` SDK's streaming response on ``/v1/audio/speech`` (pcm);
-* ``livekit-plugin`` / ``livekit-openai``: LiveKit Agents, our plugin vs. its OpenAI TTS a sentence at a
-  time (``StreamAdapter``), both fed through ``stream()``;
-* ``pipecat`` / ``pipecat-openai``: Pipecat, our service (tokens as they come) vs. its ``OpenAITTSService``
-  (a sentence at a time), each driven by Pipecat's test harness;
-* ``wyoming-stream``: the ``wyoming`` client's ``synthesize-start``, a ``synthesize-chunk`` a token,
-  ``synthesize-stop`` (``Session.early``: first audio before the stop was sent); ``wyoming``: one
-  ``synthesize`` of the whole text.
+Every leg is a coroutine ``leg(target, pieces, rate, seed) -> Session``: it feeds the LLM's tokens (``pieces``) at
+``rate`` tokens/s when the client streams text in, or else waits until the last one would be written and sends
+the whole text, as a client that cannot stream text in must. The clock starts at the first token. ``CLIENTS``
+names them: raw WebSocket and POST, the openai SDK, LiveKit and Pipecat (our plugin vs the framework's OpenAI
+path a sentence at a time), Wyoming streamed (``Session.early``: audio before ``synthesize-stop``) and whole.
 """
 
 from __future__ import annotations

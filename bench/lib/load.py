@@ -1,11 +1,6 @@
-"""Async HTTP load generator (httpx): closed-loop clients and open-loop (Poisson) arrivals.
-
-Every request is timed from send to: first body byte (time to first audio) and
-last body byte (latency). A 503 is a rejection (its latency is the reject
-latency), a client timeout is a timeout, anything else non-2xx or a broken body
-is an error. Summaries give throughput of successful requests, percentiles, and
-the counts the goals need.
-"""
+"""Async HTTP load (httpx): closed-loop clients and open-loop (Poisson) arrivals, each request timed from send to
+its first body byte (TTFA) and its last (latency); a 503 is a rejection, a client timeout a timeout, anything else
+non-2xx or a broken body an error."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Server subprocesses for benchmarks: start, wait until ready, sample RSS, always stop.
-
-Only loopback addresses are used. ``ServerProc`` is a context manager: leaving the
-``with`` block (normally or by an exception) sends SIGTERM, waits, and kills the
-whole process group if the server does not exit in time, so no server outlives a
-benchmark.
-"""
+"""Server subprocesses for benchmarks (loopback only): start, wait until ready, sample RSS, and always stop:
+leaving a ``ServerProc``'s ``with`` block kills its whole process group if SIGTERM does not end it in time."""
 
 from __future__ import annotations
 

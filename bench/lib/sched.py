@@ -1,17 +1,5 @@
-"""Keep the load generator's timings its own: real-time scheduling for the client process.
-
-On one machine the servers' compute threads keep every core busy, and a load generator in the
-normal class is preempted by them: its requests then wait for a CPU, not for the server. Measured
-on 2 cores at 3x overload (tiny v2, 30 s): the load generator used 7 % of a core, was preempted
-~1,300 times, and the 503s it timed had a p99 of 17-25 ms; in ``SCHED_FIFO`` it was preempted
-0-1 times and the same 503s took 7 ms (a raw-socket probe in its own process saw 5-6 ms, the
-server's access log 2 ms). A real deployment's clients are on other machines.
-
-``SCHED_RESET_ON_FORK`` makes the servers it starts (and any child) run in the normal class, so
-only the client itself is real-time; it uses a few percent of a core, and the kernel's real-time
-throttling bounds it anyway. Without the privilege (``CAP_SYS_NICE``, e.g. a container's default)
-nothing changes and the report says so.
-"""
+"""Real-time scheduling for the load generator, so its timings are its own (bench/README.md, "The real-time
+client"): the servers it starts stay in the normal class."""
 
 from __future__ import annotations
 
