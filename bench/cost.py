@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -163,13 +164,8 @@ def run_case(engine: Any, counter: FrameCounter, text: str, stream: bool, concur
     if concurrency == 1:
         runs = [_one(engine, text, stream, voice, counter)]
     else:
-        runs = [{}] * concurrency
-        threads = [threading.Thread(target=lambda i=i: runs.__setitem__(i, _one(engine, text, stream, voice)))
-                   for i in range(concurrency)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        with ThreadPoolExecutor(concurrency) as pool:
+            runs = list(pool.map(lambda _: _one(engine, text, stream, voice), range(concurrency)))
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     audio = sum(r["audio_s"] for r in runs)
     stages: dict[str, float] = {}

@@ -11,6 +11,7 @@ phase that would overrun ``--budget-s`` is skipped and says so. Random weights: 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import logging
@@ -21,6 +22,8 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,14 +148,19 @@ def llm_input(eng: Any, text: str) -> dict:
     return model_input
 
 
-def scheduler(lm: Any, greedy: bool, trace: bool = False, probe: Any = None, max_batch: int = 16) -> Any:
+@contextlib.contextmanager
+def scheduler(lm: Any, greedy: bool, trace: bool = False, probe: Any = None) -> Iterator[Any]:
+    """A started batched LLM scheduler over ``lm``, stopped when the block ends."""
     from app.engines.cosyvoice.llm.sampling import SamplingRules
     from app.engines.cosyvoice.llm.scheduler import LLMScheduler
 
-    sched = LLMScheduler(lm, max_batch_size=max_batch, rules=SamplingRules.from_llm(lm.llm, greedy=greedy),
-                         trace_logp=trace, step_probe=probe)
+    sched = LLMScheduler(lm, max_batch_size=16, rules=SamplingRules.from_llm(lm.llm, greedy=greedy), trace_logp=trace,
+                         step_probe=probe)
     sched.start()
-    return sched
+    try:
+        yield sched
+    finally:
+        sched.stop()
 
 
 def submit(lm: Any, sched: Any, model_input: dict, **kw: Any) -> Any:
@@ -205,12 +213,9 @@ def parity(eng: Any, texts: list[str]) -> dict:
     inputs = [llm_input(eng, t) for t in texts]
     refs = [reference(llm, mi) for mi in inputs]
     lm = BatchedLM(llm)
-    sched = scheduler(lm, greedy=True, trace=True)
-    try:
+    with scheduler(lm, greedy=True, trace=True) as sched:
         seqs = [submit(lm, sched, mi) for mi in inputs]
         finish(seqs)
-    finally:
-        sched.stop()
     equal = [s.tokens == ref for s, (ref, _) in zip(seqs, refs)]
     worst = 0.0
     for seq, (_, steps) in zip(seqs, refs):
@@ -230,27 +235,21 @@ def seeded(eng: Any, device: Any, texts: list[str], seed: int = 1234) -> dict:
     llm = eng.loaded.model.llm
     inputs = [llm_input(eng, t) for t in texts]
     lm = BatchedLM(llm)
-    sched = scheduler(lm, greedy=False)
-    try:
+    with scheduler(lm, greedy=False) as sched:
         alone = submit(lm, sched, inputs[1], seed=seed)
         finish([alone])
         batch = [submit(lm, sched, mi, seed=seed if i == 1 else 7 + i) for i, mi in enumerate(inputs)]
         finish(batch)
-    finally:
-        sched.stop()
     out = {"alone_equals_batched": alone.tokens == batch[1].tokens, "tokens": len(alone.tokens)}
     if device.type == "cpu":
         out["cpu_equals_device"] = None  # one device only
         return out
     cpu_llm = copy.deepcopy(llm).to("cpu")
     cpu_lm = BatchedLM(cpu_llm)
-    cpu_sched = scheduler(cpu_lm, greedy=False)
-    try:
+    with scheduler(cpu_lm, greedy=False) as cpu_sched:
         on_cpu = submit(cpu_lm, cpu_sched, {k: v.cpu() if isinstance(v, torch.Tensor) else v
                                             for k, v in inputs[1].items()}, seed=seed)
         finish([on_cpu], timeout=600)
-    finally:
-        cpu_sched.stop()
     first_diff = next((i for i, (a, b) in enumerate(zip(on_cpu.tokens, alone.tokens)) if a != b), None)
     out.update(cpu_equals_device=on_cpu.tokens == alone.tokens, cpu_tokens=len(on_cpu.tokens),
                first_difference=first_diff)
@@ -381,11 +380,9 @@ def closed_loop(eng: Any, requests: list[Any], concurrency: int, keep_going: Any
                 out.audio.append(seconds)
 
     t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, name=f"gpu-check-{k}") for k in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(concurrency, thread_name_prefix="gpu-check") as pool:
+        for _ in range(concurrency):
+            pool.submit(client)
     out.wall_s = time.perf_counter() - t0
     with recorder.lock:
         out.steps, out.rounds = recorder.steps[steps0:], recorder.rounds[rounds0:]
@@ -418,11 +415,8 @@ def syncs(eng: Any, device: Any) -> dict:
     inputs = [llm_input(eng, t) for t in TEXTS]
     for name, counter in counters:
         lm = BatchedLM(eng.loaded.model.llm)
-        sched = scheduler(lm, greedy=False, probe=counter.probe)
-        try:
+        with scheduler(lm, greedy=False, probe=counter.probe) as sched:
             finish([submit(lm, sched, mi, seed=i) for i, mi in enumerate(inputs)])
-        finally:
-            sched.stop()
         out[name] = summary(counter.per_step[1:])  # the first step may include one-off setup
         if name == "proxy":
             out[name]["kinds"] = dict(counter.kinds)

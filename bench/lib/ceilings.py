@@ -9,6 +9,7 @@ import statistics
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from bench.lib.load import Result, percentile, summarize
@@ -57,12 +58,9 @@ def closed_threads(engines: list[Any], text: str, warmup_s: float, duration_s: f
     results: list[Result] = []
     t_measure = time.monotonic() + warmup_s
     t_end = t_measure + duration_s
-    threads = [threading.Thread(target=loop, args=(e, _request(e, text, False), t_measure, t_end, results))
-               for e in engines]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    with ThreadPoolExecutor(len(engines)) as pool:
+        for e in engines:
+            pool.submit(loop, e, _request(e, text, False), t_measure, t_end, results)
     return summarize(results, time.monotonic() - t_measure, window=(t_measure, t_end)).to_dict()
 
 
