@@ -760,7 +760,8 @@ def abuse_markdown(results: dict) -> str:
         f"server: no pool settings (the defaults); {results['phase_s']:g} s per phase after {results['lead_s']:g} s "
         f"for the adversary to settle in; load generator: {results['load_generator']}."), "",
         (f"Alone (reference: the mean of the {ref['runs']} alone phases, first and last): "
-         f"{fmt(ref['throughput_rps'])} req/s, p99 {ms(ref['latency_p99_s'], 0, ' ms')}. Goodput: the polite client's 200s per "
+         f"{fmt(ref['throughput_rps'])} req/s, p99 {ms(ref['latency_p99_s'], 0, ' ms')}. Goodput: the polite "
+         "client's 200s per "
          "second in the window; p99: its latency; in brackets, each over the reference."), "",
         *table(ABUSE_COLUMNS, [abuse_row(p, ref) for p in phases]),
     ]
@@ -861,11 +862,13 @@ def lever_goals(results: dict) -> list[str]:
                 continue
             parts = []
             if "short-whole" in c and "short-whole" in base:
-                parts.append(f"CPU s/req at c=1 {ratio(base['short-whole']['cpu_s_per_request'], c['short-whole']['cpu_s_per_request']):.2f}x lower")
+                cpu = ratio(base["short-whole"]["cpu_s_per_request"], c["short-whole"]["cpu_s_per_request"])
+                parts.append(f"CPU s/req at c=1 {cpu:.2f}x lower")
             if "short-stream" in c and "short-stream" in base:
                 parts.append(f"first audio (c=1 stream) {c['short-stream']['ttfa_s']:.2f} s vs {base['short-stream']['ttfa_s']:.2f} s")
             if "short-c8" in c and "short-c8" in base:
-                parts.append(f"audio s per wall s at c=8 {ratio(c['short-c8']['audio_s_per_wall_s'], base['short-c8']['audio_s_per_wall_s']):.2f}x")
+                wall = ratio(c["short-c8"]["audio_s_per_wall_s"], base["short-c8"]["audio_s_per_wall_s"])
+                parts.append(f"audio s per wall s at c=8 {wall:.2f}x")
             out.append(f"{model}, {variant} vs fp32: " + "; ".join(parts))
         full = model == "full"
 
