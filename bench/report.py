@@ -775,40 +775,49 @@ def abuse_markdown(results: dict) -> str:
 
 # cost --------------------------------------------------------------------------------------------
 
+def _met(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def _cases(res: dict, variant: str) -> dict:
+    return res.get(variant, {}).get("cases", {})
+
+
+def _case_ratio(res: dict, v: str, over: str, *, case: str, key: str) -> float | None:
+    return ratio(*(_cases(res, x).get(case, {}).get(key) for x in (v, over)))
+
+
 def cost_goals(results: dict) -> list[str]:
     out = []
-    full = results.get("full", {})
-    fp32, bf16 = full.get("fp32", {}).get("cases", {}), full.get("bf16", {}).get("cases", {})
-    if "short-whole" in fp32 and "short-whole" in bf16:
-        r = ratio(fp32["short-whole"]["cpu_s_per_request"], bf16["short-whole"]["cpu_s_per_request"])
-        out.append(f"bf16 CPU time at c=1: fp32/bf16 = {r:.2f}x (goal >= 1.35x): {'met' if r >= 1.35 else 'MISSED'}")
-    if "short-c8" in fp32 and "short-c8" in bf16:
-        r = ratio(fp32["short-c8"]["cpu_s_per_request"], bf16["short-c8"]["cpu_s_per_request"])
-        out.append(f"bf16 CPU time per request at c=8 (batched LLM): fp32/bf16 = {r:.2f}x")
+    fp32, bf16 = (_cases(results.get("full", {}), v) for v in ("fp32", "bf16"))
+    for case, what, target in (("short-whole", "at c=1", 1.35),
+                               ("short-c8", "per request at c=8 (batched LLM)", None)):
+        if case in fp32 and case in bf16:
+            r = ratio(fp32[case]["cpu_s_per_request"], bf16[case]["cpu_s_per_request"])
+            out.append(f"bf16 CPU time {what}: fp32/bf16 = {r:.2f}x"
+                       + ("" if target is None else f" (goal >= {target}x): {_met(r >= target)}"))
     for model, res in results.items():
-        cases = res.get("fp32", {}).get("cases", {})
-        cached = res.get("fp32-cache", {}).get("cases", {})
+        cases, cached = _cases(res, "fp32"), _cases(res, "fp32-cache")
         whole = cases.get("long-whole")
         for label, c in (("recomputing", cases.get("long-stream")), ("flow_cache", cached.get("long-stream"))):
             if whole is None or c is None:
                 continue
             r = ratio(c["flow_frames_per_request"], whole["flow_frames_per_request"])
             out.append(f"{model}, {label}: streamed flow frames / unstreamed = {r:.2f}x (goal <= 1.3x): "
-                       f"{'met' if r <= 1.3 else 'MISSED'}; flow {c['stages_s_per_request'].get('flow', 0):.2f} s vs "
+                       f"{_met(r <= 1.3)}; flow {c['stages_s_per_request'].get('flow', 0):.2f} s vs "
                        f"{whole['stages_s_per_request'].get('flow', 0):.2f} s unstreamed; CPU "
                        f"{c['cpu_s_per_request']:.2f} s vs {whole['cpu_s_per_request']:.2f} s")
             out.append(f"{model}, {label}: time to first audio streamed {c['ttfa_s']:.2f} s (whole answer: "
                        f"{whole['ttfa_s']:.2f} s)")
-        voiced = res.get("fp32-cache-voice", {}).get("cases", {}).get("long-stream")
-        if voiced is not None and "long-stream" in cached:
-            c = cached["long-stream"]
+        voiced, c = _cases(res, "fp32-cache-voice").get("long-stream"), cached.get("long-stream")
+        if voiced is not None and c is not None:
             out.append(f"{model}: registered voice's prompt cache hit vs flow_cache alone: flow frames/request "
                        f"{voiced['flow_frames_per_request']:.0f} vs {c['flow_frames_per_request']:.0f}, first hop "
                        f"{voiced.get('first_hop_flow_frames') or 0:.0f} vs {c.get('first_hop_flow_frames') or 0:.0f} "
                        f"frames, CPU {voiced['cpu_s_per_request']:.2f} s vs {c['cpu_s_per_request']:.2f} s, time to "
                        f"first audio {voiced['ttfa_s']:.2f} s vs {c['ttfa_s']:.2f} s")
-        if "long-stream" in cases and "long-stream" in cached:
-            out.append(f"{model}: time to first audio, flow_cache vs recomputing: {cached['long-stream']['ttfa_s']:.2f} s "
+        if "long-stream" in cases and c is not None:
+            out.append(f"{model}: time to first audio, flow_cache vs recomputing: {c['ttfa_s']:.2f} s "
                        f"vs {cases['long-stream']['ttfa_s']:.2f} s")
     return out
 
@@ -818,25 +827,23 @@ def stream_goals(results: dict) -> list[str]:
     out = []
     for model, res in results.items():
         for variant in ("defaults", "recompute"):
-            cases = res.get(variant, {}).get("cases", {})
+            cases = _cases(res, variant)
             for c in ("", "-c4"):
                 whole, streamed = cases.get(f"long-whole{c}"), cases.get(f"long-stream{c}")
                 if whole is None or streamed is None:
                     continue
                 cpu = ratio(streamed["cpu_rtf"], whole["cpu_rtf"])
-                flow = ratio(streamed["stages_s_per_request"].get("flow", 0),
-                                   whole["stages_s_per_request"].get("flow", 0))
-                met = variant != "defaults" or model != "full"
+                flow = ratio(*(x["stages_s_per_request"].get("flow", 0) for x in (streamed, whole)))
+                graded = variant == "defaults" and model == "full"
                 out.append(f"{model} {variant} c={4 if c else 1}: streamed CPU-s per audio-s / whole = {cpu:.2f}x "
                            f"({streamed['cpu_rtf']:.2f} vs {whole['cpu_rtf']:.2f}; goal <= 1.2x"
-                           f"{'' if met else ': ' + ('met' if cpu <= 1.2 else 'MISSED')}), flow seconds {flow:.2f}x "
-                           f"(goal <= 1.5x{'' if met else ': ' + ('met' if flow <= 1.5 else 'MISSED')}), first audio "
+                           f"{': ' + _met(cpu <= 1.2) if graded else ''}), flow seconds {flow:.2f}x "
+                           f"(goal <= 1.5x{': ' + _met(flow <= 1.5) if graded else ''}), first audio "
                            f"{streamed['ttfa_s']:.2f} s, peak RSS {streamed.get('peak_rss_mb', 0):.0f} MB")
-        on, off = (res.get(v, {}).get("cases", {}).get("long-stream") for v in ("defaults", "recompute"))
+        on, off, exact = (_cases(res, v).get("long-stream") for v in ("defaults", "recompute", "exact"))
         if on is not None and off is not None:
-            out.append(f"{model}: first audio with the flow cache {on['ttfa_s']:.2f} s vs without {off['ttfa_s']:.2f} s "
-                       f"(goal: no later): {'met' if on['ttfa_s'] <= off['ttfa_s'] * 1.05 else 'MISSED'}")
-        exact = res.get("exact", {}).get("cases", {}).get("long-stream")
+            out.append(f"{model}: first audio with the flow cache {on['ttfa_s']:.2f} s vs without "
+                       f"{off['ttfa_s']:.2f} s (goal: no later): {_met(on['ttfa_s'] <= off['ttfa_s'] * 1.05)}")
         if on is not None and exact is not None:
             out.append(f"{model}: fp16 caches vs exact fp32: CPU {on['cpu_s_per_request']:.2f} vs "
                        f"{exact['cpu_s_per_request']:.2f} s per stream, peak RSS {on['peak_rss_mb']:.0f} vs "
@@ -852,44 +859,34 @@ def lever_goals(results: dict) -> list[str]:
     """The issue's goals for the CPU levers (full size), and tiny's no-regression check, from one run."""
     out = []
     for model, res in results.items():
-        base = res.get("fp32", {}).get("cases", {})
+        base = _cases(res, "fp32")
         if not base:
             continue
-        for variant, r in res.items():
-            c = r.get("cases", {})
+        cpu1 = partial(_case_ratio, res, "fp32", case="short-whole", key="cpu_s_per_request")  # fp32's over v's
+        wall8 = partial(_case_ratio, res, over="fp32", case="short-c8", key="audio_s_per_wall_s")  # v's over fp32's
+        for variant in res:
+            c = _cases(res, variant)
             if variant == "fp32" or not c:
                 continue
-            parts = []
-            if "short-whole" in c and "short-whole" in base:
-                cpu = ratio(base["short-whole"]["cpu_s_per_request"], c["short-whole"]["cpu_s_per_request"])
-                parts.append(f"CPU s/req at c=1 {cpu:.2f}x lower")
-            if "short-stream" in c and "short-stream" in base:
-                parts.append(f"first audio (c=1 stream) {c['short-stream']['ttfa_s']:.2f} s vs {base['short-stream']['ttfa_s']:.2f} s")
-            if "short-c8" in c and "short-c8" in base:
-                wall = ratio(c["short-c8"]["audio_s_per_wall_s"], base["short-c8"]["audio_s_per_wall_s"])
-                parts.append(f"audio s per wall s at c=8 {wall:.2f}x")
+            both, parts = [k for k in c if k in base], []
+            if "short-whole" in both:
+                parts.append(f"CPU s/req at c=1 {cpu1(variant):.2f}x lower")
+            if "short-stream" in both:
+                parts.append(f"first audio (c=1 stream) {c['short-stream']['ttfa_s']:.2f} s vs "
+                             f"{base['short-stream']['ttfa_s']:.2f} s")
+            if "short-c8" in both:
+                parts.append(f"audio s per wall s at c=8 {wall8(variant):.2f}x")
             out.append(f"{model}, {variant} vs fp32: " + "; ".join(parts))
-        full = model == "full"
-
-        def cpu1(v: str) -> float | None:
-            return ratio(base.get("short-whole", {}).get("cpu_s_per_request"),
-                         res.get(v, {}).get("cases", {}).get("short-whole", {}).get("cpu_s_per_request"))
-
-        def wall8(v: str) -> float | None:
-            return ratio(res.get(v, {}).get("cases", {}).get("short-c8", {}).get("audio_s_per_wall_s"),
-                         base.get("short-c8", {}).get("audio_s_per_wall_s"))
-
-        if full:
-            for v, goal, what in (("int8-ort", 1.4, "int8 + ONNX Runtime"), ("ort", 1.2, "exact-only levers (ONNX Runtime)")):
-                r = cpu1(v)
-                if r is not None:
-                    out.append(f"GOAL full, {what}: CPU s/req at c=1 {r:.2f}x lower (goal >= {goal}x): "
-                               f"{'met' if r >= goal else 'MISSED'}")
+        if model == "full":
+            for v, target, what in (("int8-ort", 1.4, "int8 + ONNX Runtime"),
+                                    ("ort", 1.2, "exact-only levers (ONNX Runtime)")):
+                if (r := cpu1(v)) is not None:
+                    out.append(f"GOAL full, {what}: CPU s/req at c=1 {r:.2f}x lower (goal >= {target}x): "
+                               f"{_met(r >= target)}")
             for v in ("int8-ort", "all"):
-                r = wall8(v)
-                if r is not None:
+                if (r := wall8(v)) is not None:
                     out.append(f"GOAL full, {v}: audio s per wall s at c=8 {r:.2f}x fp32's (goal >= 1.6x): "
-                               f"{'met' if r >= 1.6 else 'MISSED'}")
+                               f"{_met(r >= 1.6)}")
         else:
             worse = [f"{v} {case} {c['cpu_s_per_request']:.3f} vs {base[case]['cpu_s_per_request']:.3f} CPU s"
                      for v, r in res.items() if v != "fp32" for case, c in r.get("cases", {}).items()
@@ -899,50 +896,51 @@ def lever_goals(results: dict) -> list[str]:
     return out
 
 
+COST_TEXT = {  # plan: title, the intro after "a 2 s prompt", the note under the table
+    "cost": ("# Request cost: fp32 vs bf16, streamed vs whole", " (50 prompt tokens).",
+             "Stage columns: seconds per request (`llm` is wall time from start to last token; it overlaps "
+             "flow/HiFT when streaming, and includes waiting for the batch at c=8). `fp32-cache-voice`: the same "
+             "requests with a registered voice made from the same prompt, its prompt cache filled by one earlier "
+             "stream (a hit). First hop frames: estimator frames computed before the first chunk (c=1 streams)."),
+    "levers": ("# Request cost on a CPU: the cost levers",
+               ", the short text (~38 speech tokens). `fp32`: today's default before this work (torch flow, fp32 "
+               "LLM); `int8`: `engine.llm_quantization: int8`; `ort`: `engine.flow_runtime: onnxruntime`; `steps5`: "
+               "`engine.flow_steps: 5`; `nocfg`: `engine.flow_cfg: false`; `int8-ort`: both; `all`: all four. "
+               "`steps5`, `nocfg` and `all` change the audio (docs/cpu.md).",
+               "Stage columns: seconds per request (`llm` is wall time from start to last token, waiting for the "
+               "batch included). `load s`: engine load, a fresh ONNX export included for `ort` variants."),
+}
+COST_TEXT["stream"] = ("# Streamed vs whole on the server's defaults: the flow cache",
+                       " (50 prompt tokens). `defaults`: the engine settings a server starts with (ONNX Runtime flow, "
+                       "flow cache on, fp16 caches, budget sized at load); `recompute`: the same with "
+                       "`engine.flow_cache: false` (streams before this work); `exact`: "
+                       "`engine.flow_cache_precision: fp32`.", COST_TEXT["cost"][2])
+
+
 def cost_markdown(doc: dict, plan: str = "cost") -> str:
     """The cost plan's table (fp32 vs bf16, streamed vs whole) or, ``plan`` "levers", the CPU cost levers'."""
     levers, streams = plan == "levers", plan == "stream"
+    title, intro, note = COST_TEXT.get(plan, COST_TEXT["cost"])
     host = ", ".join(f"{k} {v}" for k, v in doc["host"].items())
     cmds = " then ".join(f"`{c}`" for c in doc["commands"])
     stages = ("llm", "flow", "hift") if levers else ("frontend", "llm", "flow", "hift")
-    title = {"levers": "# Request cost on a CPU: the cost levers",
-             "stream": "# Streamed vs whole on the server's defaults: the flow cache"}.get(
-        plan, "# Request cost: fp32 vs bf16, streamed vs whole")
-    lines = [title,
-             "", f"Commands: {cmds}. Host: {host}. One torch thread, batched engine path, zero-shot with a 2 s prompt"
-             + (", the short text (~38 speech tokens). `fp32`: today's default before this work (torch flow, fp32 "
-                "LLM); `int8`: `engine.llm_quantization: int8`; `ort`: `engine.flow_runtime: onnxruntime`; `steps5`: "
-                "`engine.flow_steps: 5`; `nocfg`: `engine.flow_cfg: false`; `int8-ort`: both; `all`: all four. "
-                "`steps5`, `nocfg` and `all` change the audio (docs/cpu.md)." if levers else
-                " (50 prompt tokens)." + (" `defaults`: the engine settings a server starts with (ONNX Runtime flow, "
-                                          "flow cache on, fp16 caches, budget sized at load); `recompute`: the same "
-                                          "with `engine.flow_cache: false` (streams before this work); `exact`: "
-                                          "`engine.flow_cache_precision: fp32`." if streams else "")), ""]
     header = ["model", "variant" if levers else "dtype (ran)", "case", "c", "CPU s/req", "wall s", "RTF",
               "audio s / wall s" if levers else "CPU RTF", "TTFA s", "audio s/req", "flow frames/req",
               *([] if levers else ["first hop frames"]), *stages, *(["load s"] if levers else []),
               *(["peak RSS MB"] if streams else [])]
-    rows = []
-    for model, by_variant in doc["results"].items():
-        for variant, res in by_variant.items():
-            for name, c in res["cases"].items():
-                st = c["stages_s_per_request"]
-                rows.append([model, variant if levers else f"{variant} ({res['ran']})", name, c["concurrency"],
-                             f"{c['cpu_s_per_request']:.2f}", f"{c['wall_s']:.2f}", f"{c['rtf']:.2f}",
-                             f"{c['audio_s_per_wall_s']:.3f}" if levers else f"{c['cpu_rtf']:.2f}",
-                             f"{c['ttfa_s']:.2f}", f"{c['audio_s_per_request']:.2f}",
-                             f"{c['flow_frames_per_request']:.0f}",
-                             *([] if levers else [fmt(c.get("first_hop_flow_frames"), 0)]),
-                             *(f"{st.get(k, 0.0):.2f}" for k in stages),
-                             *([f"{res.get('load_s', 0):.1f}"] if levers else []),
-                             *([fmt(c.get("peak_rss_mb"), 0)] if streams else [])])
-    note = ("Stage columns: seconds per request (`llm` is wall time from start to last token, waiting for the batch "
-            "included). `load s`: engine load, a fresh ONNX export included for `ort` variants." if levers else
-            "Stage columns: seconds per request (`llm` is wall time from start to last token; it overlaps "
-            "flow/HiFT when streaming, and includes waiting for the batch at c=8). `fp32-cache-voice`: the same "
-            "requests with a registered voice made from the same prompt, its prompt cache filled by one earlier "
-            "stream (a hit). First hop frames: estimator frames computed before the first chunk (c=1 streams).")
-    lines += [*table(header, rows), "", note, "", "## Goals", "", *(f"- {g}" for g in doc["goals"])]
+    rows = [[model, variant if levers else f"{variant} ({res['ran']})", name, c["concurrency"],
+             f"{c['cpu_s_per_request']:.2f}", f"{c['wall_s']:.2f}", f"{c['rtf']:.2f}",
+             f"{c['audio_s_per_wall_s']:.3f}" if levers else f"{c['cpu_rtf']:.2f}", f"{c['ttfa_s']:.2f}",
+             f"{c['audio_s_per_request']:.2f}", f"{c['flow_frames_per_request']:.0f}",
+             *([] if levers else [fmt(c.get("first_hop_flow_frames"), 0)]),
+             *(f"{c['stages_s_per_request'].get(k, 0.0):.2f}" for k in stages),
+             *([f"{res.get('load_s', 0):.1f}"] if levers else []),
+             *([fmt(c.get("peak_rss_mb"), 0)] if streams else [])]
+            for model, by_variant in doc["results"].items() for variant, res in by_variant.items()
+            for name, c in res["cases"].items()]
+    lines = [title, "", f"Commands: {cmds}. Host: {host}. One torch thread, batched engine path, zero-shot with a "
+             f"2 s prompt{intro}", "", *table(header, rows), "", note, "", "## Goals", "",
+             *(f"- {g}" for g in doc["goals"])]
     return "\n".join(lines) + "\n"
 
 
