@@ -955,101 +955,90 @@ def t2w_row(setting: str, r: dict) -> list[Any]:
             f"{fmt(r['llm_step_ms_mean'], 1)} ({fmt(r['llm_batch_mean'], 1)}){errors}"]
 
 
-def _gpu_sections(doc: dict) -> dict[str, Callable[[dict], list[str]]]:
-    """Each phase's lines from its result (a phase skipped or failed: the why, written by the caller)."""
-    def parity(p: dict) -> list[str]:
-        return [f"- Batched tokens equal CosyVoice's own `llm.inference` (greedy, fp32): **{p['tokens_equal']} of "
-                f"{p['requests']}** requests (tokens {p['tokens']}, batch {p['batch']}); largest log-prob "
-                f"difference where a token has any chance: {p['max_logp_diff']:.2e}."]
-
-    def seeded(s: dict) -> list[str]:
-        alone = f"- Seeded, alone vs inside a batch of 3: {'equal' if s['alone_equals_batched'] else 'DIFFERENT'} "
-        if s.get("cpu_equals_device") is None:
-            return [f"{alone}({s['tokens']} tokens).", "- Seeded, CPU vs GPU: not applicable (one device)."]
-        first = s["first_difference"] if s["first_difference"] is not None else "-"
-        return [f"{alone}({s['tokens']} tokens).",
-                f"- Seeded, CPU vs this device: {'equal' if s['cpu_equals_device'] else 'DIFFERENT'} "
-                f"({s['cpu_tokens']} tokens on the CPU; first difference at {first})."]
-
-    def drift(d: dict) -> list[str]:
-        return ["", *table(["LLM dtype", "KV cache", "steps", "max abs log-prob diff (live)", "max rel L2",
-                            "top-1 agreement"],
-                           [[name, r["kv_dtype"], r["steps"], f"{r['max_abs_live']:.3g}", f"{r['max_rel_l2']:.3g}",
-                             f"{r['top1_agree']:.0%}"] for name, r in d.items()])]
-
-    def stages(st: dict) -> list[str]:
-        return table(["frontend ms", "LLM ms", "flow ms", "HiFT ms", "speech tokens", "audio s"],
-                     [[*(ms(st[k]) for k in ("frontend", "llm", "flow", "hift")), f"{st['tokens']:.0f}",
-                       fmt(st["audio_s"])]])
-
-    def syncs(sy: dict) -> list[str]:
-        px, cf = sy["proxy"], sy.get("cuda_flagged")
-        return [f"- CPU proxy (`tests/support/syncs.py`): max {px.get('max')}, mean {px.get('mean')} over "
-                f"{px.get('steps')} steps ({px.get('kinds')}).",
-                f"- `torch.cuda.set_sync_debug_mode`: max {cf.get('max')}, mean {cf.get('mean')} flagged per step "
-                f"over {cf.get('steps')} steps ({cf.get('messages') or 'none'}); plus {sy['by_design']}." if cf
-                else "- `torch.cuda.set_sync_debug_mode`: not run (no CUDA device)."]
-
-    def prefill(pf: dict) -> list[str]:
-        rows = [[mode.replace("_", " "), r["prefill_forwards"], fmt(r["gap_ms"], 1), fmt(r["usual_gap_ms"], 1),
-                 fmt(r["prefill_ms"], 1), r["all_joined_at_once"]] for mode in ("one_by_one", "batched")
-                if (r := pf[mode])]
-        return [*table(["prefill", "forwards", "running batch's token gap ms", "usual gap ms", "prefill ms",
-                        "all 16 joined at one step"], rows),
-                f"\nInputs of {pf['prompt_tokens'][0]}-{pf['prompt_tokens'][1]} tokens ({pf['input_tokens']} in "
-                f"all), median of {pf['rounds']} round(s); gap one by one / batched: {fmt(pf['speedup'])}x; the "
-                f"joiners' first tokens {'equal' if pf['first_tokens_equal'] else 'DIFFER'} between the modes."]
-
-    def token2wav(tw: dict) -> list[str]:
-        return [*table(["token2wav_batch", "c", "reqs", "TTFA p50 ms", "TTFA p95 ms", "audio-s/s", "req/s",
-                        "flow rounds", "round batch mean / max", "round ms", "LLM step ms (batch)"],
-                       [t2w_row(setting, r) for setting, rows in tw["runs"].items() for r in rows]),
-                "\nStreamed requests, one engine per setting, closed loop; flow rounds only with the setting on."]
-
-    return {"parity": parity, "seeded": seeded, "drift": drift, "stages": stages, "syncs": syncs,
-            "prefill": prefill, "token2wav": token2wav}
+def _same(equal: bool) -> str:
+    return "equal" if equal else "DIFFERENT"
 
 
-GPU_HEADINGS = {  # a phase's heading (None: under the one before) and its line when it did not run
-    "parity": ("Parity", "- Batched vs CosyVoice's own: {why}."), "seeded": (None, "- Seeded: {why}."),
-    "drift": (None, "- Half-precision drift: {why}."),
-    "stages": ("One request, per stage (non-streamed, device synchronised at each boundary; median)", "{why}."),
-    "syncs": ("Host syncs per decode step (4 sequences)", "{why}."),
-    "prefill": ("Prefill: 16 requests join a running batch of 4 at once", "{why}."),
-    "token2wav": ("Batched token2wav: engine.token2wav_batch off vs on", "{why}."),
+def _gpu_seeded(s: dict) -> list[str]:
+    alone = f"- Seeded, alone vs inside a batch of 3: {_same(s['alone_equals_batched'])} ({s['tokens']} tokens)."
+    if s.get("cpu_equals_device") is None:
+        return [alone, "- Seeded, CPU vs GPU: not applicable (one device)."]
+    first = s["first_difference"] if s["first_difference"] is not None else "-"
+    return [alone, f"- Seeded, CPU vs this device: {_same(s['cpu_equals_device'])} ({s['cpu_tokens']} tokens on the "
+                   f"CPU; first difference at {first})."]
+
+
+def _gpu_syncs(sy: dict) -> list[str]:
+    px, cf = sy["proxy"], sy.get("cuda_flagged")
+    return [f"- CPU proxy (`tests/support/syncs.py`): max {px.get('max')}, mean {px.get('mean')} over "
+            f"{px.get('steps')} steps ({px.get('kinds')}).",
+            f"- `torch.cuda.set_sync_debug_mode`: max {cf.get('max')}, mean {cf.get('mean')} flagged per step "
+            f"over {cf.get('steps')} steps ({cf.get('messages') or 'none'}); plus {sy['by_design']}." if cf
+            else "- `torch.cuda.set_sync_debug_mode`: not run (no CUDA device)."]
+
+
+def _gpu_prefill(pf: dict) -> list[str]:
+    rows = [[mode.replace("_", " "), r["prefill_forwards"], fmt(r["gap_ms"], 1), fmt(r["usual_gap_ms"], 1),
+             fmt(r["prefill_ms"], 1), r["all_joined_at_once"]] for mode in ("one_by_one", "batched") if (r := pf[mode])]
+    return [*table(["prefill", "forwards", "running batch's token gap ms", "usual gap ms", "prefill ms",
+                    "all 16 joined at one step"], rows),
+            f"\nInputs of {pf['prompt_tokens'][0]}-{pf['prompt_tokens'][1]} tokens ({pf['input_tokens']} in "
+            f"all), median of {pf['rounds']} round(s); gap one by one / batched: {fmt(pf['speedup'])}x; the "
+            f"joiners' first tokens {'equal' if pf['first_tokens_equal'] else 'DIFFER'} between the modes."]
+
+
+GPU_PHASES: dict[str, tuple[str | None, str, Callable[[dict], list[str]]]] = {
+    # a phase: its heading (None: under the one before), its line when it did not run, its lines when it did
+    "parity": ("Parity", "- Batched vs CosyVoice's own: {why}.", lambda p: [
+        f"- Batched tokens equal CosyVoice's own `llm.inference` (greedy, fp32): **{p['tokens_equal']} of "
+        f"{p['requests']}** requests (tokens {p['tokens']}, batch {p['batch']}); largest log-prob difference where "
+        f"a token has any chance: {p['max_logp_diff']:.2e}."]),
+    "seeded": (None, "- Seeded: {why}.", _gpu_seeded),
+    "drift": (None, "- Half-precision drift: {why}.", lambda d: ["", *table(
+        ["LLM dtype", "KV cache", "steps", "max abs log-prob diff (live)", "max rel L2", "top-1 agreement"],
+        [[name, r["kv_dtype"], r["steps"], f"{r['max_abs_live']:.3g}", f"{r['max_rel_l2']:.3g}",
+          f"{r['top1_agree']:.0%}"] for name, r in d.items()])]),
+    "stages": ("One request, per stage (non-streamed, device synchronised at each boundary; median)", "{why}.",
+               lambda st: table(["frontend ms", "LLM ms", "flow ms", "HiFT ms", "speech tokens", "audio s"],
+                                [[*(ms(st[k]) for k in ("frontend", "llm", "flow", "hift")), f"{st['tokens']:.0f}",
+                                  fmt(st["audio_s"])]])),
+    "syncs": ("Host syncs per decode step (4 sequences)", "{why}.", _gpu_syncs),
+    "prefill": ("Prefill: 16 requests join a running batch of 4 at once", "{why}.", _gpu_prefill),
+    "token2wav": ("Batched token2wav: engine.token2wav_batch off vs on", "{why}.", lambda tw: [*table(
+        ["token2wav_batch", "c", "reqs", "TTFA p50 ms", "TTFA p95 ms", "audio-s/s", "req/s", "flow rounds",
+         "round batch mean / max", "round ms", "LLM step ms (batch)"],
+        [t2w_row(setting, r) for setting, rows in tw["runs"].items() for r in rows]),
+        "\nStreamed requests, one engine per setting, closed loop; flow rounds only with the setting on."]),
 }
 
 
 def _gpu_phase(doc: dict, name: str) -> list[str]:
     """A phase's heading and lines, or why it did not run (skipped, failed, not run)."""
-    heading, missing = GPU_HEADINGS[name]
+    heading, missing, lines = GPU_PHASES[name]
     value = doc.get(name)
     ran = isinstance(value, dict) and "skipped" not in value and "failed" not in value
     why = (value or {}).get("skipped") or (value or {}).get("failed") or "not run"
-    lines = _gpu_sections(doc)[name](value) if ran else [missing.format(why=why)]
-    return ([] if heading is None else ["", f"## {heading}", ""]) + lines
+    return ([] if heading is None else ["", f"## {heading}", ""]) + (lines(value) if ran else [missing.format(why=why)])
 
 
 def gpu_markdown(doc: dict) -> str:
-    env, model = doc["environment"], doc["model"]
+    env, model, v = doc["environment"], doc["model"], doc["environment"].get("versions", {})
     gpu = env.get("name") != "cpu"
     lines = [f"# GPU check: {env.get('name')} ({doc['mode']})", ""]
     if not gpu:
         lines += ["**CPU run** (`--device cpu`): it proves the check works; none of these numbers is a GPU figure.", ""]
-    v = env.get("versions", {})
     device = (f"{env.get('device')}: {env.get('name')}, compute capability {env.get('capability')}, "
               f"{env.get('memory_gib')} GiB" if gpu else "cpu")
-    size = "full-size" if model["full_size"] else "tiny"
-    facts = [["device", device], *([["CUDA / driver", f"{env.get('cuda')} / {env.get('driver')}"]] if gpu else []),
-             ["torch / transformers / numpy", f"{v.get('torch')} / {v.get('transformers')} / {v.get('numpy')}"],
-             ["Python", f"{env.get('python')} on {env.get('platform')} ({env.get('cpu_count')} CPUs, "
-                        f"{env.get('torch_threads')} torch threads)"],
-             ["PYTORCH_CUDA_ALLOC_CONF", env.get("alloc_conf") or "(unset)"],
-             ["model", f"{model['dir']} ({size} random-weight CosyVoice2; built in {model['build_s']:.0f} s, "
-                       f"loaded in {model['load_s']:.1f} s)"],
-             ["precision", ", ".join(f"{k} {x}" for k, x in model["precision"].items())],
-             ["run", f"{doc['started']}, {doc['elapsed_s']} s of a {doc['budget_s']:.0f} s budget"]]
-    lines += table(["", ""], facts)
+    lines += table(["", ""], [
+        ["device", device], *([["CUDA / driver", f"{env.get('cuda')} / {env.get('driver')}"]] if gpu else []),
+        ["torch / transformers / numpy", f"{v.get('torch')} / {v.get('transformers')} / {v.get('numpy')}"],
+        ["Python", f"{env.get('python')} on {env.get('platform')} ({env.get('cpu_count')} CPUs, "
+                   f"{env.get('torch_threads')} torch threads)"],
+        ["PYTORCH_CUDA_ALLOC_CONF", env.get("alloc_conf") or "(unset)"],
+        ["model", f"{model['dir']} ({'full-size' if model['full_size'] else 'tiny'} random-weight CosyVoice2; built "
+                  f"in {model['build_s']:.0f} s, loaded in {model['load_s']:.1f} s)"],
+        ["precision", ", ".join(f"{k} {x}" for k, x in model["precision"].items())],
+        ["run", f"{doc['started']}, {doc['elapsed_s']} s of a {doc['budget_s']:.0f} s budget"]])
     for name in ("parity", "seeded", "drift", "stages"):
         lines += _gpu_phase(doc, name)
     points = [[pt["concurrency"], f"skipped: {pt['skipped']}", *[""] * 6] if "skipped" in pt else
