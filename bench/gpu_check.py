@@ -4,8 +4,8 @@
     python -m bench gpu --device cpu --quick  # CI: tiny v2 on the CPU, .cache/bench/gpu_check/cpu.{md,json}
     make gpu-check                            # the first, after installing the wheels in .whl/ (docs/gpu.md)
 
-In-process (the engine, no HTTP server); what it reports: docs/gpu.md, "The GPU check". A
-phase that would overrun ``--budget-s`` is skipped and says so. Random weights: speed, not audio.
+The engine in-process, no HTTP; what it reports: docs/gpu.md, "The GPU check". A phase that would
+overrun ``--budget-s`` is skipped and says so.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,14 +39,6 @@ TEXTS = [
 ]
 STREAM_TEXT = "The train to the city leaves at seven every morning, and the people who ride it read or sleep."
 log = logging.getLogger("cosyserve.gpu_check")
-
-
-class Deadline:
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
-
-    def left(self) -> float:
-        return self.end - time.monotonic()
 
 
 def say(msg: str) -> None:
@@ -216,10 +208,10 @@ def parity(eng: Any, texts: list[str]) -> dict:
     with scheduler(lm, greedy=True, trace=True) as sched:
         seqs = [submit(lm, sched, mi) for mi in inputs]
         finish(seqs)
-    equal = [s.tokens == ref for s, (ref, _) in zip(seqs, refs)]
+    equal = [s.tokens == ref for s, (ref, _) in zip(seqs, refs, strict=True)]
     worst = 0.0
-    for seq, (_, steps) in zip(seqs, refs):
-        for a, b in zip(seq.logp_trace, steps):
+    for seq, (_, steps) in zip(seqs, refs, strict=True):
+        for a, b in zip(seq.logp_trace, steps, strict=False):
             live = b > -50.0
             worst = max(worst, float((a[live] - b[live]).abs().max()))
     return {"requests": len(texts), "tokens_equal": sum(equal), "tokens": [len(r) for r, _ in refs],
@@ -250,7 +242,8 @@ def seeded(eng: Any, device: Any, texts: list[str], seed: int = 1234) -> dict:
         on_cpu = submit(cpu_lm, cpu_sched, {k: v.cpu() if isinstance(v, torch.Tensor) else v
                                             for k, v in inputs[1].items()}, seed=seed)
         finish([on_cpu], timeout=600)
-    first_diff = next((i for i, (a, b) in enumerate(zip(on_cpu.tokens, alone.tokens)) if a != b), None)
+    pairs = enumerate(zip(on_cpu.tokens, alone.tokens, strict=False))
+    first_diff = next((i for i, (a, b) in pairs if a != b), None)
     out.update(cpu_equals_device=on_cpu.tokens == alone.tokens, cpu_tokens=len(on_cpu.tokens),
                first_difference=first_diff)
     del cpu_llm
@@ -267,20 +260,16 @@ def drift(eng: Any, device: Any, text: str, steps: int = 60) -> dict:
     llm = eng.loaded.model.llm
     model_input = llm_input(eng, text)
     empty = torch.zeros(1, 0, dtype=torch.int32)
-    names = ["fp16", "bf16"]
-    if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        names = ["fp16"]
-    out = {}
-    ref = BatchedLM(llm)
-    for name in names:
+    args = (model_input["text"], model_input.get("prompt_text", empty),
+            model_input.get("llm_prompt_speech_token", empty))
+    out, ref = {}, BatchedLM(llm)
+    for name in ["fp16"] if device.type == "cuda" and not torch.cuda.is_bf16_supported() else ["fp16", "bf16"]:
         half = copy.deepcopy(llm)
         llm_in(half, torch.float16 if name == "fp16" else torch.bfloat16)
         low = BatchedLM(half)
-        worst_rel, worst_abs, agree, n = 0.0, 0.0, 0, 0
+        worst_rel, worst_abs, agree = 0.0, 0.0, 0
         with torch.inference_mode():
             kv32, kvh = ref.new_cache(), low.new_cache()
-            args = (model_input["text"], model_input.get("prompt_text", empty),
-                    model_input.get("llm_prompt_speech_token", empty))
             _, p32 = ref.prefill(kv32, ref.prefix(*args)[0])
             _, ph = low.prefill(kvh, low.prefix(*args)[0])
             for _ in range(steps):
@@ -290,9 +279,8 @@ def drift(eng: Any, device: Any, text: str, steps: int = 60) -> dict:
                 worst_rel = max(worst_rel, float((a - b).norm() / b.norm()))
                 token = int(b.argmax())
                 agree += int(a.argmax()) == token
-                n += 1
                 p32, ph = ref.decode(kv32, [token])[0], low.decode(kvh, [token])[0]
-        out[name] = {"steps": n, "max_abs_live": worst_abs, "max_rel_l2": worst_rel, "top1_agree": agree / n,
+        out[name] = {"steps": steps, "max_abs_live": worst_abs, "max_rel_l2": worst_rel, "top1_agree": agree / steps,
                      "kv_dtype": str(kvh.dtype).replace("torch.", "")}
         del half, low
     return out
@@ -389,10 +377,10 @@ def closed_loop(eng: Any, requests: list[Any], concurrency: int, keep_going: Any
     return out
 
 
-def streaming(eng: Any, concurrency: int, requests: int, deadline: Deadline) -> dict:
-    """Closed loop: ``concurrency`` threads stream ``requests`` requests in all."""
+def streaming(eng: Any, concurrency: int, requests: int, left: Callable[[], float]) -> dict:
+    """Closed loop: ``concurrency`` threads stream ``requests`` requests in all (until ``left()`` s run out)."""
     got = closed_loop(eng, [request(eng, STREAM_TEXT, stream=True, seed=i) for i in range(requests)], concurrency,
-                      keep_going=lambda: deadline.left() >= 0)
+                      keep_going=lambda: left() >= 0)
     ttfa, audio, errors, wall, steps = got.ttfa, got.audio, got.errors, got.wall_s, got.steps
     step_s = [s for _, s in steps]
     return {"concurrency": concurrency, "requests": len(ttfa), "errors": errors[:3], "error_count": len(errors),
@@ -418,10 +406,8 @@ def syncs(eng: Any, device: Any) -> dict:
         with scheduler(lm, greedy=False, probe=counter.probe) as sched:
             finish([submit(lm, sched, mi, seed=i) for i, mi in enumerate(inputs)])
         out[name] = summary(counter.per_step[1:])  # the first step may include one-off setup
-        if name == "proxy":
-            out[name]["kinds"] = dict(counter.kinds)
-        else:
-            out[name]["messages"] = dict(counter.messages)
+        kind = "kinds" if name == "proxy" else "messages"
+        out[name][kind] = dict(getattr(counter, kind))
     out["by_design"] = "one event wait per step (the log-prob download); not flagged by set_sync_debug_mode"
     return out
 
@@ -489,10 +475,10 @@ def gpu_memory(device: Any) -> dict | None:
 
 
 # -- main ------------------------------------------------------------------------------------------------
-def phase(doc: dict, name: str, fn: Any, needs: float, deadline: Deadline) -> None:
+def phase(doc: dict, name: str, fn: Any, needs: float, left: Callable[[], float]) -> None:
     """``doc[name] = fn()`` and its seconds, or why not: skipped (under ``needs`` s of budget left) or failed."""
-    if deadline.left() < needs:
-        doc[name] = {"skipped": f"time budget ({deadline.left():.0f} s left, needs ~{needs} s)"}
+    if left() < needs:
+        doc[name] = {"skipped": f"time budget ({left():.0f} s left, needs ~{needs} s)"}
         say(f"{name}: skipped (time budget)")
         return
     t = time.monotonic()
@@ -510,7 +496,8 @@ def run(args: argparse.Namespace) -> dict:
 
     from app.engines.cosyvoice.device import resolve_device
 
-    deadline = Deadline(args.budget_s)
+    end = time.monotonic() + args.budget_s
+    left = lambda: end - time.monotonic()  # noqa: E731 - seconds of the budget left
     device = resolve_device(args.device)
     torch.set_num_threads(args.threads)
     doc: dict[str, Any] = {"mode": "quick" if args.quick else "full", "budget_s": args.budget_s,
@@ -536,15 +523,15 @@ def run(args: argparse.Namespace) -> dict:
     try:
         eng.warmup()
         for name, fn, needs in phases:
-            phase(doc, name, fn, needs, deadline)
+            phase(doc, name, fn, needs, left)
         doc["streaming"] = []
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)  # the peak below is the serving one
         for c, n, needs in levels:
-            if deadline.left() < needs:
+            if left() < needs:
                 doc["streaming"].append({"concurrency": c, "skipped": "time budget"})
                 continue
-            point = streaming(eng, c, n, deadline)
+            point = streaming(eng, c, n, left)
             doc["streaming"].append(point)
             say(f"concurrency {c}: {json.dumps(point, default=str)[:300]}")
         doc["gpu_memory"] = gpu_memory(device)
@@ -552,8 +539,8 @@ def run(args: argparse.Namespace) -> dict:
         eng.close()
     # two more engines (one per setting) and their streams
     phase(doc, "token2wav", lambda: token2wav(mdir, str(device), args.quick, args.threads),
-          60 if args.quick else 150, deadline)
-    doc["elapsed_s"] = round(args.budget_s - deadline.left(), 1)
+          60 if args.quick else 150, left)
+    doc["elapsed_s"] = round(args.budget_s - left(), 1)
     return doc
 
 
