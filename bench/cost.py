@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -22,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.lib.model import ensure_full_model, ensure_model
 from bench.lib.procs import ROOT, THREAD_ENV, logger, python_module, results_dir, shown
 from bench.report import cost_goals, cost_markdown, lever_goals, stream_goals
 
@@ -62,7 +64,6 @@ LEVER_PLAN: dict[tuple[str, str], list[tuple[str, str, bool, int, int]]] = {
 # with the flow cache off (what streams cost before) and with exact fp32 caches; c=1 and c=4, long text
 STREAM_CASES = [("long-whole", LONG, False, 1, 1), ("long-stream", LONG, True, 1, 1),
                 ("long-whole-c4", LONG, False, 4, 1), ("long-stream-c4", LONG, True, 4, 1)]
-STREAM_VARIANTS = ("defaults", "recompute", "exact")
 STREAM_PLAN: dict[tuple[str, str], list[tuple[str, str, bool, int, int]]] = {
     ("full", "defaults"): STREAM_CASES, ("full", "recompute"): STREAM_CASES,
     ("full", "exact"): [STREAM_CASES[1]],
@@ -117,15 +118,12 @@ class FrameCounter:
     def _graph_frames(self) -> int:
         return sum(g.frames for g in self.graphs)
 
-    def peek(self) -> float:
-        with self._lock:
-            return (self.frames + self._graph_frames() - self._graphs_seen) / self.steps
-
-    def take(self) -> float:
+    def take(self, reset: bool = True) -> float:
+        """The frames since the last take (``reset`` False: a peek)."""
         with self._lock:
             n = self.frames + self._graph_frames() - self._graphs_seen
-            self.frames = 0
-            self._graphs_seen = self._graph_frames()
+            if reset:
+                self.frames, self._graphs_seen = 0, self._graph_frames()
         return n / self.steps
 
 
@@ -151,7 +149,7 @@ def _one(engine: Any, text: str, stream: bool, voice: Any = None, counter: Frame
     for chunk in engine.synthesize(req, threading.Event()):
         if first is None:
             first = time.perf_counter() - t0
-            first_frames = counter.peek() if counter is not None else None
+            first_frames = counter.take(reset=False) if counter is not None else None
         samples += len(chunk.pcm)
     return {"wall_s": time.perf_counter() - t0, "ttfa_s": first, "audio_s": samples / engine.sample_rate,
             "first_frames": first_frames, "stages": req.timings.snapshot()}
@@ -179,14 +177,8 @@ def run_case(engine: Any, counter: FrameCounter, text: str, stream: bool, concur
             "ttfa_s": statistics.median(r["ttfa_s"] for r in runs if r["ttfa_s"] is not None),
             "flow_frames_per_request": counter.take() / concurrency,
             "first_hop_flow_frames": runs[0]["first_frames"] if concurrency == 1 and stream else None,
-            "stages_s_per_request": stages, "peak_rss_mb": _peak_rss_mb()}
-
-
-def _peak_rss_mb() -> float:
-    """The worker's peak RSS so far (one variant per process: the cases run in order, c=4 last)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            # the worker's peak RSS so far (one variant per process: the cases run in order, c=4 last)
+            "stages_s_per_request": stages, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | None = None,
@@ -255,12 +247,6 @@ def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | No
 
 
 # -- driver ------------------------------------------------------------------------------------------
-def _model_dir(model: str) -> str:
-    from bench.lib.model import ensure_full_model, ensure_model
-
-    return ensure_full_model() if model == "full" else ensure_model(2)
-
-
 def _host() -> dict:
     flags, name = "", platform.machine()
     try:
@@ -294,20 +280,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker-timeout-s", type=float, default=900.0, help="most seconds per (model, dtype) run")
     ap.add_argument("--worker", nargs=3, metavar=("MODEL_DIR", "MODEL", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.variants is None:
-        args.variants = {"levers": ",".join(LEVER_VARIANTS), "stream": ",".join(STREAM_VARIANTS)}.get(
-            args.plan, "fp32,bf16,fp32-cache,fp32-cache-voice")
     if args.worker:
         print("RESULT " + json.dumps(worker(*args.worker, quick=args.quick, only=args.cases, plan=args.plan)),
               flush=True)
         return 0
     plan, name = PLANS[args.plan], OUTPUTS[args.plan]
+    variants = args.variants or ",".join(dict.fromkeys(v for _, v in plan))  # the plan's, in its order
     results: dict[str, dict] = {}
     host = _host()
     log(f"host {host}")
     for model in args.models.split(","):
-        model_dir = _model_dir(model)
-        for dtype in args.variants.split(","):
+        model_dir = ensure_full_model() if model == "full" else ensure_model(2)
+        for dtype in variants.split(","):
             if (model, dtype) not in plan:
                 continue
             log(f"{model} {dtype}: {shown(model_dir)}")
@@ -334,10 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         merged = old["results"]
         for model, by_variant in results.items():
             for variant, res in by_variant.items():
-                if variant in merged.get(model, {}):
-                    merged[model][variant]["cases"].update(res["cases"])
-                else:
-                    merged.setdefault(model, {})[variant] = res
+                # a variant run before: its cases updated (a new one: itself, unchanged)
+                merged.setdefault(model, {}).setdefault(variant, res)["cases"].update(res["cases"])
         results = merged
     doc = {"commands": commands, "host": host, "results": results,
            "goals": {"levers": lever_goals, "stream": stream_goals}.get(args.plan, cost_goals)(results)}
