@@ -425,14 +425,9 @@ PRIORITY_PHASES = {"A": "interactive alone", "B": "interactive + bulk backlog", 
 
 
 def backlog_summary(results: list[Result], window: tuple[float, float] | None = None) -> dict[str, Any]:
-    """The bulk backlog: counts, completion time (first submit to last done), goodput, the longest wait.
-
-    Goodput is audio seconds per wall second over ``window`` (the interactive loop's, in phase B: the
-    classes share it; each request's audio counted over its first audio to its end, not over the time
-    it waited in the queue, which would credit the window with work done after it) or else over the
-    completion time. A request's wait is bounded by its time to first
-    audio (queue wait plus its first chunk's compute): the longest one is what the class timeout bounds.
-    """
+    """The bulk backlog: counts, completion time (first submit to last done), goodput (audio s per wall s over
+    ``window``, phase B's, or else over the completion time), the longest wait (its time to first audio: what
+    the class timeout bounds)."""
     ok = [r for r in results if r.kind == "ok"]
     starts = [r.start for r in results]
     ends = [r.start + r.latency_s for r in results]
@@ -454,38 +449,22 @@ def backlog_summary(results: list[Result], window: tuple[float, float] | None = 
     }
 
 
-def _alone(a: float | None, a2: float | None) -> tuple[float | None, float | None]:
-    """The alone reference (geometric mean of A and A2, or the one measured) and A2 / A (None: one run)."""
-    if a is None or a2 is None or a <= 0 or a2 <= 0:
-        return (a if a2 is None else a2), None
-    return (a * a2) ** 0.5, a2 / a
-
-
-def _past_drift(meets: Callable[[float], bool], beside: float, a: float, a2: float) -> tuple[bool | None, str]:
-    """A and A2 differ by more than the goal's margin: it passes if it holds against each of them, fails
-    if against neither, and is not resolvable here if it holds against one only."""
-    each = [meets(beside / a), meets(beside / a2)]
-    verdict = True if all(each) else False if not any(each) else None
-    said = {True: "met against each", False: "missed against each", None: "not resolvable here"}[verdict]
-    return verdict, f" past the margin: {said} (B/A {beside / a:.3f}, B/A2 {beside / a2:.3f})"
-
-
 def _vs_alone(name: str, beside: float | None, a: float | None, a2: float | None, target: str, margin: float,
               extra: str = "", said_before: str = "") -> dict[str, Any]:
-    """``beside`` over the alone reference against ``target`` (a bound); where A and A2 differ by more than
-    ``margin``, graded against each (``_past_drift``). ``extra``: more noise after A2/A."""
+    """``beside`` over the alone reference (the geometric mean of A and A2, or the one measured) against ``target``
+    (a bound). Where A and A2 differ by more than ``margin`` it passes if it holds against each of them, fails if
+    against neither, and is not resolvable here if against one only. ``extra``: more noise after A2/A."""
     op, limit = target.split(" ", 1)
-
-    def meets(x: float) -> bool:
-        return BOUNDS[op](x, float(limit))
-
-    alone, drift = _alone(a, a2)
+    both = a is not None and a2 is not None and a > 0 and a2 > 0
+    alone, drift = ((a * a2) ** 0.5, a2 / a) if both else ((a if a2 is None else a2), None)  # type: ignore[operator]
     r = ratio(beside, alone)
     noise = ("" if drift is None else f"A2/A {drift:.3f}") + extra
-    ok = None if r is None else meets(r)
+    ok = None if r is None else BOUNDS[op](r, float(limit))
     if ok is not None and drift is not None and max(drift, 1 / drift) > margin:
-        ok, said = _past_drift(meets, beside, a, a2)  # type: ignore[arg-type]
-        noise += said_before + said
+        vs_a, vs_a2 = beside / a, beside / a2  # type: ignore[operator]
+        ok = {2: True, 0: False}.get(sum(BOUNDS[op](x, float(limit)) for x in (vs_a, vs_a2)))
+        said = {True: "met against each", False: "missed against each", None: "not resolvable here"}[ok]
+        noise += f"{said_before} past the margin: {said} (B/A {vs_a:.3f}, B/A2 {vs_a2:.3f})"
     return goal(name, r, target, ok, noise=noise)
 
 
