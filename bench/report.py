@@ -1,8 +1,4 @@
-"""Every suite's report, in one module: the goals and the Markdown, from a run's JSON.
-
-The shared helpers (a number, a goal, a table, ``save``), then a section a suite: run, admission, priority,
-abuse, cost, gpu.
-"""
+"""Every suite's goals and Markdown report from its run's JSON: the shared helpers, then one section a suite."""
 
 from __future__ import annotations
 
@@ -716,13 +712,12 @@ def abuse_goals(phases: list[dict]) -> list[dict]:
             add("giant field answer time p99, as the niced adversary timed it (1 MB upload in)",
                 ms(percentile(tally.get("answer_s") or [], 99), 0, " ms"), "info", None)
         if name in ("huge-body", "huge-chunked") and tally:
-            sent = max(tally.get("sent_bytes") or [0], default=0)
+            sent, graded = max(tally.get("sent_bytes") or [0], default=0), name == "huge-body"
             answered = any(k != "open at end" for k in tally["answers"])
-            if name == "huge-body":
-                add("bytes sent before the answer or close (max)", sent_text(sent), f"< {sent_text(HUGE_SENT_MAX)}",
-                    sent < HUGE_SENT_MAX and answered)
-            else:  # no goal in the issue: the server can only cut it at its upload limit
-                add("bytes sent before the answer or close (max)", sent_text(sent), "info (server.max_upload_mb)", None)
+            # huge-chunked: no goal in the issue, the server can only cut it at its upload limit
+            add("bytes sent before the answer or close (max)", sent_text(sent),
+                f"< {sent_text(HUGE_SENT_MAX)}" if graded else "info (server.max_upload_mb)",
+                sent < HUGE_SENT_MAX and answered if graded else None)
         if p.get("storm"):
             check("all 200s/s (storm + polite) vs polite alone", ratio(p["storm"]["total_rps"], ref["throughput_rps"]),
                   f">= {GOODPUT_MIN}")
