@@ -113,49 +113,40 @@ def drift(series: list[float | None]) -> tuple[float, float] | None:
 def run_goals(r: dict) -> list[dict]:
     goals: list[dict] = []
     workers = r["config"]["workers"]
-    th, b = r.get("ceiling_threads"), r["systems"].get("cosyserve")
+    th, b = r.get("ceiling_threads"), r["systems"].get("cosyserve") or {}
     ceiling = th["cw"]["throughput_rps"] if th else None
-    for p in b["points"] if b and ceiling else ():
+    for p in b.get("points", []) if ceiling else ():
         if p["concurrency"] >= workers:
             bound(goals, f"(b) throughput at c={p['concurrency']} / (a) {workers}-thread ceiling",
                   p["throughput_rps"] / ceiling, ">= 0.95", nd=3)
-    if b:
-        base = _run_point(b, workers)
-        base_p99 = base["latency_p99_s"] if base else None
-        top = max((p["concurrency"] for p in b["points"]), default=None)
-        for name, p in ((f"c={top}", _run_point(b, top) if top else None), ("3x overload", b.get("overload"))):
-            if not p:
-                continue
-            bound(goals, f"(b) {name}: 503 reject latency p99 (ms)", p.get("reject_p99_s"), "< 10", nd=1, scale=1000)
-            adm = p.get("latency_p99_s")
-            if adm is not None and base_p99:
-                bound(goals, f"(b) {name}: admitted p99 / p99 at c={workers}", adm / base_p99, "<= 2")
-            other = p["errors"] + p["timeouts"]
-            add_goal(goals, f"(b) {name}: errors + timeouts (not 503)", str(other), "0", other == 0)
+    base_p99 = (_run_point(b, workers) or {}).get("latency_p99_s")
+    top = max((p["concurrency"] for p in b.get("points", [])), default=None)
+    for name, p in ((f"c={top}", _run_point(b, top) if top else None), ("3x overload", b.get("overload"))):
+        if not p:
+            continue
+        bound(goals, f"(b) {name}: 503 reject latency p99 (ms)", p.get("reject_p99_s"), "< 10", nd=1, scale=1000)
+        adm = p.get("latency_p99_s")
+        if adm is not None and base_p99:
+            bound(goals, f"(b) {name}: admitted p99 / p99 at c={workers}", adm / base_p99, "<= 2")
+        other = p["errors"] + p["timeouts"]
+        add_goal(goals, f"(b) {name}: errors + timeouts (not 503)", str(other), "0", other == 0)
     if b and th:
-        bp, ap = _run_point(b, 1), th["c1"]
-        if bp and bp["latency_p50_s"] is not None and ap["latency_p50_s"] is not None:
-            bound(goals, "(b) p50 latency at c=1 minus (a) in-process (ms)",
-                  bp["latency_p50_s"] - ap["latency_p50_s"], "<= 10", nd=1, scale=1000)
-        ttfa = (b.get("ttfa") or {}).get("ttfa_p50_s")
-        own = th.get("first_chunk_p50_s")
-        if ttfa is not None and own is not None:
-            bound(goals, "(b) stream TTFA p50 minus the engine's own first chunk (ms)", ttfa - own, "<= 5", nd=1,
-                  scale=1000)
-    if b and b.get("ttfa_series"):
-        d = drift(b["ttfa_series"])
-        if d:
-            first, last = d
-            n = len(b["ttfa_series"])
-            ok = abs(last - first) <= max(0.005, 0.10 * first)
-            add_goal(goals, f"(b) TTFA drift: median of last vs first streams (of {n}), ms",
-                  f"{last * 1000:.1f} vs {first * 1000:.1f}", "within 10% or 5 ms", ok)
-    if th and th.get("first_chunk_s"):
-        d = drift(th["first_chunk_s"])
-        if d:
-            add_goal(goals, "(a) engine first chunk drift: last vs first streams, ms",
-                  f"{d[1] * 1000:.1f} vs {d[0] * 1000:.1f}", "info", None)
-    mem = (b or {}).get("memory")
+        for name, x, y, target in (
+                ("(b) p50 latency at c=1 minus (a) in-process (ms)", (_run_point(b, 1) or {}).get("latency_p50_s"),
+                 th["c1"]["latency_p50_s"], "<= 10"),
+                ("(b) stream TTFA p50 minus the engine's own first chunk (ms)",
+                 (b.get("ttfa") or {}).get("ttfa_p50_s"), th.get("first_chunk_p50_s"), "<= 5")):
+            if x is not None and y is not None:
+                bound(goals, name, x - y, target, nd=1, scale=1000)
+    if d := drift(b.get("ttfa_series") or []):
+        first, last = d
+        add_goal(goals, f"(b) TTFA drift: median of last vs first streams (of {len(b['ttfa_series'])}), ms",
+                 f"{last * 1000:.1f} vs {first * 1000:.1f}", "within 10% or 5 ms",
+                 abs(last - first) <= max(0.005, 0.10 * first))
+    if d := drift((th or {}).get("first_chunk_s") or []):
+        add_goal(goals, "(a) engine first chunk drift: last vs first streams, ms",
+                 f"{d[1] * 1000:.1f} vs {d[0] * 1000:.1f}", "info", None)
+    mem = b.get("memory")
     if mem and mem.get("growth") is not None:
         mib = [fmt(mem[k] or None, 0, PER_MB) for k in ("rss_before", "rss_after")]
         add_goal(goals, f"(b) RSS growth over {mem['requests']} requests after warm-up",
@@ -184,13 +175,12 @@ def run_markdown(r: dict) -> str:
              for label, s in setups]),
             "", f"Engine load {th['load_s'] * 1000:.0f} ms (first, with imports: {th['load_s_first']:.1f} s); "
             f"own first streamed chunk p50 {ms(th['first_chunk_p50_s'], 1)} ms.", ""]
-    rows = []
-    for sys_ in r["systems"].values():
-        o = sys_.get("overload")
-        loads = [(f"c={p['concurrency']}", p) for p in sys_["points"]] + ([(f"open {o['rate_rps']:.2f}/s", o)] if o else [])
-        rows += [(sys_["label"], name, p) for name, p in loads]
+    rows = [(sys_["label"], name, p) for sys_ in r["systems"].values() for name, p in
+            [*((f"c={p['concurrency']}", p) for p in sys_["points"]),
+             *((f"open {o['rate_rps']:.2f}/s", o) for o in filter(None, [sys_.get("overload")]))]]
     lines += ["## HTTP systems", "", *table(
-        ["system", "load", "req/s", "p50", "p95", "p99", "TTFA p50", "503s", "503 p99", "errors", "timeouts", "peak RSS"],
+        ["system", "load", "req/s", "p50", "p95", "p99", "TTFA p50", "503s", "503 p99", "errors", "timeouts",
+         "peak RSS"],
         [[label, name, f"{p['throughput_rps']:.2f}", *(ms(p[k], 1) for k in ("latency_p50_s", "latency_p95_s",
           "latency_p99_s", "ttfa_p50_s")), p["rejected"], ms(p["reject_p99_s"], 1), p["errors"], p["timeouts"],
           fmt(p.get("peak_rss") or None, 0, PER_MB)] for label, name, p in rows])]
@@ -368,8 +358,9 @@ def admission_markdown(r: dict) -> str:
         (f"Run {r['started']}, {r['cores']} cores, model `{r['model']}`; every request `POST /v1/tts` streamed "
          f"16-bit PCM of \"{r['text']}\". {'QUICK SMOKE RUN: the numbers mean nothing. ' if cfg.get('quick') else ''}"
          f"Closed loop {cfg['point_s']:g} s measured after {cfg['warmup_s']:g} s (a 503 costs its client "
-         f"{backoff(cfg.get('reject_backoff_s'))}); open loop {cfg['overload_s']:g} s per rate (goodput: the work done "
-         "while the arrivals lasted); " + (f"step phases {cfg['step_s']:g} s. " if cfg["step_s"] > 0 else "no step test. ")
+         f"{backoff(cfg.get('reject_backoff_s'))}); open loop {cfg['overload_s']:g} s per rate (goodput: the work "
+         "done while the arrivals lasted); "
+         + (f"step phases {cfg['step_s']:g} s. " if cfg["step_s"] > 0 else "no step test. ")
          + (f"Every point measured in {cfg['rounds']} rounds: each row is its median round, the req/s range in "
             "brackets, the counts summed. " if cfg.get("rounds", 1) > 1 else "")
          + ("The \"again\" rows: the best closed-loop point re-run just before each open-loop rate, which is "
