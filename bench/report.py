@@ -292,39 +292,33 @@ def admission_goals(r: dict) -> list[dict]:
         if sys_.get("failed") or not sys_.get("points"):
             continue
         graded = key == "defaults"  # the goals are for the defaults; the others are shown for comparison
-        k = knee(sys_["points"])
-        best = best_closed(sys_["points"])["throughput_rps"]
-        k_p99 = k["latency_p99_s"] if k else None
+        check = partial(bound, goals, graded=graded)
+        k, best = knee(sys_["points"]), best_closed(sys_["points"])["throughput_rps"]
         add_goal(goals, f"[{key}] knee (fewest clients at >= 0.9x the best {best:.2f} req/s)",
-                 f"c={k['concurrency']}, p99 {ms(k_p99)} ms" if k else "-", "info", None)
+                 f"c={k['concurrency']}, p99 {ms(k['latency_p99_s'])} ms", "info", None)
         for o in sys_.get("open", []):
             name = f"[{key}] open loop {o['factor']:g}x"
-            if o["latency_p99_s"] is not None and k_p99:
-                bound(goals, f"{name}: admitted p99 / p99 at the knee", o["latency_p99_s"] / k_p99, "<= 2",
-                      graded=graded)
-            bound(goals, f"{name}: throughput / best closed loop", o["throughput_rps"] / best if best else 0.0,
-                  ">= 0.95", graded=graded)
+            if o["latency_p99_s"] is not None and k["latency_p99_s"]:
+                check(f"{name}: admitted p99 / p99 at the knee", o["latency_p99_s"] / k["latency_p99_s"], "<= 2")
+            check(f"{name}: throughput / best closed loop", o["throughput_rps"] / best if best else 0.0, ">= 0.95")
             pair = next((x for x in sys_.get("paired") or [] if x["factor"] == o["factor"]), None)
             if pair:
                 rounds = " / ".join(f"{x:.2f}" for x in pair["ratios"])
-                bound(goals, f"{name}: throughput / the best closed point re-measured just before it (median of "
-                      f"rounds: {rounds})", pair["median"], ">= 0.95", graded=graded)
-            rej = o.get("reject_p99_s")
+                check(f"{name}: throughput / the best closed point re-measured just before it (median of "
+                      f"rounds: {rounds})", pair["median"], ">= 0.95")
+            rej, bad = o.get("reject_p99_s"), o["errors"] + o["timeouts"]
             add_goal(goals, f"{name}: 503 p99 (ms)", ms(rej), "< 10", (rej is None or rej < 0.010) if graded else None)
-            bad = o["errors"] + o["timeouts"]
             add_goal(goals, f"{name}: errors + timeouts", str(bad), "0", bad == 0 if graded else None)
         p8 = next((p for p in sys_["points"] if p["concurrency"] == 8), None)
         if p8 and p8["latency_p50_s"]:
-            bound(goals, f"[{key}] c=8: p99 / p50 (starvation)", p8["latency_p99_s"] / p8["latency_p50_s"], "<= 2",
-                  graded=graded)
+            check(f"[{key}] c=8: p99 / p50 (starvation)", p8["latency_p99_s"] / p8["latency_p50_s"], "<= 2")
         rej = sys_.get("server_503") or {}
         if rej.get("count"):  # the client's clock adds its own scheduling on the same 2 cores as the server
-            bound(goals, f"[{key}] 503 p99 as the server timed it, whole run (ms)", rej["p99_ms"], "< 10", nd=1,
-                  graded=graded)
+            check(f"[{key}] 503 p99 as the server timed it, whole run (ms)", rej["p99_ms"], "< 10", nd=1)
         settle = (sys_.get("step") or {}).get("settle_s") or []
         if settle and all(s is not None for s in settle):
-            bound(goals, f"[{key}] step 0.5x -> 3x -> 0.5x: the limit settles within (s)", max(settle),
-                  f"<= {SETTLE_GOAL_S:g}", shown=" / ".join(f"{s:g}" for s in settle), graded=graded)
+            check(f"[{key}] step 0.5x -> 3x -> 0.5x: the limit settles within (s)", max(settle),
+                  f"<= {SETTLE_GOAL_S:g}", shown=" / ".join(f"{s:g}" for s in settle))
     fixed = [s for k, s in systems.items() if k != "defaults" and s.get("points")]
     for p in (systems.get("defaults") or {}).get("points", []):
         rivals = [q["throughput_rps"] for s in fixed for q in s["points"] if q["concurrency"] == p["concurrency"]]
