@@ -194,7 +194,6 @@ def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | No
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    by_voice = variant.endswith("-voice")
     onnx_dir = tempfile.mkdtemp(prefix="cosyserve-bench-onnx-")  # a fresh export: load_s includes it
     settings = VARIANTS[variant]
     engine = CosyVoiceEngine(engine_config_of(model_dir, torch_threads=1, batching=True, max_batch_size=16,
@@ -202,15 +201,14 @@ def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | No
                                               **(settings() if callable(settings) else settings)))
     engine.load()
     load_s = time.perf_counter() - t0
-    runner = engine.runner
-    counter = FrameCounter(engine.loaded.model.flow, runner.flow_runtime if runner is not None else None)
-    held = [0]
-    budget = runner.flow_budget if runner is not None else None
+    runner = engine.runner  # None: the engine runs unbatched
+    counter = FrameCounter(engine.loaded.model.flow, getattr(runner, "flow_runtime", None))
+    held, budget, pc = [0], getattr(runner, "flow_budget", None), getattr(runner, "prompt_cache", None)
     if budget is not None:  # the flow cache's peak bytes (all streams)
         budget.on_usage = lambda used, _max, _n: held.__setitem__(0, max(held[0], used))
     _one(engine, "Hello.", False)  # warm-up: first-call kernel setup, the prompt's features (cached)
     voice, voice_fill = None, None
-    if by_voice:
+    if variant.endswith("-voice"):
         voice = engine.compute_voice(PROMPT_TEXT, _prompt())
         voice_fill = run_case(engine, counter, SHORT, True, 1, voice)  # the miss: fills the voice's prompt cache
         log(f"{model} {variant} voice-miss (short stream): cpu {voice_fill['cpu_s_per_request']:.2f} s, "
@@ -230,15 +228,13 @@ def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | No
             f"ttfa {best['ttfa_s']:.2f} s, audio {best['audio_s_per_request']:.2f} s, "
             f"flow frames {best['flow_frames_per_request']:.0f}, first hop {best['first_hop_flow_frames']}")
     precision = engine.loaded.precision
-    engine_cache = engine.runner is not None and engine.runner.flow_cache
     out = {"model": model, "variant": variant, "ran": precision.dtype, "stages_reduced": list(precision.stages),
-           "flow_cache": bool(engine_cache), "levers": engine.loaded.levers.describe(), "load_s": load_s,
-           "cases": cases}
+           "flow_cache": bool(getattr(runner, "flow_cache", False)), "levers": engine.loaded.levers.describe(),
+           "load_s": load_s, "cases": cases}
     if budget is not None:
         out["flow_cache_budget"] = {"max_mb": budget.max_bytes / 2**20, "peak_mb": held[0] / 2**20,
                                     "recomputed": budget.recomputed,
                                     "runtime": "onnxruntime" if runner.flow_runtime is not None else "torch"}
-    pc = engine.runner.prompt_cache if engine.runner is not None else None
     if pc is not None:
         out["voice_cache"] = {"hits": pc.hits, "misses": pc.misses, "bytes": pc.bytes, "fill": voice_fill}
     engine.close()
