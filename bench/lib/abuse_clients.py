@@ -1,10 +1,5 @@
-"""The abuse suite's adversaries, in their own process so their CPU and event loop are not the measuring client's.
-
-    python -m bench.lib.abuse_clients KIND --url http://127.0.0.1:PORT --clients N --seconds S
-
-Prints ``ready`` once imported, runs ``--seconds`` (every loop bounded in time and attempts, loopback only), then
-one JSON line: the ``Tally``. Times are ``time.monotonic()``, which all processes of a Linux host share.
-"""
+"""The abuse suite's adversaries in their own process (``python -m bench.lib.abuse_clients KIND --url URL --clients N
+--seconds S``): prints ``ready``, runs (loopback only, every loop bounded), then the ``Tally`` as one JSON line."""
 
 from __future__ import annotations
 
@@ -26,9 +21,8 @@ import httpx
 import psutil
 
 from bench.lib.admission_server import TEXT
+from bench.lib.load import retry_pause_s
 
-# -- raw HTTP/1.1 over loopback sockets: a request's head, the status of an answer, and what a socket that
-# reads nothing can still learn (its TCP state, the bytes queued, a peek)
 TCP_CLOSE_WAIT, TCP_CLOSE = 8, 7  # Linux tcp_states.h
 
 
@@ -46,10 +40,9 @@ def request_head(host: str, path: str, length: int | None) -> bytes:
 
 async def connect(host: str, port: int, sndbuf: int = 0, rcvbuf: int = 0) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    if sndbuf:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
-    if rcvbuf:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    for option, size in ((socket.SO_SNDBUF, sndbuf), (socket.SO_RCVBUF, rcvbuf)):
+        if size:
+            sock.setsockopt(socket.SOL_SOCKET, option, size)
     sock.setblocking(False)
     try:
         await asyncio.get_running_loop().sock_connect(sock, (host, port))
@@ -265,90 +258,94 @@ class Adversaries:
                     await reply
             sock.close()
 
-    async def ws(self, tally: Tally, chatty: bool) -> None:
-        """A WebSocket session that never sends text (chatty: a session.config every 3 s); reconnects when closed."""
-        from websockets.asyncio.client import connect as ws_connect
-        from websockets.exceptions import (
-            ConnectionClosed,
-            InvalidStatus,
-            WebSocketException,
-        )
-
-        url = f"ws://{self.host}:{self.port}/v1/audio/speech/stream"
-        for t0 in self.tries(tally):
-            try:
-                async with ws_connect(url, open_timeout=10, close_timeout=2) as ws:
-                    try:
-                        while self.left() > 0:
-                            try:
-                                msg = await asyncio.wait_for(ws.recv(), min(3.0, max(0.01, self.left())))
-                            except TimeoutError:
-                                if chatty:
-                                    await ws.send(json.dumps({"type": "session.config"}))
-                                continue
-                            if isinstance(msg, str) and '"error"' in msg:
-                                code = json.loads(msg).get("error", {}).get("code", "?")
-                                tally.answers[f"error event {code}"] = tally.answers.get(f"error event {code}", 0) + 1
-                        tally.count("open at end", time.monotonic() - t0)
-                    except ConnectionClosed as exc:
-                        code = exc.rcvd.code if exc.rcvd is not None else "none"
-                        tally.count(f"ws close {code}", time.monotonic() - t0)
-            except InvalidStatus as exc:
-                tally.count(f"http {exc.response.status_code}", time.monotonic() - t0)
-            except (OSError, TimeoutError, WebSocketException) as exc:
-                tally.count(f"connect error {type(exc).__name__}", time.monotonic() - t0)
-                tally.note(f"{type(exc).__name__}: {exc}")
-            await asyncio.sleep(min(RECONNECT_S, max(0.0, self.left())))
-
-    async def ws_long(self, tally: Tally) -> None:
-        """One WebSocket utterance of 4,000 characters (``input.text`` then ``input.done``) after another."""
+    async def ws_attempts(self, tally: Tally, session, failed: str, reconnect: bool, **options) -> None:
+        """``session(ws, t0)`` on a fresh WebSocket per attempt; refusals and failures (``failed``) counted."""
         from websockets.asyncio.client import connect as ws_connect
         from websockets.exceptions import InvalidStatus, WebSocketException
 
         url = f"ws://{self.host}:{self.port}/v1/audio/speech/stream"
         for t0 in self.tries(tally):
             try:
-                async with ws_connect(url, open_timeout=10, close_timeout=2, max_size=None) as ws:
-                    await ws.send(json.dumps({"type": "input.text", "text": UTTERANCE}))
-                    await ws.send(json.dumps({"type": "input.done"}))
-                    while True:
-                        msg = await asyncio.wait_for(ws.recv(), max(0.01, self.left() + 60))
-                        if isinstance(msg, bytes):
-                            continue
-                        event = json.loads(msg)
-                        if event["type"] == "audio.done":
-                            tally.audio_s += event["audio_seconds"]
-                            tally.audio_wall_s += time.monotonic() - t0
-                            tally.count("audio.done", time.monotonic() - t0)
-                            break
-                        if event["type"] == "error":
-                            tally.count(f"error event {event['error']['code']}", time.monotonic() - t0)
-                            break
+                async with ws_connect(url, open_timeout=10, close_timeout=2, **options) as ws:
+                    await session(ws, t0)
             except InvalidStatus as exc:
                 tally.count(f"http {exc.response.status_code}", time.monotonic() - t0)
             except (OSError, TimeoutError, WebSocketException) as exc:
-                tally.count(f"ws error {type(exc).__name__}", time.monotonic() - t0)
+                tally.count(f"{failed} {type(exc).__name__}", time.monotonic() - t0)
                 tally.note(f"{type(exc).__name__}: {exc}")
+            if reconnect:
+                await asyncio.sleep(min(RECONNECT_S, max(0.0, self.left())))
+
+    async def ws(self, tally: Tally, chatty: bool) -> None:
+        """A WebSocket session that never sends text (chatty: a session.config every 3 s); reconnects when closed."""
+        from websockets.exceptions import ConnectionClosed
+
+        async def session(ws, t0: float) -> None:
+            try:
+                while self.left() > 0:
+                    try:
+                        msg = await asyncio.wait_for(ws.recv(), min(3.0, max(0.01, self.left())))
+                    except TimeoutError:
+                        if chatty:
+                            await ws.send(json.dumps({"type": "session.config"}))
+                        continue
+                    if isinstance(msg, str) and '"error"' in msg:
+                        tally.count(f"error event {json.loads(msg).get('error', {}).get('code', '?')}")
+                tally.count("open at end", time.monotonic() - t0)
+            except ConnectionClosed as exc:
+                tally.count(f"ws close {exc.rcvd.code if exc.rcvd is not None else 'none'}", time.monotonic() - t0)
+
+        await self.ws_attempts(tally, session, "connect error", reconnect=True)
+
+    async def ws_long(self, tally: Tally) -> None:
+        """One WebSocket utterance of 4,000 characters (``input.text`` then ``input.done``) after another."""
+        async def session(ws, t0: float) -> None:
+            await ws.send(json.dumps({"type": "input.text", "text": UTTERANCE}))
+            await ws.send(json.dumps({"type": "input.done"}))
+            while True:
+                msg = await asyncio.wait_for(ws.recv(), max(0.01, self.left() + 60))
+                event = {"type": None} if isinstance(msg, bytes) else json.loads(msg)
+                if event["type"] == "audio.done":
+                    tally.audio_s += event["audio_seconds"]
+                    tally.audio_wall_s += time.monotonic() - t0
+                    tally.count("audio.done", time.monotonic() - t0)
+                    return
+                if event["type"] == "error":
+                    tally.count(f"error event {event['error']['code']}", time.monotonic() - t0)
+                    return
+
+        await self.ws_attempts(tally, session, "ws error", reconnect=False, max_size=None)
+
+    async def http_attempts(self, tally: Tally, attempt, timeout_s: float, path: str = "", timed: bool = False,
+                            **options) -> None:
+        """``attempt(client, t0)`` in a closed loop on one httpx client; a request without an answer is counted
+        (``path`` after its label, ``timed``: with its time)."""
+        async with httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=10.0),
+                                     **options) as client:
+            for t0 in self.tries(tally):
+                try:
+                    await attempt(client, t0)
+                except httpx.HTTPError as exc:
+                    label = f"no answer ({type(exc).__name__})" + (f" {path}" if path else "")
+                    tally.count(label, time.monotonic() - t0 if timed else None)
+                    tally.note(f"{type(exc).__name__}: {exc}")
 
     async def http_long(self, tally: Tally) -> None:
         """The same 4,000 characters as one streamed PCM ``/v1/tts`` request, one after another."""
-        async with httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(600.0, connect=10.0)) as client:
-            for t0 in self.tries(tally):
-                try:
-                    async with client.stream("POST", "/v1/tts", json={"text": UTTERANCE, "format": "pcm",
-                                                                       "stream": True}) as r:
-                        got = 0
-                        async for part in r.aiter_raw():
-                            got += len(part)
-                    tally.count(str(r.status_code), time.monotonic() - t0)
-                    if r.status_code == 200:
-                        tally.audio_s += got / 2 / int(r.headers["x-sample-rate"])
-                        tally.audio_wall_s += time.monotonic() - t0
-                    else:
-                        await asyncio.sleep(1.0)
-                except httpx.HTTPError as exc:
-                    tally.count(f"no answer ({type(exc).__name__})")
-                    tally.note(f"{type(exc).__name__}: {exc}")
+        async def attempt(client: httpx.AsyncClient, t0: float) -> None:
+            body = {"text": UTTERANCE, "format": "pcm", "stream": True}
+            async with client.stream("POST", "/v1/tts", json=body) as r:
+                got = 0
+                async for part in r.aiter_raw():
+                    got += len(part)
+            tally.count(str(r.status_code), time.monotonic() - t0)
+            if r.status_code == 200:
+                tally.audio_s += got / 2 / int(r.headers["x-sample-rate"])
+                tally.audio_wall_s += time.monotonic() - t0
+            else:
+                await asyncio.sleep(1.0)
+
+        await self.http_attempts(tally, attempt, 600.0)
 
     async def giant(self, tally: Tally, openai: bool) -> None:
         """A 1 MB field (``prompt_text`` on /v1/tts; ``instructions`` on /v1/audio/speech), in a closed loop."""
@@ -358,14 +355,12 @@ class Adversaries:
         else:
             path, body = "/v1/tts", {"text": "hello", "format": "pcm", "prompt_text": "x" * GIANT}
         content = json.dumps(body).encode()
-        async with httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(60.0, connect=10.0)) as client:
-            for t0 in self.tries(tally):
-                try:
-                    r = await client.post(path, content=content, headers={"content-type": "application/json"})
-                    tally.count(f"{r.status_code} {path}", time.monotonic() - t0, len(content))
-                except httpx.HTTPError as exc:
-                    tally.count(f"no answer ({type(exc).__name__}) {path}", time.monotonic() - t0)
-                    tally.note(f"{type(exc).__name__}: {exc}")
+
+        async def attempt(client: httpx.AsyncClient, t0: float) -> None:
+            r = await client.post(path, content=content, headers={"content-type": "application/json"})
+            tally.count(f"{r.status_code} {path}", time.monotonic() - t0, len(content))
+
+        await self.http_attempts(tally, attempt, 60.0, path, timed=True)
 
     async def storm(self, tally: Tally, fresh: bool) -> None:
         """A client that retries at once on a 503 (no backoff, Retry-After ignored); ``fresh``: a new connection
@@ -373,25 +368,37 @@ class Adversaries:
         from bench.lib.admission_server import work
 
         spec = work()
+
+        async def attempt(client: httpx.AsyncClient, t0: float) -> None:
+            async with client.stream(spec.method, spec.path, json=spec.json) as r:
+                async for _part in r.aiter_raw():
+                    pass
+            now = time.monotonic()
+            # the time to a refusal is what a no-backoff client waits between tries
+            tally.count(str(r.status_code), now - t0 if r.status_code != 200 else None)
+            if r.status_code == 200 and len(tally.ok) < MAX_SAMPLES:
+                tally.ok.append([t0, now - t0])
+            elif r.status_code == 503:
+                tally.rejected[f"{now:.1f}"] = tally.rejected.get(f"{now:.1f}", 0) + 1
+
         limits = httpx.Limits(max_connections=1, max_keepalive_connections=0 if fresh else 1)
-        async with httpx.AsyncClient(base_url=self.url, limits=limits,
-                                     timeout=httpx.Timeout(120.0, connect=10.0)) as client:
-            for t0 in self.tries(tally):
-                try:
-                    async with client.stream(spec.method, spec.path, json=spec.json) as r:
-                        async for _part in r.aiter_raw():
-                            pass
-                    now = time.monotonic()
-                    # the time to a refusal is what a no-backoff client waits between tries
-                    tally.count(str(r.status_code), now - t0 if r.status_code != 200 else None)
-                    if r.status_code == 200 and len(tally.ok) < MAX_SAMPLES:
-                        tally.ok.append([t0, now - t0])
-                    elif r.status_code == 503:
-                        tenth = f"{now:.1f}"
-                        tally.rejected[tenth] = tally.rejected.get(tenth, 0) + 1
-                except httpx.HTTPError as exc:
-                    tally.count(f"no answer ({type(exc).__name__})")
-                    tally.note(f"{type(exc).__name__}: {exc}")
+        await self.http_attempts(tally, attempt, 120.0, limits=limits)
+
+
+# kind -> one client's loop (``i``: the client's index)
+ADVERSARIES = {
+    "dribble": lambda adv, tally, i: adv.raw_attempts(tally, adv.dribble),
+    "nonread": lambda adv, tally, i: adv.raw_attempts(tally, adv.nonread),
+    "ws-idle": lambda adv, tally, i: adv.ws(tally, chatty=False),
+    "ws-chatty": lambda adv, tally, i: adv.ws(tally, chatty=True),
+    "ws-long": lambda adv, tally, i: adv.ws_long(tally),
+    "http-long": lambda adv, tally, i: adv.http_long(tally),
+    "giant": lambda adv, tally, i: adv.giant(tally, openai=i % 2 == 1),
+    "huge": lambda adv, tally, i: adv.raw_attempts(tally, adv.huge),
+    "huge-chunked": lambda adv, tally, i: adv.raw_attempts(tally, functools.partial(adv.huge, chunked=True)),
+    "storm": lambda adv, tally, i: adv.storm(tally, fresh=False),
+    "storm-fresh": lambda adv, tally, i: adv.storm(tally, fresh=True),
+}
 
 
 async def run(kind: str, url: str, clients: int, seconds: float, server_pid: int | None = None) -> Tally:
@@ -401,20 +408,7 @@ async def run(kind: str, url: str, clients: int, seconds: float, server_pid: int
         adv.end = time.monotonic()
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, stop)
-    one = {
-        "dribble": lambda i: adv.raw_attempts(tally, adv.dribble),
-        "nonread": lambda i: adv.raw_attempts(tally, adv.nonread),
-        "huge": lambda i: adv.raw_attempts(tally, adv.huge),
-        "huge-chunked": lambda i: adv.raw_attempts(tally, functools.partial(adv.huge, chunked=True)),
-        "ws-idle": lambda i: adv.ws(tally, chatty=False),
-        "ws-chatty": lambda i: adv.ws(tally, chatty=True),
-        "ws-long": lambda i: adv.ws_long(tally),
-        "http-long": lambda i: adv.http_long(tally),
-        "giant": lambda i: adv.giant(tally, openai=i % 2 == 1),
-        "storm": lambda i: adv.storm(tally, fresh=False),
-        "storm-fresh": lambda i: adv.storm(tally, fresh=True),
-    }[kind]
-    tasks = [asyncio.ensure_future(one(i)) for i in range(clients)]
+    tasks = [asyncio.ensure_future(ADVERSARIES[kind](adv, tally, i)) for i in range(clients)]
     _, late = await asyncio.wait(tasks, timeout=seconds + 15)  # an answer awaited past the end is not waited out
     for t in late:
         t.cancel()
@@ -432,17 +426,13 @@ def retry_after(head: bytes) -> float:
     for line in head.split(b"\r\n"):
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"retry-after":
-            try:
-                return max(0.0, float(value.strip()))
-            except ValueError:
-                break
+            return retry_pause_s(value.strip().decode(errors="replace"))
     return 1.0
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("kind", choices=("dribble", "nonread", "ws-idle", "ws-chatty", "ws-long", "http-long", "giant",
-                                     "huge", "huge-chunked", "storm", "storm-fresh"))
+    ap.add_argument("kind", choices=ADVERSARIES)
     ap.add_argument("--url", required=True)
     ap.add_argument("--clients", type=int, required=True)
     ap.add_argument("--seconds", type=float, required=True)
