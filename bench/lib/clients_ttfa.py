@@ -1,11 +1,6 @@
-"""One session per client for ``bench serve --scenario ws`` (``--clients``, and the default table's two).
-
-Every leg is a coroutine ``leg(target, pieces, rate, seed) -> Session``: it feeds the LLM's tokens (``pieces``) at
-``rate`` tokens/s when the client streams text in, or else waits until the last one would be written and sends
-the whole text, as a client that cannot stream text in must. The clock starts at the first token. ``CLIENTS``
-names them: raw WebSocket and POST, the openai SDK, LiveKit and Pipecat (our plugin vs the framework's OpenAI
-path a sentence at a time), Wyoming streamed (``Session.early``: audio before ``synthesize-stop``) and whole.
-"""
+"""The ws scenario's clients (``CLIENTS``): each ``leg(target, pieces, rate, seed) -> Session`` feeds the LLM's
+tokens at ``rate`` tokens/s if the client streams text in, else sends the whole text once the last would be written;
+the clock starts at the first token (bench/README.md)."""
 
 from __future__ import annotations
 
@@ -69,6 +64,24 @@ async def paced(send, pieces: list[str], rate: float) -> None:
             await sent
 
 
+async def fed(feed, receive) -> Session:
+    """A session whose clock starts now: ``feed()`` (the text, paced) beside ``receive(session)`` (the audio)."""
+    s = Session(time.perf_counter())
+    feeder = asyncio.create_task(feed())
+    try:
+        await receive(s)
+        await feeder
+    finally:
+        feeder.cancel()
+    return s
+
+
+async def pcm(s: Session, chunks) -> None:
+    async for chunk in chunks:
+        if chunk:
+            s.audio(len(chunk) / PCM_BYTES_PER_S)
+
+
 async def after_text(pieces: list[str], rate: float) -> Session:
     """The whole-text clients' wait for the LLM's last token; the session's clock starts at its first."""
     s = Session(time.perf_counter())
@@ -86,22 +99,16 @@ async def ws(t: Target, pieces: list[str], rate: float, seed: int) -> Session:
             await paced(lambda p: sock.send(json.dumps({"type": "input.text", "text": p})), pieces, rate)
             await sock.send(json.dumps({"type": "input.done"}))
 
-        s = Session(time.perf_counter())
-        feeder = asyncio.create_task(feed())
-        try:
+        async def receive(s: Session) -> None:
             async for m in sock:
                 if isinstance(m, bytes):
                     s.audio(len(m) / PCM_BYTES_PER_S)
-                    continue
-                event = json.loads(m)
-                if event["type"] == "error":
+                elif (event := json.loads(m))["type"] == "error":
                     raise RuntimeError(event)
-                if event["type"] == "audio.done":
-                    break
-            await feeder
-        finally:
-            feeder.cancel()
-    return s
+                elif event["type"] == "audio.done":
+                    return
+
+        return await fed(feed, receive)
 
 
 async def post(t: Target, pieces: list[str], rate: float, seed: int) -> Session:
@@ -109,9 +116,7 @@ async def post(t: Target, pieces: list[str], rate: float, seed: int) -> Session:
     body = {"text": "".join(pieces), "format": "pcm", "stream": True, "seed": seed}
     async with httpx.AsyncClient(timeout=GIVE_UP_S) as c, c.stream("POST", t.base + "/v1/tts", json=body) as r:
         r.raise_for_status()
-        async for chunk in r.aiter_bytes():
-            if chunk:
-                s.audio(len(chunk) / PCM_BYTES_PER_S)
+        await pcm(s, r.aiter_bytes())
     return s
 
 
@@ -123,9 +128,7 @@ async def openai_sdk(t: Target, pieces: list[str], rate: float, seed: int) -> Se
     async with client, client.audio.speech.with_streaming_response.create(
             model="tts-1", voice="alloy", input="".join(pieces), response_format="pcm",
             extra_body={"seed": seed}) as r:
-        async for chunk in r.iter_bytes():
-            if chunk:
-                s.audio(len(chunk) / PCM_BYTES_PER_S)
+        await pcm(s, r.iter_bytes())
     return s
 
 
@@ -222,13 +225,7 @@ async def wyoming_stream(t: Target, pieces: list[str], rate: float, seed: int) -
             stop_sent.append(time.perf_counter())
             await client.write_event(SynthesizeStop().event())
 
-        s = Session(time.perf_counter())
-        feeder = asyncio.create_task(feed())
-        try:
-            await _wyoming_audio(client, s, "synthesize-stopped")
-            await feeder
-        finally:
-            feeder.cancel()
+        s = await fed(feed, lambda s: _wyoming_audio(client, s, "synthesize-stopped"))
     s.early = s.first is not None and s.first < stop_sent[0]
     return s
 
@@ -252,14 +249,13 @@ async def _livekit(tts: Any, pieces: list[str], rate: float) -> Session:
         await paced(stream.push_text, pieces, rate)
         stream.end_input()
 
-    s = Session(time.perf_counter())
-    feeder = asyncio.create_task(feed())
-    try:
+    async def receive(s: Session) -> None:
         async for ev in stream:
             s.audio(ev.frame.duration)
-        await feeder
+
+    try:
+        s = await fed(feed, receive)
     finally:
-        feeder.cancel()
         await stream.aclose()
     if s.first is None:
         raise RuntimeError("no audio")
