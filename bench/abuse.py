@@ -80,9 +80,8 @@ def cpu_s(t: Any, children: bool = False) -> float:
 
 async def polite(url: str, hi: float, timeout_s: float) -> tuple[list[Result], list[str]]:
     """One closed-loop client until ``hi``: a 503 costs it the pause its Retry-After names (a failure: 0.5 s)."""
-    lc = LoadClient(url, timeout_s, max_connections=2)
     spec, results = work(), []
-    try:
+    async with LoadClient(url, timeout_s, max_connections=2) as lc:
         while time.monotonic() < hi:
             r = await lc.send(spec)
             results.append(r)
@@ -91,8 +90,6 @@ async def polite(url: str, hi: float, timeout_s: float) -> tuple[list[Result], l
             if pause:
                 await asyncio.sleep(min(pause, max(0.0, hi - time.monotonic())))
         return results, lc.errors
-    finally:
-        await lc.aclose()
 
 
 def statuses(results: list[Result]) -> dict[str, int]:

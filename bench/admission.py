@@ -147,15 +147,8 @@ class SystemRun:
     async def overload(self, factor: float) -> None:
         args, rate = self.args, factor * self.capacity
         self.out["capacity_rps"] = self.capacity
-        with Poller(self.url, time.monotonic()) as poll:
-            errors: list[str] = []
-            results, t0 = await load.open_phases(self.url, self.spec, [(rate, args.overload_s)], args.timeout_s,
-                                            errors=errors)
-        ends = [r.start + r.latency_s for r in results]
-        elapsed = max(max(ends) - t0 if ends else 0.0, args.overload_s)
-        # goodput: the work done while the arrivals lasted, as the closed loop counts its window's work
-        s = load.summarize(results, elapsed, errors, window=(t0, t0 + args.overload_s))
-        s.offered_rps = len(results) / args.overload_s
+        with Poller(self.url, time.monotonic()) as poll:  # goodput: the work done while the arrivals lasted
+            s = await load.open_loop(self.url, self.spec, rate, args.overload_s, timeout_s=args.timeout_s, window=True)
         self.out["open"].append({"factor": factor, "rate_rps": rate, **s.to_dict(),
                                  "limits": poll.limits})
         log(f"  {self.system} open {factor:g}x ({rate:.2f}/s): {s.brief()}")
@@ -236,7 +229,7 @@ def run_systems(args: argparse.Namespace, systems: list[str], model_dir: str, ru
                 fail(results, system, exc)
         plans = {system: run.plan() for system, run in runs.items()}
         for i in range(max((len(p) for p in plans.values()), default=0)):
-            for system, run in turns(runs, plans, i):
+            for system, _run in turns(runs, plans, i):
                 try:
                     asyncio.run(plans[system][i][1]())
                 except Exception as exc:  # noqa: BLE001

@@ -77,11 +77,8 @@ def interactive(s: load.Summary) -> dict[str, Any]:
 
 async def backlog(url: str, n: int, timeout_s: float) -> list[Result]:
     """``n`` bulk requests sent at once, each awaited to its end."""
-    lc = LoadClient(url, timeout_s, max_connections=n + 8)
-    try:
+    async with LoadClient(url, timeout_s, max_connections=n + 8) as lc:
         return list(await asyncio.gather(*(lc.send(spec("bulk")) for _ in range(n))))
-    finally:
-        await lc.aclose()
 
 
 async def knee(url: str, args: argparse.Namespace) -> dict[str, Any]:

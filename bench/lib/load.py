@@ -80,24 +80,16 @@ def percentile(values: list[float], q: float) -> float | None:
 
 def summarize(results: list[Result], elapsed_s: float, errors: list[str] | None = None,
               window: tuple[float, float] | None = None) -> Summary:
-    """Counts and percentiles over ``results``; throughput over ``window`` when given.
-
-    With a window (closed loop), throughput is the work done inside it, in requests:
-    each successful request counts with the share of its lifetime that falls in the
-    window, divided by the window's length. That has no ramp-up or tail bias in
-    steady state and stays right when a request takes longer than the window.
-    Percentiles and error counts cover every request that overlapped the window.
-    """
+    """Counts and percentiles over ``results``; throughput over ``window`` when given: the work done inside it
+    (``work_in_window``: no ramp-up or tail bias, right when a request outlasts the window)."""
     ok = [r for r in results if r.kind == "ok"]
     rej = [r.latency_s for r in results if r.kind == "rejected"]
     lat = [r.latency_s for r in ok]
     ttfa = [r.ttfa_s for r in ok if r.ttfa_s is not None]
     if window is not None:
-        throughput = work_in_window(ok, *window)
-        audio = work_in_window(ok, *window, weight=lambda r: r.audio_s)
+        throughput, audio = work_in_window(ok, *window), work_in_window(ok, *window, weight=lambda r: r.audio_s)
     else:
-        throughput = len(ok) / elapsed_s if elapsed_s > 0 else 0.0
-        audio = sum(r.audio_s for r in ok) / elapsed_s if elapsed_s > 0 else 0.0
+        throughput, audio = (len(ok) / elapsed_s, sum(r.audio_s for r in ok) / elapsed_s) if elapsed_s > 0 else (0.0, 0.0)
     return Summary(
         requests=len(results), ok=len(ok), rejected=len(rej),
         timeouts=sum(r.kind == "timeout" for r in results), errors=sum(r.kind == "error" for r in results),
@@ -110,8 +102,7 @@ def summarize(results: list[Result], elapsed_s: float, errors: list[str] | None 
 
 
 def work_in_window(ok: list[Result], lo: float, hi: float, weight: Any = None) -> float:
-    """Requests per second completed inside [lo, hi], counting each by its overlap share
-    (times ``weight(result)`` when given, e.g. its audio seconds)."""
+    """Requests per second completed inside [lo, hi], each by its overlap share (times ``weight(result)``)."""
     if hi <= lo:
         return 0.0
     work = 0.0
@@ -126,7 +117,7 @@ def work_in_window(ok: list[Result], lo: float, hi: float, weight: Any = None) -
 
 
 class LoadClient:
-    """One httpx.AsyncClient for a run; ``send`` never raises (outcomes become Results)."""
+    """One httpx.AsyncClient for a run (``async with``); ``send`` never raises (outcomes become Results)."""
 
     def __init__(self, base_url: str, timeout_s: float = 120.0, max_connections: int = 1024) -> None:
         self.client = httpx.AsyncClient(
@@ -136,7 +127,10 @@ class LoadClient:
         self.timeout_s = timeout_s
         self.errors: list[str] = []
 
-    async def aclose(self) -> None:
+    async def __aenter__(self) -> LoadClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
         await self.client.aclose()
 
     async def send(self, spec: RequestSpec) -> Result:
@@ -187,93 +181,77 @@ def retry_pause_s(header: str | None, default_s: float = 1.0) -> float:
 async def closed_loop(base_url: str, spec: RequestSpec, concurrency: int, duration_s: float, *,
                       warmup_s: float = 0.0, timeout_s: float = 120.0,
                       reject_backoff_s: float | None = 0.1) -> Summary:
-    """``concurrency`` clients, each sending its next request when the last one ended.
-
-    The clients run ``warmup_s`` + ``duration_s``; throughput counts the successful
-    requests that ended in the last ``duration_s`` (see ``summarize``). Requests
-    still in flight at the end are awaited (up to the client timeout) so their
-    errors and timeouts count. A client that gets a 503 waits ``reject_backoff_s``
-    before trying again, or with None the ``Retry-After`` the 503 names (``retry_pause_s``).
-    """
-    lc = LoadClient(base_url, timeout_s, max_connections=max(8, concurrency * 2))
+    """``concurrency`` clients, each sending its next request when the last one ended, for ``warmup_s`` +
+    ``duration_s``; the last ``duration_s`` is measured (``summarize``), requests in flight at its end awaited. After
+    a 503 a client waits ``reject_backoff_s``, or with None the ``Retry-After`` it names (``retry_pause_s``)."""
     results: list[Result] = []
-    try:
-        t_measure = time.monotonic() + warmup_s
-        t_end = t_measure + duration_s
+    t_measure = time.monotonic() + warmup_s
+    t_end = t_measure + duration_s
 
-        async def client() -> None:
-            while time.monotonic() < t_end:
-                r = await lc.send(spec)
-                if r.start + r.latency_s >= t_measure:
-                    results.append(r)
-                if r.kind == "rejected":
-                    pause = retry_pause_s(r.retry_after) if reject_backoff_s is None else reject_backoff_s
-                    if pause > 0:
-                        await asyncio.sleep(min(pause, max(0.0, t_end - time.monotonic())))
+    async def client(lc: LoadClient) -> None:
+        while time.monotonic() < t_end:
+            r = await lc.send(spec)
+            if r.start + r.latency_s >= t_measure:
+                results.append(r)
+            if r.kind == "rejected":
+                pause = retry_pause_s(r.retry_after) if reject_backoff_s is None else reject_backoff_s
+                if pause > 0:
+                    await asyncio.sleep(min(pause, max(0.0, t_end - time.monotonic())))
 
-        await asyncio.gather(*(client() for _ in range(concurrency)))
-        elapsed = time.monotonic() - t_measure
-        return summarize(results, elapsed, lc.errors, window=(t_measure, t_end))
-    finally:
-        await lc.aclose()
+    async with LoadClient(base_url, timeout_s, max_connections=max(8, concurrency * 2)) as lc:
+        await asyncio.gather(*(client(lc) for _ in range(concurrency)))
+        return summarize(results, time.monotonic() - t_measure, lc.errors, window=(t_measure, t_end))
 
 
 async def open_phases(base_url: str, spec: RequestSpec, phases: list[tuple[float, float]], timeout_s: float,
                       seed: int = 1, errors: list[str] | None = None) -> tuple[list[Result], float]:
     """Poisson arrivals at ``rate`` for ``seconds``, phase after phase, whatever the server does; every request
     awaited. (results, t0); ``errors`` receives the client's error texts (the first 20)."""
-    lc = LoadClient(base_url, timeout_s)
-    if errors is not None:
-        lc.errors = errors
     rng = random.Random(seed)
     tasks: list[asyncio.Task[Result]] = []
-    try:
-        t0 = time.monotonic()
-        start = 0.0
-        for rate, seconds in phases:
-            at = start
-            while True:
-                at += rng.expovariate(rate)
-                if at >= start + seconds:
-                    break
-                delay = t0 + at - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                tasks.append(asyncio.create_task(lc.send(spec)))
-            start += seconds
-        return list(await asyncio.gather(*tasks)), t0
-    finally:
-        for t in tasks:
-            t.cancel()
-        await lc.aclose()
+    async with LoadClient(base_url, timeout_s) as lc:
+        lc.errors = lc.errors if errors is None else errors
+        try:
+            t0, start = time.monotonic(), 0.0
+            for rate, seconds in phases:
+                at = start + rng.expovariate(rate)
+                while at < start + seconds:
+                    if (delay := t0 + at - time.monotonic()) > 0:
+                        await asyncio.sleep(delay)
+                    tasks.append(asyncio.create_task(lc.send(spec)))
+                    at += rng.expovariate(rate)
+                start += seconds
+            return list(await asyncio.gather(*tasks)), t0
+        finally:
+            for t in tasks:
+                t.cancel()
 
 
 async def open_loop(base_url: str, spec: RequestSpec, rate_rps: float, duration_s: float, *,
-                    timeout_s: float = 120.0, seed: int = 1) -> Summary:
-    """Poisson arrivals at ``rate_rps`` for ``duration_s``, whatever the server does; then wait for all."""
+                    timeout_s: float = 120.0, seed: int = 1, window: bool = False) -> Summary:
+    """Poisson arrivals at ``rate_rps`` for ``duration_s``, whatever the server does; then wait for all.
+    ``window``: throughput is the work done while the arrivals lasted, as a closed loop counts its window's."""
     errors: list[str] = []
     results, t0 = await open_phases(base_url, spec, [(rate_rps, duration_s)], timeout_s, seed, errors)
     ends = [r.start + r.latency_s for r in results]
-    s = summarize(results, max(max(ends) - t0 if ends else duration_s, duration_s), errors)
+    s = summarize(results, max(max(ends) - t0 if ends else duration_s, duration_s), errors,
+                  window=(t0, t0 + duration_s) if window else None)
     s.offered_rps = len(results) / duration_s
     return s
 
 
 async def fixed_count(base_url: str, spec: RequestSpec, count: int, concurrency: int,
-                      timeout_s: float = 120.0, cap_s: float | None = None) -> list[Result]:
-    """Exactly ``count`` requests from ``concurrency`` closed-loop clients (none starts after ``cap_s``)."""
-    lc = LoadClient(base_url, timeout_s, max_connections=max(8, concurrency * 2))
+                      timeout_s: float = 120.0) -> list[Result]:
+    """Exactly ``count`` requests from ``concurrency`` closed-loop clients."""
     results: list[Result] = []
-    left, t0 = count, time.monotonic()
+    left = count
 
-    async def client() -> None:
+    async def client(lc: LoadClient) -> None:
         nonlocal left
-        while left > 0 and (cap_s is None or time.monotonic() - t0 <= cap_s):
+        while left > 0:
             left -= 1
             results.append(await lc.send(spec))
 
-    try:
-        await asyncio.gather(*(client() for _ in range(concurrency)))
-        return results
-    finally:
-        await lc.aclose()
+    async with LoadClient(base_url, timeout_s, max_connections=max(8, concurrency * 2)) as lc:
+        await asyncio.gather(*(client(lc) for _ in range(concurrency)))
+    return results
