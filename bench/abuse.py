@@ -135,7 +135,7 @@ async def wait_metrics(url: str, done: Callable[[dict[str, float]], bool], limit
     async with httpx.AsyncClient(base_url=url) as client:
         while time.monotonic() - t0 < limit_s:
             try:
-                if done(prom.parse_samples((await client.get("/metrics", timeout=5)).text)):
+                if done(await prom.ascrape(client)):
                     return round(time.monotonic() - t0, 1)
             except httpx.HTTPError:
                 pass
@@ -157,8 +157,7 @@ NONREAD_LEAD_MAX_S = 180.0
 
 async def jobs_ok(url: str) -> float:
     async with httpx.AsyncClient(base_url=url) as client:
-        m = prom.parse_samples((await client.get("/metrics", timeout=5)).text)
-    return m.get("tts_engine_jobs_total", 0.0)
+        return (await prom.ascrape(client)).get("tts_engine_jobs_total", 0.0)
 
 
 async def run_phase(srv: ServerProc, name: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from bench.lib.procs import ROOT, cosyserve, machine, tiny_config
-from bench.lib.prom import parse_samples
+from bench.lib.prom import scrape
 from bench.report import save, table
 
 COMMAND = ".venv/bin/python -m bench serve --scenario cache"
@@ -57,7 +57,7 @@ def sample_cache(base: str, stop: threading.Event, peak: dict, cache_dir: Path |
         stopped = stop.wait(1.0)
         peak["dir"] = max(peak.get("dir", 0), dir_bytes(cache_dir))
         try:
-            m = parse_samples(httpx.get(base + "/metrics", timeout=5).text, labels=True)
+            m = scrape(base, labels=True, timeout=5)
         except httpx.HTTPError:
             continue
         for tier in ("memory", "disk"):
@@ -104,7 +104,7 @@ def run(label: str, cache: dict, args: argparse.Namespace, lines: list[str], dra
     with cosyserve(f"cache-{label}", cfg, tmp) as srv:
         base = srv.base_url
         asyncio.run(replay(base, lines, draws[:8], 1, seed=0))  # warm-up: another seed, so nothing it stores is hit
-        cpu0 = parse_samples(httpx.get(base + "/metrics", timeout=10).text).get("process_cpu_seconds_total", 0.0)
+        cpu0 = scrape(base).get("process_cpu_seconds_total", 0.0)
         stop, peak = threading.Event(), {}
         cache_dir = Path(cache["dir"]) if cache.get("dir") else None
         sampler = threading.Thread(target=sample_cache, args=(base, stop, peak, cache_dir), daemon=True)
@@ -112,7 +112,7 @@ def run(label: str, cache: dict, args: argparse.Namespace, lines: list[str], dra
         result = asyncio.run(replay(base, lines, draws, args.clients))
         stop.set()
         sampler.join()
-        cpu1 = parse_samples(httpx.get(base + "/metrics", timeout=10).text).get("process_cpu_seconds_total", 0.0)
+        cpu1 = scrape(base).get("process_cpu_seconds_total", 0.0)
     return {**result, "cpu_s": cpu1 - cpu0, "peak": peak}
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib import load
-from bench.lib.admission_server import Poller, pool_server
-from bench.lib.load import LoadClient, RequestSpec, Result
+from bench.lib.admission_server import TEXT, Poller, pool_server
+from bench.lib.admission_server import work as spec
+from bench.lib.load import LoadClient, Result
 from bench.lib.procs import SuiteParser, logger, start_run
 from bench.report import (
     backlog_summary,
@@ -30,10 +31,6 @@ from bench.report import (
     priority_table,
     save,
 )
-
-TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
-DEFAULT_BULK_TIMEOUT_S = 600.0  # pool.bulk_queue_timeout_s when the settings do not name one
-
 
 log = logger("priority")
 
@@ -59,16 +56,7 @@ def bulk_timeout_s() -> float:
     """The class timeout the server runs with on the defaults (``pool.bulk_queue_timeout_s``)."""
     from app.settings import PoolSettings
 
-    field = PoolSettings.model_fields.get("bulk_queue_timeout_s")
-    default = getattr(field, "default", None)
-    return float(default) if isinstance(default, (int, float)) else DEFAULT_BULK_TIMEOUT_S
-
-
-def spec(priority: str | None = None) -> RequestSpec:
-    body: dict[str, Any] = {"text": TEXT, "format": "pcm", "stream": True}
-    if priority is not None:
-        body["priority"] = priority
-    return RequestSpec("POST", "/v1/tts", json=body)
+    return float(PoolSettings.model_fields["bulk_queue_timeout_s"].default)
 
 
 def interactive(s: load.Summary) -> dict[str, Any]:

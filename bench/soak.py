@@ -21,7 +21,7 @@ import soundfile as sf
 from websockets.sync.client import connect
 
 from bench.lib.procs import ROOT, cosyserve, machine, tiny_config
-from bench.lib.prom import parse_samples
+from bench.lib.prom import scrape
 from bench.report import save, table
 
 COMMAND = ".venv/bin/python -m bench serve --scenario soak"
@@ -95,7 +95,7 @@ def client(base: str, ws_url: str, seed: int, stop: threading.Event, counts: dic
 
 def memory_metrics(base: str) -> tuple[dict[str, float], dict[str, float]]:
     """The memory metrics, and the admission gauges (limit, lanes, load) that say how the gate settled."""
-    samples = parse_samples(httpx.get(base + "/metrics", timeout=10).text, labels=True)
+    samples = scrape(base, labels=True)
     gate = {k: next((v for name, v in samples.items() if name.split("{")[0] == f"tts_admission_{k}"), float("nan"))
             for k in ("limit", "lanes", "load")}
     return {name: value for name, value in samples.items() if name.startswith(METRICS)}, gate

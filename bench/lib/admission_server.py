@@ -1,9 +1,5 @@
-"""The admission suite's server, request and gauge readings, shared with the abuse and priority suites.
-
-One ``cosyserve serve`` with a given pool section (``pool_server``), the one request every client
-sends (``work``: one sentence, streamed PCM), the admission gauges read from ``/metrics``
-(``gauges``, ``Poller``).
-"""
+"""The admission, abuse and priority suites' server (``pool_server``), request (``work``: one sentence, streamed
+PCM) and admission gauges (``gauges``, ``Poller``)."""
 
 from __future__ import annotations
 
@@ -36,12 +32,14 @@ def pool_server(name: str, pool: dict[str, Any], nice: int, model_dir: str, run_
     return cosyserve(name, config, run_dir, nice=nice)
 
 
-def work() -> RequestSpec:
-    return RequestSpec("POST", "/v1/tts", json={"text": TEXT, "format": "pcm", "stream": True})
+def work(priority: str | None = None) -> RequestSpec:
+    """The request; ``priority``: with that class (the priority suite's bulk)."""
+    extra = {"priority": priority} if priority is not None else {}
+    return RequestSpec("POST", "/v1/tts", json={"text": TEXT, "format": "pcm", "stream": True, **extra})
 
 
 async def gauges(client: httpx.AsyncClient) -> dict[str, float | None]:
-    samples = prom.parse_samples((await client.get("/metrics", timeout=5)).text)
+    samples = await prom.ascrape(client)
     return {k: samples.get(name) for k, name in GAUGES.items()}
 
 

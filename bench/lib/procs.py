@@ -4,6 +4,7 @@ leaving a ``ServerProc``'s ``with`` block kills its whole process group if SIGTE
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import shutil
@@ -30,11 +31,7 @@ THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THRE
 
 
 def results_dir(suite: str, quick: bool = False) -> Path:
-    """Where a suite writes its results unless told: .cache/bench/SUITE[/quick] (git-ignored).
-
-    Raw JSON stays there; only a Markdown summary is copied into docs/benchmarks/, on purpose
-    (bench/README.md, "Curated results").
-    """
+    """Where a suite writes its results unless told: .cache/bench/SUITE[/quick] (git-ignored; bench/README.md)."""
     return ROOT / ".cache" / "bench" / suite / ("quick" if quick else "")
 
 
@@ -73,13 +70,6 @@ def machine() -> str:
     return f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}."
 
 
-def new_run_dir(name: str) -> Path:
-    """A fresh folder for one run's server logs and configs: .bench/NAME-YYYYmmdd-HHMMSS (git-ignored)."""
-    run_dir = ROOT / ".bench" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
-
-
 def logger(name: str) -> Callable[[str], None]:
     """A suite's progress printer: ``[NAME HH:MM:SS] message``."""
     def log(msg: str) -> None:
@@ -96,9 +86,10 @@ def shown(path: str | Path | None) -> str | None:
 
 
 def start_run(name: str, args: Any, log: Callable[[str], None], **fields: Any) -> tuple[Path, dict[str, Any]]:
-    """A run's log folder (``new_run_dir``) and its results' header: the options (paths as ``shown``), the start,
-    the cores and the load average, which is printed, with a warning when the machine is not idle."""
-    run_dir, load1 = new_run_dir(name), os.getloadavg()[0]
+    """A run's folder for server logs and configs (.bench/NAME-YYYYmmdd-HHMMSS, git-ignored) and its results'
+    header: the options (paths as ``shown``), the start, the cores and the load average (a warning if not idle)."""
+    run_dir, load1 = ROOT / ".bench" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}", os.getloadavg()[0]
+    run_dir.mkdir(parents=True, exist_ok=True)
     log(f"out {shown(args.out)}; logs {shown(run_dir)}; {os.cpu_count()} cores; load average {load1:.2f}")
     if load1 > 0.5:
         log("WARNING: the machine is not idle; other work running now skews every number")
@@ -116,39 +107,23 @@ def free_port() -> int:
 def tree_rss(proc: psutil.Process) -> int:
     """Resident bytes of a process and all its descendants (0 once it is gone)."""
     total = 0
-    try:
-        procs = [proc, *proc.children(recursive=True)]
-    except psutil.Error:
-        return 0
-    for p in procs:
-        try:
-            total += p.memory_info().rss
-        except psutil.Error:
-            pass
+    with contextlib.suppress(psutil.Error):
+        for p in [proc, *proc.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                total += p.memory_info().rss
     return total
 
 
 class RssSampler:
-    """Samples a process tree's RSS every ``interval_s`` in a daemon thread.
+    """Samples a process tree's RSS every 0.25 s in a daemon thread; past ``limit_bytes`` it kills the tree's
+    process group once (a guard for the machine) and sets ``limit_hit``."""
 
-    Past ``limit_bytes`` it kills the tree's process group once (a guard for the
-    machine: the load-per-request baseline can grow by gigabytes) and sets ``limit_hit``.
-    """
-
-    def __init__(self, pid: int, interval_s: float = 0.25, limit_bytes: int = 0) -> None:
-        self._proc = psutil.Process(pid)
-        self._pid = pid
-        self._limit = limit_bytes
-        self.limit_hit = False
-        self._interval = interval_s
-        self._stop = threading.Event()
-        self._t0 = time.monotonic()
+    def __init__(self, pid: int, limit_bytes: int = 0) -> None:
+        self._proc, self._pid, self._limit, self.limit_hit = psutil.Process(pid), pid, limit_bytes, False
+        self._stop, self._t0 = threading.Event(), time.monotonic()
         self.samples: list[tuple[float, int]] = []
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
-
-    def start(self) -> Self:
         self._thread.start()
-        return self
 
     def now(self) -> int:
         return tree_rss(self._proc)
@@ -164,7 +139,7 @@ class RssSampler:
                     os.killpg(self._pid, signal.SIGKILL)  # our own child's group (start_new_session)
                 except (ProcessLookupError, PermissionError):
                     pass
-            self._stop.wait(self._interval)
+            self._stop.wait(0.25)
 
     def stop(self) -> None:
         self._stop.set()
@@ -178,18 +153,13 @@ class RssSampler:
 
 
 class ServerProc:
-    """A server subprocess (own process group) on a free loopback port."""
+    """A server subprocess (own process group) on a free loopback port, ready once /health/ready answers 200."""
 
-    def __init__(self, name: str, argv: list[str], port: int, ready_path: str, log_dir: Path,
-                 env: dict[str, str] | None = None, rss_limit_bytes: int = 0) -> None:
-        self.name = name
-        self.rss_limit_bytes = rss_limit_bytes
-        self.argv = argv
-        self.port = port
-        self.ready_path = ready_path
+    def __init__(self, name: str, argv: list[str], port: int, log_dir: Path, rss_limit_bytes: int = 0) -> None:
+        self.name, self.argv, self.port, self.rss_limit_bytes = name, argv, port, rss_limit_bytes
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name}-{port}.log"
-        self.env = {**os.environ, **THREAD_ENV, **(env or {})}
+        self.env = {**os.environ, **THREAD_ENV}
         self.proc: subprocess.Popen | None = None
         self.rss: RssSampler | None = None
         self._log = None
@@ -207,8 +177,8 @@ class ServerProc:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                if httpx.get(self.base_url + self.ready_path, timeout=2).status_code == 200:
-                    self.rss = RssSampler(self.proc.pid, limit_bytes=self.rss_limit_bytes).start()
+                if httpx.get(self.base_url + "/health/ready", timeout=2).status_code == 200:
+                    self.rss = RssSampler(self.proc.pid, limit_bytes=self.rss_limit_bytes)
                     return self
             except httpx.HTTPError:
                 pass
@@ -268,4 +238,4 @@ def cosyserve(name: str, config: dict, run_dir: Path, *, nice: int = 0, rss_limi
     argv = python_module("app.cli", "serve", "--config", str(path), "--host", HOST, "--port", str(port))
     if nice > 0 and shutil.which("nice"):
         argv = ["nice", "-n", str(nice), *argv]  # nice execs the server: its pid is the server's
-    return ServerProc(name, argv, port, "/health/ready", run_dir, rss_limit_bytes=rss_limit_bytes)
+    return ServerProc(name, argv, port, run_dir, rss_limit_bytes=rss_limit_bytes)

@@ -4,6 +4,18 @@ from __future__ import annotations
 
 import math
 
+import httpx
+
+
+def scrape(base: str, labels: bool = False, timeout: float = 10) -> dict[str, float]:
+    """The samples of ``BASE/metrics`` (``parse_samples``)."""
+    return parse_samples(httpx.get(base + "/metrics", timeout=timeout).text, labels)
+
+
+async def ascrape(client: httpx.AsyncClient) -> dict[str, float]:
+    """The samples of the ``/metrics`` of ``client``'s base URL."""
+    return parse_samples((await client.get("/metrics", timeout=5)).text)
+
 
 def parse_samples(text: str, labels: bool = False) -> dict[str, float]:
     """``{sample name: value summed over its label sets}`` from Prometheus text exposition; ``labels``: one
