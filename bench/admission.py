@@ -18,12 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib import load
-from bench.lib.admission_server import (
-    TEXT,
-    Poller,
-    pool_server,
-    work,
-)
+from bench.lib.admission_server import TEXT, Poller, pool_server, work
 from bench.lib.load import Result
 from bench.lib.procs import ServerProc, SuiteParser, logger, start_run
 from bench.lib.sched import realtime_client
@@ -57,20 +52,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--sequential", action="store_true",
                     help="one server after another (default: all started, their phases interleaved)")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="measure every closed- and open-loop point this many times (round after round, each "
-                         "closed then open loop) and report each point's median round: a shared host's speed wanders")
+                    help="measure every point this many times, round after round, and report its median round")
     ap.add_argument("--no-paired", dest="paired", action="store_false",
-                    help="do not re-measure the best closed-loop point just before each open-loop rate (default: "
-                         "do, and grade goodput against it too: this host's speed wanders within minutes)")
-    ap.add_argument("--server-nice", type=int, default=5,
-                    help="run the servers at this niceness (0: as the load generator); on its own it did not "
-                         "keep the load generator from waiting for a CPU (see --client-rt-priority)")
+                    help="do not re-measure the best closed-loop point just before each open-loop rate")
+    ap.add_argument("--server-nice", type=int, default=5, help="the servers' niceness (0: the load generator's)")
     ap.add_argument("--client-rt-priority", type=int, default=1,
-                    help="run the load generator in SCHED_FIFO at this priority where permitted, its servers in the "
-                         "normal class (bench/lib/sched.py), so it is not preempted by their compute threads (0: off)")
+                    help="the load generator in SCHED_FIFO at this priority where permitted (bench/lib/sched.py; 0: off)")
     ap.add_argument("--reject-backoff-s", type=float, default=None,
-                    help="closed-loop client pause after a 503 (default: the Retry-After it names, as a client that "
-                         "honours it, the openai SDK's or urllib3's, does)")
+                    help="closed-loop client pause after a 503 (default: the Retry-After it names)")
     args = ap.parse(argv, quick={"point_s": 3.0, "warmup_s": 1.0, "overload_s": 4.0, "step_s": 4.0},
                     full={"point_s": 25.0, "warmup_s": 5.0, "overload_s": 30.0, "step_s": 20.0})
     args.concurrency = [int(c) for c in args.concurrency.split(",") if c.strip()]
@@ -83,13 +72,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def pool_settings(system: str, args: argparse.Namespace) -> dict[str, Any]:
     """The pool section each system runs with; ``defaults`` has none at all."""
-    if system == "defaults":
-        return {}
-    if system == "before":
-        return {"admission": "fixed"}
-    if system == "tuned":
-        return {"admission": "fixed", "workers": args.tuned_workers, "max_queue": args.tuned_queue}
-    raise ValueError(f"unknown system {system!r}")
+    tuned = {"admission": "fixed", "workers": args.tuned_workers, "max_queue": args.tuned_queue}
+    if system not in ("defaults", "before", "tuned"):
+        raise ValueError(f"unknown system {system!r}")
+    return {"defaults": {}, "before": {"admission": "fixed"}, "tuned": tuned}[system]
 
 
 def server(system: str, args: argparse.Namespace, model_dir: str, run_dir: Path) -> ServerProc:
@@ -130,10 +116,8 @@ class SystemRun:
         log(f"  {self.system} c={c}: {s.brief()} limit={limits[-1] if limits else '-'}")
 
     async def reference(self, factor: float) -> None:
-        """The best closed-loop point so far measured again, just before the open loop at ``factor``: the two
-        phases a minute apart see the same host (the sweep's best point ran up to ten minutes earlier, and it
-        is the highest of several noisy medians). It reads the gauges as the open loop does: a scrape of
-        /metrics costs the server ~5 ms of CPU with the GIL held, so the pair must pay it alike."""
+        """The best closed-loop point so far measured again just before the open loop at ``factor`` (the same
+        host a minute apart), reading the gauges as the open loop does (a scrape costs the server CPU)."""
         c = best_closed(per_point(self.out["points"], "concurrency"))["concurrency"]
         s, limits = await self._closed_loop(c)
         self.out["refs"].append({"kind": "closed", "factor": factor, "concurrency": c, **s.to_dict(),
@@ -171,9 +155,8 @@ class SystemRun:
             f"(admitted p99 per phase: {[ms(p['latency_p99_s'], 0, ' ms') for p in step['phases']]})")
 
     def plan(self) -> list[tuple[int, Callable[[], Awaitable[None]]]]:
-        """The calls in order, each with its round: warm-up (the first round's); per round, closed loop per
-        concurrency and open loop per factor (at the best closed-loop throughput's median so far); the step
-        test (the last round's)."""
+        """The calls in order, each with its round: warm-up; per round, closed loop per concurrency and open loop
+        per factor; the step test (the last round's)."""
         out: list[tuple[int, Callable[[], Awaitable[None]]]] = [(0, self.warm)]
         for r in range(self.args.rounds):  # each round closed then open loop: a drift hits both alike
             out += [(r, functools.partial(self.closed, c)) for c in self.args.concurrency]
@@ -215,9 +198,8 @@ def startup_line(srv: ServerProc) -> str | None:
 
 def run_systems(args: argparse.Namespace, systems: list[str], model_dir: str, run_dir: Path,
                 results: dict[str, Any]) -> None:
-    """Start ``systems``' servers together and run their phases interleaved, phase by phase (one
-    system at a time: the others sit idle), so a machine that slows down mid-run slows every
-    system's same phase alike. One system failing does not lose the others' results."""
+    """Start ``systems``' servers together and run their phases interleaved, one system at a time, so a host that
+    slows down mid-run slows every system's same phase alike; one failing does not lose the others'."""
     with contextlib.ExitStack() as stack:
         runs: dict[str, SystemRun] = {}
         for system in systems:
@@ -262,11 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     with realtime_client(args.client_rt_priority) as scheduling:
         results["load_generator"] = scheduling
         log(f"load generator: {scheduling}")
-        if args.sequential:
-            for system in args.systems:
-                run_systems(args, [system], model_dir, run_dir, results)
-        else:
-            run_systems(args, args.systems, model_dir, run_dir, results)
+        for systems in [[s] for s in args.systems] if args.sequential else [args.systems]:
+            run_systems(args, systems, model_dir, run_dir, results)
     results["loadavg_end"] = os.getloadavg()
     results["goals"] = admission_goals(results)
     save(args.out, "admission", results, admission_markdown(results))

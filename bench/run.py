@@ -1,10 +1,6 @@
-"""The headline suite (~10 min; ``make bench`` runs admission, batching and cost after it).
-
-One machine, the tiny CosyVoice2 model, one system at a time: (a) the ceilings in-process,
-(b) cosyserve. The seed's load per request (c) and upstream's pattern (d) ran beside them, and
-run.py started (e) batching and (f) admission itself, until 5983ddc. The method and goals:
-docs/benchmarks/README.md, "The headline suite".
-"""
+"""The headline suite (~10 min; ``make bench`` runs admission, batching and cost after it): on the tiny CosyVoice2,
+(a) the ceilings in-process, then (b) cosyserve ((c)-(f) left after 5983ddc). Method and goals:
+docs/benchmarks/README.md, "The headline suite"."""
 
 from __future__ import annotations
 
@@ -19,21 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.lib import load
+from bench.lib.admission_server import TEXT, work
 from bench.lib.load import RequestSpec
 from bench.lib.model import ensure_model
-from bench.lib.procs import (
-    ROOT,
-    THREAD_ENV,
-    ServerProc,
-    SuiteParser,
-    cosyserve,
-    logger,
-    shown,
-    start_run,
-)
+from bench.lib.procs import ROOT, THREAD_ENV, ServerProc, SuiteParser, cosyserve, logger, shown, start_run
 from bench.report import print_goals, run_goals, run_markdown, save
 
-TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 SHORT_TEXT = "Hello there."
 
 
@@ -48,8 +35,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--streams", type=int, help="sequential streams for the TTFA series")
     ap.add_argument("--rss-requests", type=int, help="requests in the memory run")
     ap.add_argument("--rss-warmup", type=int, help="requests before the memory run's baseline")
-    ap.add_argument("--reject-backoff-s", type=float, default=0.1,
-                    help="closed-loop client pause after a 503")
+    ap.add_argument("--reject-backoff-s", type=float, default=0.1, help="closed-loop client pause after a 503")
     ap.add_argument("--workers", type=int, default=2,
                     help="ceiling threads and the client concurrency of warm-up and memory runs")
     ap.add_argument("--server-workers", type=int, default=None,
@@ -82,11 +68,8 @@ def run_ceiling(args: argparse.Namespace, model_dir: str) -> dict:
     return json.loads(line)
 
 
-def native(text: str, stream: bool = False) -> RequestSpec:
-    return RequestSpec("POST", "/v1/tts", json={"text": text, "format": "pcm", **({"stream": True} if stream else {})})
-
-
-WORK, SHORT, STREAM = native(TEXT), native(SHORT_TEXT), native(TEXT, stream=True)
+WORK, SHORT = (RequestSpec("POST", "/v1/tts", json={"text": text, "format": "pcm"}) for text in (TEXT, SHORT_TEXT))
+STREAM = work()  # the same sentence, streamed
 
 
 def server(args: argparse.Namespace, model_dir: str, run_dir: Path) -> ServerProc:
@@ -99,9 +82,7 @@ def server(args: argparse.Namespace, model_dir: str, run_dir: Path) -> ServerPro
 
 
 async def bench_system(srv: ServerProc, args: argparse.Namespace) -> dict[str, Any]:
-    url = srv.base_url
-    rss = srv.rss
-    assert rss is not None
+    url, rss = srv.base_url, srv.rss
     out: dict[str, Any] = {"label": "(b) cosyserve", "points": [], "rss_at_ready": rss.now()}
     warm = await load.fixed_count(url, WORK, 2 * args.workers, args.workers, args.timeout_s)  # not measured
     bad = [r for r in warm if r.kind != "ok"]
@@ -109,13 +90,11 @@ async def bench_system(srv: ServerProc, args: argparse.Namespace) -> dict[str, A
         raise RuntimeError(f"warm-up requests failed: {[(r.kind, r.status) for r in bad]}\n{srv.log_tail()}")
     for c in args.concurrency:
         if rss.limit_hit:
-            out["stopped"] = "RSS limit"
-            return out
+            break
         t0 = rss.elapsed()
         s = await load.closed_loop(url, WORK, c, args.point_s, warmup_s=args.warmup_s,
                                    timeout_s=args.timeout_s, reject_backoff_s=args.reject_backoff_s)
-        point = {"kind": "closed", "concurrency": c, **s.to_dict(), "peak_rss": rss.peak(t0)}
-        out["points"].append(point)
+        out["points"].append({"kind": "closed", "concurrency": c, **s.to_dict(), "peak_rss": rss.peak(t0)})
         log(f"  c={c}: {s.brief()}")
     if rss.limit_hit:
         out["stopped"] = "RSS limit"
@@ -144,7 +123,6 @@ async def ttfa_series(url: str, args: argparse.Namespace, out: dict) -> None:
 
 async def memory_run(srv: ServerProc, args: argparse.Namespace, out: dict) -> None:
     """RSS after ``rss_warmup`` short requests vs after ``rss_requests`` more (concurrency = workers)."""
-    assert srv.rss is not None
     await load.fixed_count(srv.base_url, SHORT, args.rss_warmup, args.workers, args.timeout_s)
     before = await stable_rss(srv)
     t0 = srv.rss.elapsed()
@@ -160,7 +138,6 @@ async def memory_run(srv: ServerProc, args: argparse.Namespace, out: dict) -> No
 
 async def stable_rss(srv: ServerProc) -> int:
     """Median of a few samples, 0.2 s apart (RSS jitters by a page or two)."""
-    assert srv.rss is not None
     vals = []
     for _ in range(5):
         vals.append(srv.rss.now())
@@ -195,9 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  KILLED at the RSS limit ({args.max_rss_gb:g} GiB); the rest of its points were skipped")
     results["elapsed_s"] = time.monotonic() - started
     results["loadavg_end"] = os.getloadavg()
-    goals = run_goals(results)
-    results["goals"] = goals
+    results["goals"] = run_goals(results)
     save(args.out, "run", results, run_markdown(results))
-    print_goals(goals)
+    print_goals(results["goals"])
     log(f"done in {results['elapsed_s'] / 60:.1f} min")
     return 0
