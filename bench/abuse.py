@@ -43,8 +43,7 @@ from bench.report import (
 PHASES: dict[str, tuple[str | None, int]] = {
     "dribblers": ("dribble", 4), "non-readers": ("nonread", 4), "ws-idle": ("ws-idle", 8),
     "ws-chatty": ("ws-chatty", 8), "ws-long": ("ws-long", 1), "http-long": ("http-long", 1),
-    "giant-fields": ("giant", 2), "huge-body": ("huge", 1),
-    "huge-chunked": ("huge-chunked", 1),
+    "giant-fields": ("giant", 2), "huge-body": ("huge", 1), "huge-chunked": ("huge-chunked", 1),
     "storm-8": ("storm", 8), "storm-64": ("storm", 64), "storm-64-fresh": ("storm-fresh", 64),
 }
 
@@ -53,17 +52,14 @@ log = logger("abuse")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = SuiteParser(__doc__, "abuse")
+    ap = SuiteParser(__doc__, "abuse", realtime=True)
     ap.add_argument("--phase-s", type=float, default=30.0, help="measured seconds of each phase")
     ap.add_argument("--lead-s", type=float, default=3.0,
                     help="seconds the adversary runs before the polite client's measured window opens")
     ap.add_argument("--only", help=f"comma list of adversary phases (default all: {', '.join(PHASES)}); the alone "
                     "phase runs first and last regardless")
     ap.add_argument("--adversary-nice", type=int, default=10,
-                    help="niceness of the adversary process: on one host it steals the server's CPU, which real "
-                         "adversaries on their own machines do not (its CPU is reported; 0: same as the server)")
-    ap.add_argument("--client-rt-priority", type=int, default=1,
-                    help="the polite client in SCHED_FIFO at this priority where permitted (bench/lib/sched.py; 0: off)")
+                    help="niceness of the adversary process, which on one host steals the server's CPU (0: none)")
     ap.add_argument("--rss-guard-mb", type=int, default=6000, help="kill the server past this tree RSS (0: no guard)")
     args = ap.parse(argv)
     only = [p.strip() for p in (args.only or ",".join(PHASES)).split(",") if p.strip()]
@@ -93,8 +89,7 @@ async def polite(url: str, hi: float, timeout_s: float) -> tuple[list[Result], l
 
 
 def statuses(results: list[Result]) -> dict[str, int]:
-    """The polite client's answers other than 200, by status (``no answer (timeout|error)`` for none; a 503 with
-    the Retry-After it named)."""
+    """The polite client's answers other than 200, by status (a 503 with its Retry-After; none: ``no answer``)."""
     def key(r: Result) -> str:
         if not r.status:
             return f"no answer ({r.kind})"
@@ -149,9 +144,7 @@ def logged_since(path: Path, offset: int) -> str:
         return f.read().decode(errors="replace")
 
 
-# Non-readers first get their streams admitted and synthesised (at most this long), then the polite client is
-# measured beside the connections they hold unread: what is measured is what a client that reads nothing
-# holds after its synthesis, not the (honest) compute of its long answer.
+# non-readers' streams are synthesised first (at most this long): measured is what they hold unread, not their compute
 NONREAD_LEAD_MAX_S = 180.0
 
 

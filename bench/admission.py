@@ -39,7 +39,8 @@ log = logger("admission")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = SuiteParser(__doc__, "admission", quick="smoke run: a few seconds per point (numbers meaningless)")
+    ap = SuiteParser(__doc__, "admission", quick="smoke run: a few seconds per point (numbers meaningless)",
+                     realtime=True)
     ap.add_argument("--systems", default="defaults,before,tuned", help="comma list of defaults, before, tuned")
     ap.add_argument("--concurrency", default="1,2,4,8,16")
     ap.add_argument("--factors", default="1.5,3", help="open-loop rates, in best closed-loop throughputs")
@@ -56,8 +57,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-paired", dest="paired", action="store_false",
                     help="do not re-measure the best closed-loop point just before each open-loop rate")
     ap.add_argument("--server-nice", type=int, default=5, help="the servers' niceness (0: the load generator's)")
-    ap.add_argument("--client-rt-priority", type=int, default=1,
-                    help="the load generator in SCHED_FIFO at this priority where permitted (bench/lib/sched.py; 0: off)")
     ap.add_argument("--reject-backoff-s", type=float, default=None,
                     help="closed-loop client pause after a 503 (default: the Retry-After it names)")
     args = ap.parse(argv, quick={"point_s": 3.0, "warmup_s": 1.0, "overload_s": 4.0, "step_s": 4.0},

@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
                      "", f"Largest peak against its budget in the tight run: **{held:.2f}x** (goal <= 1)."]
     speedup = (on["audio_s"] / on["wall_s"]) / max(1e-9, off["audio_s"] / off["wall_s"])
     lines_md += ["", (f"Throughput on / off: **{speedup:.2f}x** at a {on['hits'] / max(1, on['n']):.1%} hit rate; "
-                 f"p99 {on['p99']:.3f} s vs {off['p99']:.3f} s; server CPU {on['cpu_s']:.1f} s vs {off['cpu_s']:.1f} s.")]
+                 f"p99 {on['p99']:.3f} s vs {off['p99']:.3f} s; "
+                 f"server CPU {on['cpu_s']:.1f} s vs {off['cpu_s']:.1f} s.")]
     print("\n".join(lines_md))
     save(Path(args.out), "cache", None, "\n".join(lines_md) + "\n")

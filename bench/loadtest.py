@@ -55,13 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     reports = (ROOT / args.reports).resolve()
     reports.mkdir(parents=True, exist_ok=True)
     engine: dict = {} if args.fake else {"model_dir": args.model_dir or ensure_model(2), "torch_threads": 1}
-    config = {
-        "server": {"log_level": "warning", "drain_timeout_s": 10},
-        "engine": engine,
-        "dev": {"fake_engine": bool(args.fake)},
-        "pool": {"workers": args.workers, "max_queue": args.max_queue, "request_timeout_s": 120},
-        "voices": {"dir": str(reports / "loadtest-voices")},
-    }
+    config = {"server": {"log_level": "warning", "drain_timeout_s": 10}, "engine": engine,
+              "dev": {"fake_engine": bool(args.fake)},
+              "pool": {"workers": args.workers, "max_queue": args.max_queue, "request_timeout_s": 120},
+              "voices": {"dir": str(reports / "loadtest-voices")}}
     server = cosyserve("loadtest-server", config, reports)
     csv_prefix = reports / "loadtest"
     spawn = args.spawn_rate or args.users

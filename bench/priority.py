@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup-s", type=float, help="unmeasured seconds before each loop (default 5; --quick 1)")
     ap.add_argument("--backlog", type=int, help="bulk requests submitted at once (default 200; --quick 12)")
     ap.add_argument("--server-nice", type=int, default=5, help="run the server at this niceness (0: as the client)")
-    ap.add_argument("--clients", type=int, help="interactive clients in A, B, A2 (default: the knee, the settled limit)")
+    ap.add_argument("--clients", type=int, help="interactive clients in A, B, A2 (default: the knee's limit)")
     args = ap.parse(argv, quick={"concurrency": "1,2", "phase_s": 6.0, "point_s": 3.0, "warmup_s": 1.0, "backlog": 12},
                     full={"concurrency": "1,2,4,8", "phase_s": 60.0, "point_s": 20.0, "warmup_s": 5.0, "backlog": 200})
     args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c.strip()]

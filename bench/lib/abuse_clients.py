@@ -82,7 +82,7 @@ UTTERANCE = " ".join([TEXT] * 57)[:4000]  # 4,000 characters: one long utterance
 GIANT = 1_000_000  # characters of a giant field
 HUGE = 200 * 1024 * 1024  # the declared body of the huge-body client
 CHUNK = 64 * 1024
-SNDBUF = 64 * 1024  # the huge-body client's send buffer: what it has sent is at most this much more than the server read
+SNDBUF = 64 * 1024  # the huge-body client's send buffer: it has sent at most this much more than the server read
 RCVBUF = 4096  # the non-reader's receive buffer
 
 

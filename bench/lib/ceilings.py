@@ -30,13 +30,9 @@ def _request(engine: Any, text: str, stream: bool) -> Any:
 
 def one(engine: Any, req: Any) -> tuple[float, float | None, float]:
     """Run one synthesis to the end: (latency, time to first chunk, audio seconds)."""
-    cancel = threading.Event()
-    t0 = time.monotonic()
-    first = None
-    audio = 0.0
-    for chunk in engine.synthesize(req, cancel):
-        if first is None:
-            first = time.monotonic() - t0
+    t0, first, audio = time.monotonic(), None, 0.0
+    for chunk in engine.synthesize(req, threading.Event()):
+        first = time.monotonic() - t0 if first is None else first
         audio += chunk.duration_s
     return time.monotonic() - t0, first, audio
 
@@ -56,8 +52,7 @@ def loop(engine: Any, req: Any, t_measure: float, t_end: float, out: list[Result
 
 def closed_threads(engines: list[Any], text: str, warmup_s: float, duration_s: float) -> dict:
     results: list[Result] = []
-    t_measure = time.monotonic() + warmup_s
-    t_end = t_measure + duration_s
+    t_end = (t_measure := time.monotonic() + warmup_s) + duration_s
     with ThreadPoolExecutor(len(engines)) as pool:
         for e in engines:
             pool.submit(loop, e, _request(e, text, False), t_measure, t_end, results)
@@ -68,11 +63,9 @@ def run_threads(args: argparse.Namespace) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    loads = []
-    engines = []
+    loads, engines = [], []
     for _ in range(max(2, args.workers)):  # at least two: the first load also pays the imports
-        t0 = time.monotonic()
-        e = _engine(args.model_dir)
+        t0, e = time.monotonic(), _engine(args.model_dir)
         e.load()
         loads.append(time.monotonic() - t0)
         engines.append(e)
@@ -84,19 +77,12 @@ def run_threads(args: argparse.Namespace) -> dict:
     c1 = closed_threads(engines[:1], args.text, args.warmup, args.duration)
     cw = closed_threads(engines, args.text, args.warmup, args.duration)
     stream_req = _request(engines[0], args.text, True)
-    firsts: list[float] = []
-    for _ in range(args.streams):
-        _, first, _ = one(engines[0], stream_req)
-        if first is not None:
-            firsts.append(first)
+    firsts = [f for _ in range(args.streams) if (f := one(engines[0], stream_req)[1]) is not None]
     for e in engines:
         e.close()
-    return {
-        "mode": "threads", "workers": args.workers,
-        "load_s_first": loads[0], "load_s": statistics.median(loads[1:]),
-        "c1": c1, "cw": cw,
-        "first_chunk_s": firsts, "first_chunk_p50_s": percentile(firsts, 50),
-    }
+    return {"mode": "threads", "workers": args.workers, "load_s_first": loads[0],
+            "load_s": statistics.median(loads[1:]), "c1": c1, "cw": cw, "first_chunk_s": firsts,
+            "first_chunk_p50_s": percentile(firsts, 50)}
 
 
 def main(argv: list[str] | None = None) -> int:

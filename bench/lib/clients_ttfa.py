@@ -308,7 +308,7 @@ def missing(name: str) -> str | None:
     return None
 
 
-async def batch(name: str, t: Target, pieces: list[str], rate: float, n: int, seed: int) -> list[Session | BaseException]:
+async def batch(name: str, t: Target, pieces: list[str], rate: float, n: int, seed: int) -> list:
     """``n`` sessions of one client at once (each its own seed)."""
     leg = CLIENTS[name][0]
     return await asyncio.gather(*(leg(t, pieces, rate, seed + i) for i in range(n)), return_exceptions=True)

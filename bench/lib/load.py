@@ -89,7 +89,8 @@ def summarize(results: list[Result], elapsed_s: float, errors: list[str] | None 
     if window is not None:
         throughput, audio = work_in_window(ok, *window), work_in_window(ok, *window, weight=lambda r: r.audio_s)
     else:
-        throughput, audio = (len(ok) / elapsed_s, sum(r.audio_s for r in ok) / elapsed_s) if elapsed_s > 0 else (0.0, 0.0)
+        seconds = elapsed_s if elapsed_s > 0 else math.inf  # none: 0 per second
+        throughput, audio = len(ok) / seconds, sum(r.audio_s for r in ok) / seconds
     return Summary(
         requests=len(results), ok=len(ok), rejected=len(rej),
         timeouts=sum(r.kind == "timeout" for r in results), errors=sum(r.kind == "error" for r in results),

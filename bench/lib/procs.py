@@ -36,13 +36,18 @@ def results_dir(suite: str, quick: bool = False) -> Path:
 
 
 class SuiteParser(argparse.ArgumentParser):
-    """A server suite's parser, with the options every one takes (``quick``: the help of its ``--quick``)."""
+    """A server suite's parser, with the options every one takes (``quick``: the help of its ``--quick``;
+    ``realtime``: ``--client-rt-priority``)."""
 
-    def __init__(self, doc: str | None, suite: str, quick: str | None = None) -> None:
+    def __init__(self, doc: str | None, suite: str, quick: str | None = None, realtime: bool = False) -> None:
         super().__init__(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
         self.suite = suite
         if quick:
             self.add_argument("--quick", action="store_true", help=quick)
+        if realtime:
+            self.add_argument("--client-rt-priority", type=int, default=1,
+                              help="the load generator in SCHED_FIFO at this priority where permitted "
+                                   "(bench/lib/sched.py; 0: off)")
         where = f".cache/bench/{suite}" + (f"; --quick: .cache/bench/{suite}/quick" if quick else "")
         self.add_argument("--out", help=f"output dir (default {where})")
         self.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/lib/model.py")
