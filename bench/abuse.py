@@ -138,19 +138,8 @@ async def wait_metrics(url: str, done: Callable[[dict[str, float]], bool], limit
     return None
 
 
-def logged_since(path: Path, offset: int) -> str:
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read().decode(errors="replace")
-
-
 # non-readers' streams are synthesised first (at most this long): measured is what they hold unread, not their compute
 NONREAD_LEAD_MAX_S = 180.0
-
-
-async def jobs_ok(url: str) -> float:
-    async with httpx.AsyncClient(base_url=url) as client:
-        return (await prom.ascrape(client)).get("tts_engine_jobs_total", 0.0)
 
 
 async def run_phase(srv: ServerProc, name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -160,7 +149,7 @@ async def run_phase(srv: ServerProc, name: str, args: argparse.Namespace) -> dic
     lead_s = args.lead_s
     try:
         if kind == "nonread":
-            before = await jobs_ok(srv.base_url)
+            before = prom.scrape(srv.base_url, timeout=5).get("tts_engine_jobs_total", 0.0)  # nothing runs yet
             proc = await adversary(kind, clients, srv, NONREAD_LEAD_MAX_S + args.phase_s, args.adversary_nice)
             lead_s = await wait_metrics(srv.base_url, lambda m: m.get("tts_engine_jobs_total", 0) >= before + clients,
                                         NONREAD_LEAD_MAX_S) or NONREAD_LEAD_MAX_S  # engine jobs: outcomes summed
@@ -203,7 +192,9 @@ async def measure(srv: ServerProc, name: str, kind: str | None, clients: int, pr
         phase["storm"] = storm_rates(tally, lo, hi)
         phase["storm"]["total_rps"] = phase["storm"]["goodput_rps"] + s.throughput_rps
     phase["settle_s"] = await wait_metrics(srv.base_url, lambda m: not m.get("tts_inflight_requests"), 20.0)
-    text = logged_since(srv.log_path, log_at)  # what the server logged during the phase and its settling
+    with open(srv.log_path, "rb") as f:  # what the server logged during the phase and its settling
+        f.seek(log_at)
+        text = f.read().decode(errors="replace")
     phase["server_log"], phase["server_4xx_p99_ms"] = server_log(text), server_refusal_p99_ms(text)
     phase["server_4xx_held_p99_ms"] = server_refusal_p99_ms(text, held=True)
     return phase

@@ -30,17 +30,6 @@ STATES = ("is on its way", "has been delayed by ten minutes", "is ready", "was c
           "is being prepared", "is closed today", "will call you back")
 
 
-def prompt_lines(n: int) -> list[str]:
-    lines = [f"{s.capitalize()} {v}." for v in STATES for s in SUBJECTS]
-    assert n <= len(lines), f"at most {len(lines)} distinct lines"
-    return lines[:n]
-
-
-def zipf_draws(n_lines: int, s: float, count: int, seed: int = 0) -> list[int]:
-    weights = [1.0 / (rank + 1) ** s for rank in range(n_lines)]
-    return random.Random(seed).choices(range(n_lines), weights=weights, k=count)
-
-
 def dir_bytes(path: Path | None) -> int:
     total = 0
     for f in path.rglob("*") if path and path.is_dir() else ():
@@ -125,8 +114,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tight-mb", type=float, default=2.0, help="both tiers' budget in the third run (0: no such run)")
     ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "cache"), help="output dir (writes cache.md)")
     args = ap.parse_args(argv)
-    lines = prompt_lines(args.lines)
-    draws = zipf_draws(args.lines, args.zipf, args.requests)
+    every = [f"{s.capitalize()} {v}." for v in STATES for s in SUBJECTS]
+    assert args.lines <= len(every), f"at most {len(every)} distinct lines"
+    lines, weights = every[: args.lines], [1.0 / (rank + 1) ** args.zipf for rank in range(args.lines)]
+    draws = random.Random(0).choices(range(args.lines), weights=weights, k=args.requests)  # Zipf popularity
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         runs = [("off", {"enabled": False}), ("on", {})]
