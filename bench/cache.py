@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
 import statistics
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.lib.procs import ROOT, cosyserve, machine, tiny_config
+from bench.lib.procs import SuiteParser, cosyserve, machine, tiny_config
 from bench.lib.prom import scrape
 from bench.report import save, table
 
@@ -88,7 +87,7 @@ async def replay(base: str, lines: list[str], draws: list[int], clients: int, se
             "p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]}
 
 
-def run(label: str, cache: dict, args: argparse.Namespace, lines: list[str], draws: list[int], tmp: Path) -> dict:
+def run(label: str, cache: dict, clients: int, lines: list[str], draws: list[int], tmp: Path) -> dict:
     cfg = tiny_config(tmp, engine={"torch_threads": 1}, cache=cache)
     with cosyserve(f"cache-{label}", cfg, tmp) as srv:
         base = srv.base_url
@@ -98,7 +97,7 @@ def run(label: str, cache: dict, args: argparse.Namespace, lines: list[str], dra
         cache_dir = Path(cache["dir"]) if cache.get("dir") else None
         sampler = threading.Thread(target=sample_cache, args=(base, stop, peak, cache_dir), daemon=True)
         sampler.start()
-        result = asyncio.run(replay(base, lines, draws, args.clients))
+        result = asyncio.run(replay(base, lines, draws, clients))
         stop.set()
         sampler.join()
         cpu1 = scrape(base).get("process_cpu_seconds_total", 0.0)
@@ -106,14 +105,13 @@ def run(label: str, cache: dict, args: argparse.Namespace, lines: list[str], dra
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = SuiteParser(__doc__, "cache", server=False)
     ap.add_argument("--lines", type=int, default=200, help="distinct prompts")
     ap.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of their popularity")
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--tight-mb", type=float, default=2.0, help="both tiers' budget in the third run (0: no such run)")
-    ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "cache"), help="output dir (writes cache.md)")
-    args = ap.parse_args(argv)
+    args = ap.parse(argv)
     every = [f"{s.capitalize()} {v}." for v in STATES for s in SUBJECTS]
     assert args.lines <= len(every), f"at most {len(every)} distinct lines"
     lines, weights = every[: args.lines], [1.0 / (rank + 1) ** args.zipf for rank in range(args.lines)]
@@ -125,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
             tight = {"memory_mb": args.tight_mb, "disk_mb": args.tight_mb, "dir": str(Path(tmp) / "answers")}
             runs.append(("tight", tight))
         for label, cache in runs:
-            rows[label] = run(label, cache, args, lines, draws, Path(tmp))
+            rows[label] = run(label, cache, args.clients, lines, draws, Path(tmp))
             print(label, rows[label], flush=True)
     off, on = rows["off"], rows["on"]
     lines_md = [
@@ -160,4 +158,4 @@ def main(argv: list[str] | None = None) -> None:
                  f"p99 {on['p99']:.3f} s vs {off['p99']:.3f} s; "
                  f"server CPU {on['cpu_s']:.1f} s vs {off['cpu_s']:.1f} s.")]
     print("\n".join(lines_md))
-    save(Path(args.out), "cache", None, "\n".join(lines_md) + "\n")
+    save(args.out, "cache", None, "\n".join(lines_md) + "\n")

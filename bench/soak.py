@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import random
@@ -20,7 +19,7 @@ import psutil
 import soundfile as sf
 from websockets.sync.client import connect
 
-from bench.lib.procs import ROOT, cosyserve, machine, tiny_config
+from bench.lib.procs import SuiteParser, cosyserve, machine, tiny_config
 from bench.lib.prom import scrape
 from bench.report import save, table
 
@@ -111,15 +110,14 @@ def slope_mb_per_h(samples: list[tuple[float, int]]) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = SuiteParser(__doc__, "soak", server=False)
     ap.add_argument("--minutes", type=float, default=70.0)
     ap.add_argument("--warmup", type=float, default=10.0, help="minutes left out of the slope")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--sample-s", type=float, default=30.0)
     ap.add_argument("--model-dir", help="a model dir (default: the tiny CosyVoice2)")
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server's environment")
-    ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "soak"), help="output dir (writes soak.md)")
-    args = ap.parse_args(argv)
+    args = ap.parse(argv)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = tiny_config(tmp)
         if args.model_dir:
@@ -182,4 +180,4 @@ def main(argv: list[str] | None = None) -> None:
         if mem else "",
     ]
     print("\n".join(lines))
-    save(Path(args.out), "soak", None, "\n".join(lines) + "\n")
+    save(args.out, "soak", None, "\n".join(lines) + "\n")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bench.lib import clients_ttfa as clients
 from bench.lib.load import percentile
-from bench.lib.procs import ROOT, cosyserve, free_port, machine, tiny_config
+from bench.lib.procs import SuiteParser, cosyserve, free_port, machine, tiny_config
 from bench.report import add_goal, fmt, goals_table, print_goals, ratio, save, table
 
 COMMAND = ".venv/bin/python -m bench serve --scenario ws"
@@ -120,7 +120,7 @@ def clients_report(args: argparse.Namespace, summ: dict, goals: list[dict], skip
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = SuiteParser(__doc__, "ws_ttfa", server=False)
     ap.add_argument("--rate", type=float, default=20.0, help="tokens per second the 'LLM' writes")
     ap.add_argument("--reps", type=int, default=None, help="runs per point (default 5; with --clients 3)")
     ap.add_argument("--clients", type=lambda v: [c for c in v.split(",") if c], default=None,
@@ -128,9 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--concurrency", type=lambda v: [int(c) for c in v.split(",")], default=[1, 4],
                     help="with --clients: sessions at once, each level in turn (default 1,4)")
     ap.add_argument("--text", choices=list(TEXTS), default="40 words", help="with --clients: the text")
-    ap.add_argument("--out", default=str(ROOT / ".cache" / "bench" / "ws_ttfa"),
-                    help="output dir (writes ws-ttfa.md; with --clients ws-clients.md and .json)")
-    args = ap.parse_args(argv)
+    args = ap.parse(argv)
     unknown = [c for c in args.clients or [] if c not in clients.CLIENTS]
     if unknown:
         ap.error(f"unknown clients {unknown}; known: {','.join(clients.CLIENTS)}")
@@ -155,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
                 md = clients_report(args, summ, goals, skipped, len(pieces), reps)
                 print(md)
                 print_goals(goals)
-                save(Path(args.out), "ws-clients", {"summary": summ, "raw": raw, "skipped": skipped}, md)
+                save(args.out, "ws-clients", {"summary": summ, "raw": raw, "skipped": skipped}, md)
                 return
             rows = []
             for label, text in TEXTS.items():
@@ -183,4 +181,4 @@ def main(argv: list[str] | None = None) -> None:
         "", "All times from the first token the LLM wrote. 'done': the last audio byte.",
     ]
     print("\n".join(lines))
-    save(Path(args.out), "ws-ttfa", None, "\n".join(lines) + "\n")
+    save(args.out, "ws-ttfa", None, "\n".join(lines) + "\n")

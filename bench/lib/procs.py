@@ -37,9 +37,10 @@ def results_dir(suite: str, quick: bool = False) -> Path:
 
 class SuiteParser(argparse.ArgumentParser):
     """A server suite's parser, with the options every one takes (``quick``: the help of its ``--quick``;
-    ``realtime``: ``--client-rt-priority``)."""
+    ``realtime``: ``--client-rt-priority``; ``server``: ``--model-dir`` and ``--timeout-s``)."""
 
-    def __init__(self, doc: str | None, suite: str, quick: str | None = None, realtime: bool = False) -> None:
+    def __init__(self, doc: str | None, suite: str, quick: str | None = None, realtime: bool = False,
+                 server: bool = True) -> None:
         super().__init__(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
         self.suite = suite
         if quick:
@@ -50,8 +51,9 @@ class SuiteParser(argparse.ArgumentParser):
                                    "(bench/lib/sched.py; 0: off)")
         where = f".cache/bench/{suite}" + (f"; --quick: .cache/bench/{suite}/quick" if quick else "")
         self.add_argument("--out", help=f"output dir (default {where})")
-        self.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/lib/model.py")
-        self.add_argument("--timeout-s", type=float, default=120.0, help="client timeout per request")
+        if server:
+            self.add_argument("--model-dir", help="default: the tiny CosyVoice2 model of bench/lib/model.py")
+            self.add_argument("--timeout-s", type=float, default=120.0, help="client timeout per request")
 
     def parse(self, argv: list[str] | None, quick: dict | None = None, full: dict | None = None) -> argparse.Namespace:
         """The options: those left None take ``quick``'s or ``full``'s value, ``--out`` the suite's folder."""
