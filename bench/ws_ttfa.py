@@ -1,9 +1,6 @@
-"""Time to first audio for text that arrives at an LLM's pace: WebSocket vs POST, or (``--clients``) each client.
-
-The default table feeds each text's tokens over the WebSocket at ``--rate`` and POSTs the whole text when the
-LLM would have finished; ``--clients`` times the clients of bench/lib/clients_ttfa.py side by side at each
-``--concurrency`` level. bench/README.md describes both (``--livekit`` left the tree after 776f578).
-"""
+"""Time to first audio for text that arrives at an LLM's pace: WebSocket vs POST (each text's tokens at ``--rate``,
+the POST when the LLM would have finished), or (``--clients``) the clients of bench/lib/clients_ttfa.py side by side
+at each ``--concurrency`` level. bench/README.md describes both (``--livekit`` left the tree after 776f578)."""
 
 from __future__ import annotations
 
@@ -159,13 +156,10 @@ def main(argv: list[str] | None = None) -> None:
             for label, text in TEXTS.items():
                 one(clients.ws, base, text, args.rate, 0)  # warm-up
                 one(clients.post, base, text, 1e6, 0)
-                ws, post = [], []
-                for rep in range(reps):
-                    ws.append(one(clients.ws, base, text, args.rate, rep))
-                    post.append(one(clients.post, base, text, args.rate, rep))
+                runs = [(one(clients.ws, base, text, args.rate, rep), one(clients.post, base, text, args.rate, rep))
+                        for rep in range(reps)]  # per run: (ws, post), each (TTFA, done)
                 n = len(tokens(text))
-                med = [statistics.median(x) for x in ([a for a, _ in ws], [a for a, _ in post],
-                                                      [b for _, b in ws], [b for _, b in post])]
+                med = [statistics.median(r[leg][i] for r in runs) for i in (0, 1) for leg in (0, 1)]
                 rows.append((label, n, (n - 1) / args.rate, *med))
                 print(rows[-1], flush=True)
     lines = [

@@ -148,21 +148,27 @@ class Adversaries:
             tally.attempts += 1
             yield time.monotonic()
 
-    async def raw_attempts(self, tally: Tally, attempt) -> None:
-        for _ in self.tries(tally):
+    async def raw_attempts(self, tally: Tally, attempt, **buffers: int) -> None:
+        """``attempt(tally, sock, t0)`` on a fresh loopback socket per attempt (``buffers``: its sizes, ``connect``);
+        one that returns True has been served and asks for nothing more until the end."""
+        for t0 in self.tries(tally):
             try:
-                await attempt(tally)
+                sock = await connect(self.host, self.port, **buffers)
+                try:
+                    served = await attempt(tally, sock, t0)
+                finally:
+                    sock.close()
+                if served:
+                    await asyncio.sleep(max(0.0, self.left()))
             except OSError as exc:
                 tally.count(f"socket error {type(exc).__name__}")
                 tally.note(f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(min(RECONNECT_S, max(0.0, self.left())))
 
-    async def dribble(self, tally: Tally) -> None:
+    async def dribble(self, tally: Tally, sock: socket.socket, t0: float) -> None:
         """Headers at once, then the body one byte a second; until the server answers or closes."""
         body = json.dumps({"text": TEXT, "format": "pcm"}).encode().ljust(400)  # JSON may end in spaces
-        loop, t0 = asyncio.get_running_loop(), time.monotonic()
-        sock = await connect(self.host, self.port)
-        sent = 0
+        loop, sent = asyncio.get_running_loop(), 0
         try:
             await loop.sock_sendall(sock, request_head(self.host, "/v1/tts", len(body)))
             while sent < len(body) and self.left() > 0:
@@ -177,54 +183,40 @@ class Adversaries:
             tally.count("open at end" if sent < len(body) else "body complete", time.monotonic() - t0, sent)
         except (ConnectionError, BrokenPipeError):
             tally.count("reset", time.monotonic() - t0, sent)
-        finally:
-            sock.close()
 
-    async def nonread(self, tally: Tally) -> None:
+    async def nonread(self, tally: Tally, sock: socket.socket, t0: float) -> bool:
         """A long streamed request from a socket that reads nothing; watches for the server closing it.
 
-        Polite about admission (a 503's Retry-After is honoured: it is refused, not holding anything), rude about
-        the stream: once admitted it never reads a byte. 48 kHz PCM makes the answer (~5 MB) larger than what the
-        kernel's socket buffers take (~3 MB on loopback), so the server has to hold the rest.
+        Polite about admission (a 503's Retry-After is honoured), rude about the stream: once admitted it never
+        reads a byte. 48 kHz PCM makes the answer (~5 MB) larger than the kernel's socket buffers (~3 MB on
+        loopback), so the server has to hold the rest.
         """
         body = json.dumps({"text": LONG_TEXT, "stream": True, "format": "pcm", "sample_rate": 48000}).encode()
-        loop, t0 = asyncio.get_running_loop(), time.monotonic()
-        sock = await connect(self.host, self.port, rcvbuf=RCVBUF)
-        try:
-            await loop.sock_sendall(sock, request_head(self.host, "/v1/tts", len(body)) + body)
-            mine = sock.getsockname()[1]
-            head = b""
-            while not head and self.left() > 0:  # the status line, without reading the audio behind it
-                await asyncio.sleep(0.1)
-                head = peek(sock)
-            if head and status_of(head) == "503":
-                tally.count("503 (Retry-After honoured)", time.monotonic() - t0)
-                await asyncio.sleep(min(retry_after(head), max(0.0, self.left())))
-                return
-            while self.left() > 0:
-                await asyncio.sleep(min(0.5, max(0.0, self.left())))
-                peers = self.server_peers()
-                closed = tcp_state(sock) in (TCP_CLOSE_WAIT, TCP_CLOSE)
-                if closed or (peers is not None and mine not in peers):
-                    head = peek(sock)
-                    how = "then closed" if closed else "then let go by the server"
-                    tally.count(f"{status_of(head) if head else 'no answer'} {how}", time.monotonic() - t0)
-                    tally.received_bytes.append(queued(sock))
-                    break
-            else:
-                head = peek(sock)
-                tally.count(f"{status_of(head) if head else 'no answer'} still open at end", time.monotonic() - t0)
-                tally.received_bytes.append(queued(sock))
-        finally:
-            sock.close()
-        await asyncio.sleep(max(0.0, self.left()))  # served (and maybe let go): it asks for nothing more
+        await asyncio.get_running_loop().sock_sendall(sock, request_head(self.host, "/v1/tts", len(body)) + body)
+        mine, head = sock.getsockname()[1], b""
+        while not head and self.left() > 0:  # the status line, without reading the audio behind it
+            await asyncio.sleep(0.1)
+            head = peek(sock)
+        if head and status_of(head) == "503":
+            tally.count("503 (Retry-After honoured)", time.monotonic() - t0)
+            await asyncio.sleep(min(retry_after(head), max(0.0, self.left())))
+            return False
+        how = "still open at end"
+        while self.left() > 0:
+            await asyncio.sleep(min(0.5, max(0.0, self.left())))
+            peers, closed = self.server_peers(), tcp_state(sock) in (TCP_CLOSE_WAIT, TCP_CLOSE)
+            if closed or (peers is not None and mine not in peers):
+                how = "then closed" if closed else "then let go by the server"
+                break
+        head = peek(sock)
+        tally.count(f"{status_of(head) if head else 'no answer'} {how}", time.monotonic() - t0)
+        tally.received_bytes.append(queued(sock))
+        return True  # served (and maybe let go): it asks for nothing more
 
-    async def huge(self, tally: Tally, chunked: bool = False) -> None:
+    async def huge(self, tally: Tally, sock: socket.socket, t0: float, chunked: bool = False) -> None:
         """Declares a 200 MB body and sends it as fast as it can, until the server answers or closes; ``chunked``:
         no length declared, the same bytes in chunks (``sent`` counts the body's bytes, not the framing)."""
-        loop, t0 = asyncio.get_running_loop(), time.monotonic()
-        sock = await connect(self.host, self.port, sndbuf=SNDBUF)
-        chunk, sent = b" " * CHUNK, 0
+        loop, chunk, sent = asyncio.get_running_loop(), b" " * CHUNK, 0
         if chunked:
             chunk = f"{CHUNK:x}\r\n".encode() + chunk + b"\r\n"
         reply = None
@@ -256,7 +248,6 @@ class Adversaries:
                 reply.cancel()
                 with contextlib.suppress(asyncio.CancelledError, OSError):
                     await reply
-            sock.close()
 
     async def ws_attempts(self, tally: Tally, session, failed: str, reconnect: bool, **options) -> None:
         """``session(ws, t0)`` on a fresh WebSocket per attempt; refusals and failures (``failed``) counted."""
@@ -388,14 +379,15 @@ class Adversaries:
 # kind -> one client's loop (``i``: the client's index)
 ADVERSARIES = {
     "dribble": lambda adv, tally, i: adv.raw_attempts(tally, adv.dribble),
-    "nonread": lambda adv, tally, i: adv.raw_attempts(tally, adv.nonread),
+    "nonread": lambda adv, tally, i: adv.raw_attempts(tally, adv.nonread, rcvbuf=RCVBUF),
     "ws-idle": lambda adv, tally, i: adv.ws(tally, chatty=False),
     "ws-chatty": lambda adv, tally, i: adv.ws(tally, chatty=True),
     "ws-long": lambda adv, tally, i: adv.ws_long(tally),
     "http-long": lambda adv, tally, i: adv.http_long(tally),
     "giant": lambda adv, tally, i: adv.giant(tally, openai=i % 2 == 1),
-    "huge": lambda adv, tally, i: adv.raw_attempts(tally, adv.huge),
-    "huge-chunked": lambda adv, tally, i: adv.raw_attempts(tally, functools.partial(adv.huge, chunked=True)),
+    "huge": lambda adv, tally, i: adv.raw_attempts(tally, adv.huge, sndbuf=SNDBUF),
+    "huge-chunked": lambda adv, tally, i: adv.raw_attempts(tally, functools.partial(adv.huge, chunked=True),
+                                                           sndbuf=SNDBUF),
     "storm": lambda adv, tally, i: adv.storm(tally, fresh=False),
     "storm-fresh": lambda adv, tally, i: adv.storm(tally, fresh=True),
 }
