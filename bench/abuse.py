@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -129,11 +130,9 @@ async def wait_metrics(url: str, done: Callable[[dict[str, float]], bool], limit
     t0 = time.monotonic()
     async with httpx.AsyncClient(base_url=url) as client:
         while time.monotonic() - t0 < limit_s:
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 if done(await prom.ascrape(client)):
                     return round(time.monotonic() - t0, 1)
-            except httpx.HTTPError:
-                pass
             await asyncio.sleep(0.5)
     return None
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import statistics
 import tempfile
@@ -32,10 +33,8 @@ STATES = ("is on its way", "has been delayed by ten minutes", "is ready", "was c
 def dir_bytes(path: Path | None) -> int:
     total = 0
     for f in path.rglob("*") if path and path.is_dir() else ():
-        try:
+        with contextlib.suppress(OSError):  # removed while we looked
             total += f.stat().st_size if f.is_file() else 0
-        except OSError:  # removed while we looked
-            pass
     return total
 
 

@@ -4,6 +4,7 @@ PCM) and admission gauges (``gauges``, ``Poller``)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -54,10 +55,8 @@ class Poller:
     async def _run(self) -> None:
         async with httpx.AsyncClient(base_url=self.url) as client:
             while True:
-                try:
+                with contextlib.suppress(httpx.HTTPError):
                     self.series.append({"t": round(time.monotonic() - self.t0, 2), **await gauges(client)})
-                except httpx.HTTPError:
-                    pass
                 await asyncio.sleep(self.every_s)
 
     @property

@@ -142,10 +142,8 @@ class RssSampler:
                 self.samples.append((time.monotonic() - self._t0, rss))
             if self._limit and rss > self._limit and not self.limit_hit:
                 self.limit_hit = True
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self._pid, signal.SIGKILL)  # our own child's group (start_new_session)
-                except (ProcessLookupError, PermissionError):
-                    pass
             self._stop.wait(0.25)
 
     def stop(self) -> None:
@@ -183,12 +181,10 @@ class ServerProc:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
+            with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.base_url + "/health/ready", timeout=2).status_code == 200:
                     self.rss = RssSampler(self.proc.pid, limit_bytes=self.rss_limit_bytes)
                     return self
-            except httpx.HTTPError:
-                pass
             time.sleep(0.25)
         raise RuntimeError(f"{self.name} not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
 
@@ -200,15 +196,11 @@ class ServerProc:
             return None
         code = self.proc.poll()
         if code is None:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.send_signal(signal.SIGTERM)
                 code = self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                code = None
-        try:  # anything left in its group (a baseline's helpers, a hung server) goes too
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # anything left in its group goes too
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
         if code is None:
             code = self.proc.wait(10)
         if self._log is not None:
@@ -217,10 +209,9 @@ class ServerProc:
         return code
 
     def log_tail(self, n: int = 4000) -> str:
-        try:
+        with contextlib.suppress(OSError):
             return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+        return ""
 
     def __enter__(self) -> Self:
         try:
