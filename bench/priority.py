@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import os
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -69,14 +70,19 @@ async def backlog(url: str, n: int, timeout_s: float) -> list[Result]:
         return list(await asyncio.gather(*(lc.send(spec("bulk")) for _ in range(n))))
 
 
+def closed(url: str, c: int, seconds: float, args: argparse.Namespace) -> Coroutine[Any, Any, load.Summary]:
+    """``c`` interactive clients for ``seconds``, honouring each 503's Retry-After."""
+    return load.closed_loop(url, spec(), c, seconds, warmup_s=args.warmup_s, timeout_s=args.timeout_s,
+                            reject_backoff_s=None)
+
+
 async def knee(url: str, args: argparse.Namespace) -> dict[str, Any]:
     """The closed-loop sweep: each point's summary and the admission limit it settled on."""
     await load.fixed_count(url, spec(), 4, 2, args.timeout_s)  # allocator, caches: not measured
     points = []
     for c in args.concurrency:
         with Poller(url, time.monotonic()) as poll:
-            s = await load.closed_loop(url, spec(), c, args.point_s, warmup_s=args.warmup_s,
-                                       timeout_s=args.timeout_s, reject_backoff_s=None)
+            s = await closed(url, c, args.point_s, args)
         points.append({"concurrency": c, **s.to_dict(), "limit_last": poll.limits[-1] if poll.limits else None})
         log(f"  c={c}: {s.throughput_rps:.2f} rps {s.audio_per_s:.1f} audio-s/s p99={ms(s.latency_p99_s, 0, ' ms')} "
             f"503={s.rejected} limit={points[-1]['limit_last']}")
@@ -89,26 +95,20 @@ async def knee(url: str, args: argparse.Namespace) -> dict[str, Any]:
             "limit": limit, "swept": args.concurrency, "points": points}
 
 
-async def loop(url: str, c: int, args: argparse.Namespace) -> dict[str, Any]:
-    """The interactive closed loop of ``c`` clients alone, with the admission limit it ran under."""
-    with Poller(url, time.monotonic()) as poll:
-        s = await load.closed_loop(url, spec(), c, args.phase_s, warmup_s=args.warmup_s, timeout_s=args.timeout_s,
-                                   reject_backoff_s=None)
-    return {"interactive": interactive(s), "limit": limit_readings(poll.limits)}
-
-
-async def phase_b(url: str, c: int, args: argparse.Namespace, bulk_timeout: float) -> dict[str, Any]:
-    """The interactive loop with the backlog submitted as its measured window opens."""
+async def loop(url: str, c: int, args: argparse.Namespace, bulk_timeout: float | None = None) -> dict[str, Any]:
+    """The interactive closed loop of ``c`` clients, with the admission limit it ran under; ``bulk_timeout``:
+    beside the backlog, submitted as its measured window opens (phase B)."""
     t0 = time.monotonic()
     with Poller(url, t0) as poll:
-        looping = asyncio.create_task(load.closed_loop(url, spec(), c, args.phase_s, warmup_s=args.warmup_s,
-                                                       timeout_s=args.timeout_s, reject_backoff_s=None))
-        await asyncio.sleep(args.warmup_s)
-        bulk = asyncio.create_task(backlog(url, args.backlog, bulk_timeout + args.timeout_s))
+        looping = asyncio.create_task(closed(url, c, args.phase_s, args))
+        if bulk_timeout is not None:
+            await asyncio.sleep(args.warmup_s)
+            bulk = asyncio.create_task(backlog(url, args.backlog, bulk_timeout + args.timeout_s))
         s = await looping
-    window = (t0 + args.warmup_s, t0 + args.warmup_s + args.phase_s)
-    return {"interactive": interactive(s), "bulk": backlog_summary(await bulk, window),
-            "limit": limit_readings(poll.limits)}
+    out: dict[str, Any] = {"interactive": interactive(s)}
+    if bulk_timeout is not None:
+        out["bulk"] = backlog_summary(await bulk, (t0 + args.warmup_s, t0 + args.warmup_s + args.phase_s))
+    return {**out, "limit": limit_readings(poll.limits)}
 
 
 async def measure(url: str, args: argparse.Namespace, results: dict[str, Any]) -> None:
@@ -119,7 +119,7 @@ async def measure(url: str, args: argparse.Namespace, results: dict[str, Any]) -
     log(f"A: {c} interactive clients alone, {args.phase_s:g} s")
     results["phases"]["A"] = await loop(url, c, args)
     log(f"B: {c} interactive clients beside {args.backlog} bulk requests")
-    results["phases"]["B"] = await phase_b(url, c, args, results["bulk_timeout_s"])
+    results["phases"]["B"] = await loop(url, c, args, results["bulk_timeout_s"])
     log(f"A2: {c} interactive clients alone again (the host's drift across B)")
     results["phases"]["A2"] = await loop(url, c, args)
     log(f"C: {args.backlog} bulk requests alone")
