@@ -13,6 +13,7 @@ its own. bench/README.md has them all (and batching, which left the tree after 8
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 
@@ -21,20 +22,14 @@ SCENARIOS = {"run": "bench.run", "admission": "bench.admission", "abuse": "bench
 COMMANDS = {"cost": "bench.cost", "gpu": "bench.gpu_check"}
 
 
-def _scenario(argv: list[str]) -> tuple[str | None, list[str]]:
-    for i, arg in enumerate(argv):
-        if arg == "--scenario" and i + 1 < len(argv):
-            return argv[i + 1], argv[:i] + argv[i + 2:]
-        if arg.startswith("--scenario="):
-            return arg.split("=", 1)[1], argv[:i] + argv[i + 1:]
-    return None, argv
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     name, rest = (argv[0], argv[1:]) if argv else (None, [])
     if name == "serve":
-        name, rest = _scenario(rest)
+        scenario = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+        scenario.add_argument("--scenario")
+        known, rest = scenario.parse_known_args(rest)
+        name = known.scenario
         module = SCENARIOS.get(name or "")
     else:
         module = COMMANDS.get(name or "")

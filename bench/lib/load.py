@@ -95,10 +95,9 @@ def summarize(results: list[Result], elapsed_s: float, errors: list[str] | None 
         requests=len(results), ok=len(ok), rejected=len(rej),
         timeouts=sum(r.kind == "timeout" for r in results), errors=sum(r.kind == "error" for r in results),
         elapsed_s=elapsed_s, throughput_rps=throughput, audio_per_s=audio,
-        latency_p50_s=percentile(lat, 50), latency_p95_s=percentile(lat, 95), latency_p99_s=percentile(lat, 99),
-        ttfa_p50_s=percentile(ttfa, 50), ttfa_p95_s=percentile(ttfa, 95), ttfa_p99_s=percentile(ttfa, 99),
-        reject_p50_s=percentile(rej, 50), reject_p99_s=percentile(rej, 99),
-        error_samples=(errors or [])[:5],
+        **{f"{name}_p{q}_s": percentile(values, q) for name, values in (("latency", lat), ("ttfa", ttfa))
+           for q in (50, 95, 99)},
+        reject_p50_s=percentile(rej, 50), reject_p99_s=percentile(rej, 99), error_samples=(errors or [])[:5],
     )
 
 
