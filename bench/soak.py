@@ -138,9 +138,7 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.monotonic()
             for t in threads:
                 t.start()
-            samples: list[tuple[float, int]] = []
-            mem: list[dict] = []
-            limits: list[float] = []
+            samples, mem, limits = [], [], []  # (seconds, RSS); memory metrics; admission limits
             while (elapsed := time.monotonic() - t0) < args.minutes * 60:
                 time.sleep(min(args.sample_s, args.minutes * 60 - elapsed))
                 samples.append((time.monotonic() - t0, proc.memory_info().rss))
