@@ -132,8 +132,7 @@ class SystemRun:
         self.out["capacity_rps"] = self.capacity
         with Poller(self.url, time.monotonic()) as poll:  # goodput: the work done while the arrivals lasted
             s = await load.open_loop(self.url, self.spec, rate, args.overload_s, timeout_s=args.timeout_s, window=True)
-        self.out["open"].append({"factor": factor, "rate_rps": rate, **s.to_dict(),
-                                 "limits": poll.limits})
+        self.out["open"].append({"factor": factor, "rate_rps": rate, **s.to_dict(), "limits": poll.limits})
         log(f"  {self.system} open {factor:g}x ({rate:.2f}/s): {s.brief()}")
 
     async def step(self) -> None:
@@ -189,10 +188,7 @@ def startup_line(srv: ServerProc) -> str | None:
     """The server's own one-line account of its admission choice."""
     with open(srv.log_path, "rb") as f:  # near the start: the access log follows it
         head = f.read(200_000).decode(errors="replace")
-    for line in head.splitlines():
-        if "admission:" in line:
-            return line.split("admission:", 1)[1].strip()
-    return None
+    return next((line.split("admission:", 1)[1].strip() for line in head.splitlines() if "admission:" in line), None)
 
 
 def run_systems(args: argparse.Namespace, systems: list[str], model_dir: str, run_dir: Path,
