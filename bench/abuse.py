@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             try:
                 p = asyncio.run(run_phase(srv, name, args))
-            except Exception as exc:  # noqa: BLE001 - one phase failing does not lose the others
+            except Exception as exc:
                 log(f"{name} FAILED: {type(exc).__name__}: {str(exc)[:500]}")
                 results.setdefault("failed", {})[name] = f"{type(exc).__name__}: {exc}"[:2000]
                 continue

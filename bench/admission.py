@@ -202,14 +202,14 @@ def run_systems(args: argparse.Namespace, systems: list[str], model_dir: str, ru
             try:
                 srv = stack.enter_context(server(system, args, model_dir, run_dir))
                 runs[system] = SystemRun(system, srv, args)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 fail(results, system, exc)
         plans = {system: run.plan() for system, run in runs.items()}
         for i in range(max((len(p) for p in plans.values()), default=0)):
             for system, _run in turns(runs, plans, i):
                 try:
                     asyncio.run(plans[system][i][1]())
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     fail(results, system, exc)
                     del runs[system]
         for system, run in runs.items():

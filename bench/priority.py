@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     with pool_server("defaults", {}, args.server_nice, model_dir, run_dir) as srv:
         try:
             asyncio.run(measure(srv.base_url, args, results))
-        except Exception as exc:  # noqa: BLE001 - what was measured is still reported
+        except Exception as exc:
             log(f"FAILED: {type(exc).__name__}: {str(exc)[:2000]}")
             results["failed"] = f"{type(exc).__name__}: {exc}"[:4000]
     results["loadavg_end"] = os.getloadavg()

@@ -174,7 +174,7 @@ class ServerProc:
         return f"http://{HOST}:{self.port}"
 
     def start(self, timeout_s: float = 300.0) -> Self:
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - open as long as the server runs; closed in stop()
+        self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         deadline = time.monotonic() + timeout_s
