@@ -87,3 +87,35 @@ def test_the_pool_slot_threads_run_below_the_thread_that_started_them(offset):
             await pool.close()
 
     assert run(main()) == [min(19, mine + 2)] * 2
+
+
+def comm(tid: int) -> str:
+    with open(f"/proc/self/task/{tid}/comm") as f:
+        return f.read().strip()
+
+
+def test_a_compute_thread_is_named_for_the_kernel_without_the_prefix(offset):
+    offset(0)  # named even when not lowered
+    out: dict = {}
+
+    def body() -> None:
+        threads.lower_this_thread()
+        out["comm"] = comm(threading.get_native_id())
+
+    t = threading.Thread(target=body, name="cosyserve-flow-scheduler-long")
+    t.start()
+    t.join()
+    assert out["comm"] == "flow-scheduler-"  # 15 bytes: what Linux keeps
+    assert comm(threading.get_native_id()) != out["comm"]  # the caller's own name untouched
+
+
+def test_the_pool_slot_threads_carry_their_names_in_the_kernel(offset):
+    async def main() -> list[str]:
+        pool = EnginePool(lambda i: FakeEngine(FakeBehaviour(), name=f"fake-{i}"), configs.pool(workers=2))
+        await pool.start()
+        try:
+            return sorted(comm(t.native_id) for t in threading.enumerate() if t.name.startswith("cosyserve-slot-"))
+        finally:
+            await pool.close()
+
+    assert run(main()) == ["slot-0", "slot-1"]
