@@ -558,6 +558,7 @@ def priority_markdown(results: dict[str, Any]) -> str:
 # the phases graded on the polite client and the server's RSS (huge-chunked: not in the issue's list, graded alike)
 NORMAL_GOALS = ("dribblers", "non-readers", "ws-idle", "ws-chatty", "giant-fields", "huge-body", "huge-chunked")
 GOODPUT_MIN, P99_MAX, RSS_GROWTH_MAX = 0.9, 1.5, 200 * MB
+LONG_GOODPUT_MIN, LONG_P99_MAX, WS_OVER_HTTP_MAX = 0.8, 2.0, 1.3  # issue 47: beside one long job
 GIANT_ANSWER_MAX_S, HUGE_SENT_MAX = 0.1, MB
 ACCESS = re.compile(r"cosyserve\.access: \S+ (\S+) (\S+) (\d{3}) ([0-9.]+)ms.*?( aborted)?$")
 HELD = re.compile(r" held=([0-9.]+)ms")  # an error answer held by the server's refusal pacer
@@ -703,10 +704,26 @@ def abuse_goals(phases: list[dict]) -> list[dict]:
             add("bytes sent before the answer or close (max)", sent_text(sent),
                 f"< {sent_text(HUGE_SENT_MAX)}" if graded else "info (server.max_upload_mb)",
                 sent < HUGE_SENT_MAX and answered if graded else None)
+        if name in LONG_JOBS:
+            check("polite goodput vs alone", ratio(s["throughput_rps"], ref["throughput_rps"]), f">= {LONG_GOODPUT_MIN}")
+            check("polite p99 vs alone", ratio(s["latency_p99_s"], ref["latency_p99_s"]), f"<= {LONG_P99_MAX}")
         if p.get("storm"):
             check("all 200s/s (storm + polite) vs polite alone", ratio(p["storm"]["total_rps"], ref["throughput_rps"]),
                   f">= {GOODPUT_MIN}")
+    rates = {p["name"]: long_rate(p.get("tally") or {}) for p in phases if p["name"] in LONG_JOBS}
+    if len(rates) == 2:
+        speed = ratio(rates["http-long"], rates["ws-long"])
+        bound(goals, "WS utterance's audio-s per s: HTTP's over the WebSocket's", speed, f"<= {WS_OVER_HTTP_MAX}",
+              phase="ws-long, http-long")
     return goals
+
+
+LONG_JOBS = ("ws-long", "http-long")
+
+
+def long_rate(tally: dict) -> float | None:
+    """A long-job adversary's audio seconds per wall second (None: none finished)."""
+    return tally["audio_s"] / tally["audio_wall_s"] if tally.get("audio_wall_s") else None
 
 
 def abuse_markdown(results: dict) -> str:

@@ -106,6 +106,23 @@ def test_goals_pass_and_fail_per_phase():
     assert ("storm-8", "polite 5xx answers") not in goals  # the storm's goal is the server's goodput
 
 
+def test_long_job_goals_grade_the_polite_client_and_the_websocket_against_http():
+    def long_tally(kind: str, audio_s: float, wall_s: float) -> dict:
+        return {**Tally(kind, 1).__dict__, "audio_s": audio_s, "audio_wall_s": wall_s}
+
+    phases = [phase("alone", None, 3.0, 0.4),
+              phase("ws-long", "ws-long", 2.3, 0.9, tally=long_tally("ws-long", 100.0, 100.0)),
+              phase("http-long", "http-long", 2.5, 0.7, tally=long_tally("http-long", 140.0, 100.0)),
+              phase("alone-again", None, 3.0, 0.4)]
+    goals = {(g["phase"], g["goal"]): (g["value"], g["pass"]) for g in abuse_goals(phases)}
+    assert goals[("ws-long", "polite goodput vs alone")] == ("0.77", False)  # 2.3 / 3.0 < 0.8
+    assert goals[("ws-long", "polite p99 vs alone")] == ("2.25", False)  # 0.9 / 0.4 > 2
+    assert goals[("http-long", "polite goodput vs alone")] == ("0.83", True)
+    assert goals[("http-long", "polite p99 vs alone")] == ("1.75", True)
+    assert goals[("ws-long, http-long", "WS utterance's audio-s per s: HTTP's over the WebSocket's")] == ("1.40", False)
+    assert ("ws-long", "polite 5xx answers") not in goals  # the long-job phases have the goals only
+
+
 def test_lines_and_report_name_every_phase():
     tally = Tally("dribble", 4)
     tally.count("408", 30.0, 31)
