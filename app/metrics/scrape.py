@@ -101,6 +101,8 @@ def _admission_metrics(adm: dict) -> Iterator[Metric]:
                             "(1 = an average request)", value=float(adm.get("load", 0.0)))
     yield GaugeMetricFamily("tts_admission_lanes", "Long jobs running in lanes beside the limit (a slot each, "
                             "none of the limit's load)", value=float(adm.get("lanes", 0)))
+    yield CounterMetricFamily("tts_admission_lane_paused_seconds", "Seconds ended long jobs in lanes paused "
+                              "to leave the cores to short requests in flight", value=float(adm.get("lane_paused_s", 0)))
     yield GaugeMetricFamily("tts_admission_predicted_wait_seconds", "How long a request arriving now would "
                             "wait before it could start (0: at once; else it is refused with this Retry-After)",
                             value=float(adm.get("predicted_wait_s") or 0.0))

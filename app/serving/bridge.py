@@ -92,6 +92,10 @@ class BlockingStream(Generic[T]):
         self.max_buffered_bytes = 0  # high-water mark of the buffered bytes
         self.first_item_at: float | None = None  # time.monotonic() of the first item
         self.blocked_s = 0.0  # seconds the producer waited for room (a consumer slower than the engine)
+        self.paused_s = 0.0  # seconds the producer paused as ``pace`` asked (a long job yielding)
+        self.produced_audio_s = 0.0  # the audio of the items pulled (items with a ``duration_s``)
+        # (seconds the item took, seconds of audio ahead of real time) -> seconds to pause before the next
+        self.pace: Callable[[float, float], float] | None = None
 
     # -- owner side ------------------------------------------------------------------
     def start(self, executor: Executor, open_gen: GeneratorFactory[T]) -> asyncio.Future[None]:
@@ -152,15 +156,19 @@ class BlockingStream(Generic[T]):
                 gen = open_gen(self.cancel_event)
                 it = iter(gen)
                 while not self.cancel_event.is_set():
+                    began = time.monotonic()
                     try:
                         item = next(it)
                     except StopIteration:
                         # An engine may just stop when it sees the flag: that is not a full run.
                         self.exhausted = not self.cancel_event.is_set()
                         break
+                    worked = time.monotonic() - began
                     self.produced += 1
+                    self.produced_audio_s += getattr(item, "duration_s", 0.0)
                     if not self._put(item):
                         break
+                    self._pause(worked)
         except BaseException as exc:  # noqa: BLE001 - the thread boundary: everything is transported
             error = exc
         if gen is not None:
@@ -171,6 +179,17 @@ class BlockingStream(Generic[T]):
                 except BaseException as exc:  # noqa: BLE001 - a generator failing while closing
                     error = error or exc
         self._finish(error)
+
+    def _pause(self, worked_s: float) -> None:
+        """Yield as ``pace`` asks after a piece of work (waking at once on cancel)."""
+        if self.pace is None:
+            return
+        since_first = time.monotonic() - (self.first_item_at or time.monotonic())
+        pause = self.pace(worked_s, self.produced_audio_s - since_first)
+        if pause > 0:
+            since = time.monotonic()
+            self.cancel_event.wait(pause)
+            self.paused_s += time.monotonic() - since
 
     def _full(self, size: int = 0) -> bool:
         if len(self._items) >= self._maxsize:

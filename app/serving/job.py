@@ -79,6 +79,7 @@ class Job(Generic[T]):
         self._reading = False  # first_chunk() or iteration has begun
         self._loop = loop
         self._stream: BlockingStream[T] = BlockingStream(loop, buffer_chunks, max_bytes=buffer_bytes, budget=budget)
+        self._stream.pace = ticket.pause_s  # a long job in a lane yields to short requests (admission)
         self._started_at = time.monotonic()
         self.stuck_reported = False  # the pool logged this job as stuck in the engine
         self._thread_done = self._stream.start(lease.slot.executor, open_gen)  # if this raises, nothing was taken
@@ -157,8 +158,9 @@ class Job(Generic[T]):
 
     @property
     def busy_s(self) -> float:
-        """Service time without the time the slot thread waited for a slow consumer (0 before the end)."""
-        return max(0.0, (self.service_s or 0.0) - self._stream.blocked_s)
+        """Service time without the time the slot thread waited for a slow consumer or paused for short
+        requests (0 before the end)."""
+        return max(0.0, (self.service_s or 0.0) - self._stream.blocked_s - self._stream.paused_s)
 
     @property
     def deadline_s(self) -> float:
@@ -166,10 +168,19 @@ class Job(Generic[T]):
 
         A job whose text arrives while it runs may run ``request_timeout_s`` past its last text, so a
         client that types slowly is not cut off, and the time it takes to speak is what that text costs.
+        The time a long job paused for short requests (``paused_s``) is added: a yield, not a slow engine.
         """
-        if self._deadline_s <= 0 or self._text is None:
+        if self._deadline_s <= 0:
             return self._deadline_s
-        return max(self._deadline_s, self._text.last_at - self._started_at + self._deadline_s)
+        base = self._deadline_s + self._stream.paused_s  # the time it yielded is not the engine's
+        if self._text is None:
+            return base
+        return max(base, self._text.last_at - self._started_at + base)
+
+    @property
+    def paused_s(self) -> float:
+        """Seconds its slot thread paused, yielding to short requests (a long job in a lane)."""
+        return self._stream.paused_s
 
     @property
     def started_at(self) -> float:

@@ -409,7 +409,8 @@ class EnginePool:
         self._jobs.discard(job)
         slots = self._slot_list if job.slot_index < len(self._slot_list) else self._bulk_slot_list
         slots[job.slot_index % len(self._slot_list)].jobs_done += 1
-        seconds = job.service_s or 0.0
+        seconds = (job.service_s or 0.0) - job.paused_s  # a long job's pauses were yields, not service
+        self._admission.lane_paused_s += job.paused_s
         bulk = self.gate.is_bulk(job.ticket)
         if job.outcome in ("ok", "error") and not bulk:  # bulk work yields: its times say nothing of a wait
             self._admission.observe_service(seconds)

@@ -106,6 +106,7 @@ def test_adaptive_overload_is_an_immediate_503_with_retry_after_and_counted_as_o
     assert value(busy, "tts_admission_ceiling") == 4
     assert value(busy, "tts_admission_load") == pytest.approx(1.0)
     assert value(busy, "tts_admission_lanes") == 0
+    assert value(busy, "tts_admission_lane_paused_seconds_total") == 0
     assert value(busy, "tts_admission_predicted_wait_seconds") > 0
     gate.set()
     held.join(10)

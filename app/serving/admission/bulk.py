@@ -68,6 +68,9 @@ class BulkAccount:
     def _open_ended(self, permit: _Permit) -> None:
         pass  # nor takes a lane: it runs only in the room interactive work leaves
 
+    def lane_pause_s(self, permit: _Permit, worked_s: float, ahead_s: float) -> float:
+        return 0.0  # bulk yields inside the engine (its room), not by pausing
+
     def _started(self, permit: _Permit) -> None:
         self.running += 1
         self.starts += 1

@@ -24,7 +24,10 @@ request away (503 ``over_budget``) or make it wait behind it; so up to ``limit``
 instead run in lanes of their own: each takes one slot beyond the limit's and nothing of the
 gate's load, and short requests keep the limit's places. A long job beyond the lanes counts
 against the gate as before. Lane jobs are no latency samples (they do not run in the limit's
-places). Docs: docs/concurrency.md ("Long jobs").
+places). And a lane job yields: while short requests are in flight it works ``LANE_SHARE`` of the
+time, pausing after each piece of audio (``lane_pause_s``, applied by its slot thread), as long as its
+audio stays ``LANE_LEAD_S`` ahead of real time, so a listener never waits for the pause. Docs:
+docs/concurrency.md ("Long jobs").
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ log = logging.getLogger(__name__)
 
 LONG_WEIGHT = 4.0  # a job charged this many average requests (about 6x the mean size) ...
 LONG_MIN_UNITS = 256  # ... and this many characters (several sentences: many engine segments) runs in a lane
+LANE_SHARE = 0.25  # while short requests are in flight a lane job ahead of real time computes this share of the time
+LANE_LEAD_S = 2.0  # ... while its audio is at least this far ahead of real time (a listener's buffer)
+LANE_PAUSE_MAX_S = 1.0  # ... pausing at most this long after one piece of work
 
 
 class _Others(Protocol):
@@ -84,6 +90,7 @@ class Admission:
         self.lanes = 0  # long jobs in lanes beside the limit (their weight is not the gate's)
         self.lane_load = 0.0  # ... their weights
         self.lanes_running = 0  # ... of them holding a slot (or still being consumed)
+        self.lane_paused_s = 0.0  # seconds lane jobs paused for short requests (lane_pause_s), of ended jobs
         self.admitted = 0
         self.starts = 0  # permits that got a slot (a request ran alone if no other started meanwhile)
         self.rejected: dict[str, int] = {}
@@ -198,6 +205,7 @@ class Admission:
             "ceiling": self.capacity,
             "load": round(self.load, 3),
             "lanes": self.lanes,
+            "lane_paused_s": round(self.lane_paused_s, 3),
             "predicted_wait_s": self.predicted_wait_s(),
             "target_s": lim.target_s,
             "unloaded_s": lim.unloaded_s,
@@ -246,6 +254,16 @@ class Admission:
         self._to_lane(permit)
         self._note_load()
         self.on_change()
+
+    def lane_pause_s(self, permit: _Permit, worked_s: float, ahead_s: float) -> float:
+        """How long a lane job pauses after a piece of work that took ``worked_s``, its audio ``ahead_s``
+        seconds ahead of real time: while short requests are in flight (admitted, queued or running, outside
+        the lanes) and it is at least ``LANE_LEAD_S`` ahead, long enough that it works ``LANE_SHARE`` of the
+        time, never falling behind that lead; else 0. From a slot thread: reads two counters, changes nothing."""
+        if not permit.in_lane or self.in_flight - self.lanes <= 0 or ahead_s <= LANE_LEAD_S:
+            return 0.0
+        share = max(0.0, worked_s) * (1.0 - LANE_SHARE) / LANE_SHARE
+        return min(LANE_PAUSE_MAX_S, share, ahead_s - LANE_LEAD_S)
 
     @property
     def running(self) -> int:

@@ -92,6 +92,11 @@ class Ticket:
     def in_lane(self) -> bool:
         return self._permit.in_lane
 
+    def pause_s(self, worked_s: float, ahead_s: float) -> float:
+        """How long its holder pauses after a piece of engine work that took ``worked_s``, its audio ``ahead_s``
+        ahead of real time (a lane job beside short requests yields: ``Admission.lane_pause_s``); from any thread."""
+        return self._permit.admission.lane_pause_s(self._permit, worked_s, ahead_s)
+
     @property
     def weight(self) -> float:
         return self._permit.weight

@@ -17,7 +17,7 @@ from app.serving import (
     PermitError,
     QueueTimeout,
 )
-from app.serving.admission import Admission
+from app.serving.admission import Admission, interactive
 from app.serving.admission.limit import AdaptiveLimit
 from app.serving.errors import ClientGone
 from app.serving.observer import NullObserver
@@ -346,14 +346,39 @@ def test_an_open_ended_job_rides_in_a_lane_and_is_no_sample() -> None:
     assert (adm.lanes, adm.lanes_running, adm.load) == (0, 0, 0.0)
 
 
-def test_a_short_request_runs_beside_a_long_job_at_limit_one() -> None:
-    """Through the pool: the long job's lane is a slot beyond the limit, so the short one is not queued
-    behind it (without the lane it would wait for that slot until its queue timeout)."""
+def test_a_lane_job_pauses_only_while_short_requests_are_in_flight_and_it_is_ahead_of_real_time() -> None:
+    adm, _ = adaptive(limit=2)
+    for _ in range(2):  # sizes: an average of 10 characters
+        t = adm.admit()
+        t.charge(10)
+        t.release()
+    long = adm.admit()
+    long.charge(4000)
+    long.started()
+    assert long.in_lane and long.pause_s(0.2, 30.0) == 0.0  # alone: full speed
+    short = adm.admit()  # queued: in flight, outside the lanes
+    share, lead = interactive.LANE_SHARE, interactive.LANE_LEAD_S
+    assert long.pause_s(0.2, 30.0) == pytest.approx(0.2 * (1 - share) / share)  # works ``share`` of the time
+    assert long.pause_s(60.0, 30.0) == interactive.LANE_PAUSE_MAX_S  # one long piece: a bounded pause
+    assert long.pause_s(0.2, lead + 0.1) == pytest.approx(0.1)  # never below the lead a listener has
+    assert long.pause_s(0.2, lead) == 0.0 == long.pause_s(0.2, -5.0)  # behind real time: full speed
+    assert short.pause_s(0.2, 30.0) == 0.0  # a short request never pauses
+    short.started()
+    assert long.pause_s(0.2, 30.0) > 0
+    short.release()
+    assert long.pause_s(0.2, 30.0) == 0.0  # the short one is done: full speed again
+    long.release()
+
+
+def test_a_long_job_yields_its_time_to_a_short_request_and_its_deadline_follows() -> None:
+    """Through the pool: a long job in a lane pauses after each piece while a short request is in flight
+    (the short one's engine waits on an event here), not before it came nor after it left."""
 
     async def main():
-        pool = await started(FakeBehaviour(), workers=2, max_queue=2, admission="adaptive",
-                             admission_budget_s=5.0, queue_timeout_s=2.0)
-        pool.gate.start_at(1)
+        b = FakeBehaviour(chunks=40, chunk_s=1.0, chunk_delay_s=0.02)  # far ahead of real time: may pause
+        pool = await started(b, workers=2, max_queue=2, admission="adaptive", admission_budget_s=5.0,
+                             request_timeout_s=30.0)
+        pool.gate.start_at(2)
         try:
             adm = pool.gate.admission
             for _ in range(3):  # sizes: an average of about 10 characters
@@ -362,19 +387,30 @@ def test_a_short_request_runs_beside_a_long_job_at_limit_one() -> None:
                 t.release()
             long_ticket = pool.gate.admit_now()
             long_ticket.charge(4000)
-            assert long_ticket.in_lane and adm.slot_cap == 2
-            text = TextStream()  # the long job holds its slot until its text comes
-            long_job = await pool.run(long_ticket, SynthesisRequest(text_stream=text, mode="sft",
-                                                                    speaker="fake_female", request_id="long"))
-            async with await synthesize(pool, req("short")) as short_job:
-                assert len([c async for c in short_job]) == 3
-            assert short_job.queue_wait_s < 1.0
-            text.put("At last.")
-            text.end()
-            async with long_job:
-                assert len([c async for c in long_job]) == 3
+            assert long_ticket.in_lane
+            async with await pool.run(long_ticket, req("long")) as alone:
+                assert len([c async for c in alone]) == 40
+            assert alone.paused_s == 0.0  # nobody else: full speed
+
+            long_ticket = pool.gate.admit_now()
+            long_ticket.charge(4000)
+            long_job = await pool.run(long_ticket, req("long-2"))
+
+            async def read() -> int:
+                async with long_job:
+                    return len([c async for c in long_job])
+
+            reader = asyncio.create_task(read())
+            short_ticket = pool.gate.admit_now()  # in flight (queued for a slot or running) until released
+            await asyncio.sleep(0.4)
+            paused_beside = long_job.paused_s
+            assert paused_beside > 0.15  # it worked ~0.02 s a piece and paused ~3x that
+            assert long_job.deadline_s == pytest.approx(30.0 + long_job.paused_s, abs=0.05)
+            short_ticket.release()
+            assert await reader == 40
+            assert long_job.paused_s < paused_beside + 0.1  # the short one left: full speed again
             assert_released(pool)
-            assert adm.lanes == 0 and adm.slot_cap == 1
+            assert adm.snapshot()["lane_paused_s"] == pytest.approx(long_job.paused_s, abs=0.001)
         finally:
             await pool.close()
 

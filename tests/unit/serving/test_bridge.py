@@ -251,3 +251,49 @@ def test_a_consumer_that_keeps_up_leaves_no_blocked_time() -> None:
         await with_executor(body)
 
     run(main())
+
+
+def test_pace_pauses_the_producer_after_each_item_by_the_work_it_took_and_cancel_wakes_it() -> None:
+    worked: list[float] = []
+    aheads: list[float] = []
+
+    class Piece(int):
+        duration_s = 1.0  # a second of audio each
+
+    def gen(cancel: threading.Event) -> Iterator[int]:
+        for i in range(3):
+            time.sleep(0.05)  # the work of one item
+            yield Piece(i)
+
+    def pace(w: float, ahead: float) -> float:
+        worked.append(w)
+        aheads.append(ahead)
+        return 0.1
+
+    async def main():
+        async def body(ex):
+            stream: BlockingStream[int] = BlockingStream(asyncio.get_running_loop(), 8)
+            stream.pace = pace
+            began = time.monotonic()
+            done = stream.start(ex, gen)
+            assert [x async for x in stream] == [0, 1, 2]
+            await done
+            assert time.monotonic() - began >= 3 * 0.05 + 2 * 0.1  # paused after each item it handed over
+            assert len(worked) == 3 and all(0.04 <= w < 1.0 for w in worked)  # the item's work, not the pause
+            assert stream.paused_s >= 0.25
+            # its audio ahead of real time: 1, 2, 3 s made, less the time since the first item
+            assert [round(a, 1) for a in aheads] == pytest.approx([1.0, 1.8, 2.7], abs=0.15)
+            assert stream.produced_audio_s == 3.0
+
+            long_pause: BlockingStream[int] = BlockingStream(asyncio.get_running_loop(), 8)
+            long_pause.pace = lambda w, ahead: 60.0
+            done = long_pause.start(ex, gen)
+            assert await long_pause.__anext__() == 0
+            began = time.monotonic()
+            long_pause.cancel()  # wakes the pausing producer at once
+            await asyncio.wait_for(done, 5)
+            assert time.monotonic() - began < 2 and long_pause.paused_s < 2
+
+        await with_executor(body)
+
+    run(main())

@@ -182,3 +182,11 @@ def test_bulk_permits_carry_no_weight_and_no_latency_sample() -> None:
         await h.account.wait_idle()
 
     run(main())
+
+
+def test_a_bulk_permit_never_pauses_its_job() -> None:
+    account = BulkAccount(time.monotonic, on_release=lambda: None)
+    ticket = account.issue("key-a", time.monotonic())
+    ticket.open_ended()  # takes no lane either
+    assert ticket.pause_s(5.0, 30.0) == 0.0 and not ticket.in_lane  # bulk yields in the engine, by its room
+    ticket.release()
