@@ -42,7 +42,7 @@ from bench.report import (
 
 # phase -> (adversary kind for bench/lib/abuse_clients.py, its clients); None: the polite client alone
 PHASES: dict[str, tuple[str | None, int]] = {
-    "dribblers": ("dribble", 4), "non-readers": ("nonread", 4), "ws-idle": ("ws-idle", 8),
+    "dribblers": ("dribble", 4), "slow-heads": ("slow-head", 1000), "non-readers": ("nonread", 4), "ws-idle": ("ws-idle", 8),
     "ws-chatty": ("ws-chatty", 8), "ws-long": ("ws-long", 1), "http-long": ("http-long", 1),
     "giant-fields": ("giant", 2), "huge-body": ("huge", 1), "huge-chunked": ("huge-chunked", 1),
     "storm-8": ("storm", 8), "storm-64": ("storm", 64), "storm-64-fresh": ("storm-fresh", 64),

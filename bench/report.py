@@ -556,10 +556,12 @@ def priority_markdown(results: dict[str, Any]) -> str:
 # abuse -------------------------------------------------------------------------------------------
 
 # the phases graded on the polite client and the server's RSS (huge-chunked: not in the issue's list, graded alike)
-NORMAL_GOALS = ("dribblers", "non-readers", "ws-idle", "ws-chatty", "giant-fields", "huge-body", "huge-chunked")
+NORMAL_GOALS = ("dribblers", "slow-heads", "non-readers", "ws-idle", "ws-chatty", "giant-fields", "huge-body",
+                "huge-chunked")
 GOODPUT_MIN, P99_MAX, RSS_GROWTH_MAX = 0.9, 1.5, 200 * MB
 LONG_GOODPUT_MIN, LONG_P99_MAX, WS_OVER_HTTP_MAX = 0.8, 2.0, 1.3  # issue 47: beside one long job
 GIANT_ANSWER_MAX_S, HUGE_SENT_MAX = 0.1, MB
+HEAD_CLOSED_MAX_S = 10.0 + 2.0  # issue 47: a slow head closed within server.header_timeout_s (10), + 2 s of slack
 ACCESS = re.compile(r"cosyserve\.access: \S+ (\S+) (\S+) (\d{3}) ([0-9.]+)ms.*?( aborted)?$")
 HELD = re.compile(r" held=([0-9.]+)ms")  # an error answer held by the server's refusal pacer
 WS_END = re.compile(r"cosyserve\.ws: \S+ WS \S+ .* ([0-9.]+)s close=(\S+)")
@@ -625,7 +627,7 @@ def answers_text(tally: dict | None) -> str:
         which = "the non-200s " if tally["kind"].startswith("storm") else ""  # a storm's 200s: in ``ok``
         text += f"; {which}after p50 {ms(percentile(times, 50), 0, ' ms')}, max {ms(max(times), 0, ' ms')}"
     sent = tally.get("sent_bytes") or []
-    if sent and tally["kind"] in ("dribble", "huge", "huge-chunked"):
+    if sent and tally["kind"] in ("dribble", "slow-head", "huge", "huge-chunked"):
         text += f"; sent max {sent_text(max(sent))}"
     if tally.get("audio_wall_s"):
         text += (f"; {tally['audio_s']:.1f} audio-s in {tally['audio_wall_s']:.1f} s: "
@@ -704,6 +706,13 @@ def abuse_goals(phases: list[dict]) -> list[dict]:
             add("bytes sent before the answer or close (max)", sent_text(sent),
                 f"< {sent_text(HUGE_SENT_MAX)}" if graded else "info (server.max_upload_mb)",
                 sent < HUGE_SENT_MAX and answered if graded else None)
+        if name == "slow-heads" and tally:
+            closed = sum(n for k, n in tally["answers"].items() if k not in ("open at end", "body complete"))
+            add("slow heads answered or closed by the server (each client at least once)",
+                f"{closed} of {tally['clients']} clients", f">= {tally['clients']}", closed >= tally["clients"])
+            longest = max(tally.get("answer_s") or [], default=None)
+            check("longest a slow head stayed open before its answer or close (s)", longest,
+                  f"<= {HEAD_CLOSED_MAX_S}", nd=1)
         if name in LONG_JOBS:
             check("polite goodput vs alone", ratio(s["throughput_rps"], ref["throughput_rps"]), f">= {LONG_GOODPUT_MIN}")
             check("polite p99 vs alone", ratio(s["latency_p99_s"], ref["latency_p99_s"]), f"<= {LONG_P99_MAX}")

@@ -77,6 +77,7 @@ def peek(sock: socket.socket) -> bytes:
 MAX_ATTEMPTS = 100_000  # per client and phase: a bound on every reconnect / retry loop
 MAX_SAMPLES = 20_000  # per list in the tally
 RECONNECT_S = 0.25  # pause before a raw-socket or WebSocket client reconnects
+SLOW_HEAD_EVERY_S = 5.0  # a slow head's client sends one byte this often
 LONG_TEXT = " ".join([TEXT] * 28)  # ~2,000 characters: a stream that lasts
 UTTERANCE = " ".join([TEXT] * 57)[:4000]  # 4,000 characters: one long utterance (WebSocket) or request (HTTP)
 GIANT = 1_000_000  # characters of a giant field
@@ -165,22 +166,28 @@ class Adversaries:
                 tally.note(f"{type(exc).__name__}: {exc}")
             await asyncio.sleep(min(RECONNECT_S, max(0.0, self.left())))
 
-    async def dribble(self, tally: Tally, sock: socket.socket, t0: float) -> None:
-        """Headers at once, then the body one byte a second; until the server answers or closes."""
-        body = json.dumps({"text": TEXT, "format": "pcm"}).encode().ljust(400)  # JSON may end in spaces
+    async def dribble(self, tally: Tally, sock: socket.socket, t0: float, slow_head: bool = False) -> None:
+        """Headers at once, then the body one byte a second; until the server answers or closes. ``slow_head``: the
+        request line at once, then one byte of a header every ``SLOW_HEAD_EVERY_S`` (the head never ends)."""
+        if slow_head:
+            first = request_head(self.host, "/v1/tts", 0).split(b"\r\n", 1)[0] + b"\r\n"
+            rest, every_s = b"X-Slow: " + b"a" * 1000, SLOW_HEAD_EVERY_S
+        else:
+            first = request_head(self.host, "/v1/tts", 400)
+            rest, every_s = json.dumps({"text": TEXT, "format": "pcm"}).encode().ljust(400), 1.0  # JSON may end in spaces
         loop, sent = asyncio.get_running_loop(), 0
         try:
-            await loop.sock_sendall(sock, request_head(self.host, "/v1/tts", len(body)))
-            while sent < len(body) and self.left() > 0:
-                await loop.sock_sendall(sock, body[sent:sent + 1])
+            await loop.sock_sendall(sock, first)
+            while sent < len(rest) and self.left() > 0:
+                await loop.sock_sendall(sock, rest[sent:sent + 1])
                 sent += 1
                 try:
-                    head = await asyncio.wait_for(loop.sock_recv(sock, 4096), min(1.0, max(0.01, self.left())))
+                    head = await asyncio.wait_for(loop.sock_recv(sock, 4096), min(every_s, max(0.01, self.left())))
                 except TimeoutError:
                     continue
                 tally.count(status_of(head) if head else "closed", time.monotonic() - t0, sent)
                 return
-            tally.count("open at end" if sent < len(body) else "body complete", time.monotonic() - t0, sent)
+            tally.count("open at end" if sent < len(rest) else "body complete", time.monotonic() - t0, sent)
         except (ConnectionError, BrokenPipeError):
             tally.count("reset", time.monotonic() - t0, sent)
 
@@ -379,6 +386,7 @@ class Adversaries:
 # kind -> one client's loop (``i``: the client's index)
 ADVERSARIES = {
     "dribble": lambda adv, tally, i: adv.raw_attempts(tally, adv.dribble),
+    "slow-head": lambda adv, tally, i: adv.raw_attempts(tally, functools.partial(adv.dribble, slow_head=True)),
     "nonread": lambda adv, tally, i: adv.raw_attempts(tally, adv.nonread, rcvbuf=RCVBUF),
     "ws-idle": lambda adv, tally, i: adv.ws(tally, chatty=False),
     "ws-chatty": lambda adv, tally, i: adv.ws(tally, chatty=True),

@@ -123,6 +123,21 @@ def test_long_job_goals_grade_the_polite_client_and_the_websocket_against_http()
     assert ("ws-long", "polite 5xx answers") not in goals  # the long-job phases have the goals only
 
 
+def test_slow_heads_are_graded_on_every_client_closed_within_the_head_deadline():
+    slow = Tally("slow-head", 3)
+    for after in (10.0, 10.1, 12.5):
+        slow.count("408", after, 2)
+    slow.count("open at end", 4.0, 1)
+    phases = [phase("alone", None, 3.0, 0.4), phase("slow-heads", "slow-head", 2.9, 0.4, tally=slow.__dict__),
+              phase("alone-again", None, 3.0, 0.4)]
+    goals = {(g["phase"], g["goal"]): (g["value"], g["pass"]) for g in abuse_goals(phases)}
+    assert goals[("slow-heads", "slow heads answered or closed by the server (each client at least once)")] == (
+        "3 of 3 clients", True)
+    assert goals[("slow-heads", "longest a slow head stayed open before its answer or close (s)")] == ("12.5", False)
+    assert goals[("slow-heads", "polite goodput vs alone")][1] is True
+    assert parse_args(["--only", "slow-heads"]).phases == ["alone", "slow-heads", "alone-again"]
+
+
 def test_lines_and_report_name_every_phase():
     tally = Tally("dribble", 4)
     tally.count("408", 30.0, 31)
