@@ -229,6 +229,14 @@ def adaptive(limit: int, ceiling: int = 8, budget_s: float = 10.0) -> tuple[Admi
     return Admission(workers=ceiling, max_queue=0, observer=NullObserver(), limiter=lim, clock=clock), clock
 
 
+def teach_sizes(adm: Admission, n: int, chars: int = 10) -> None:
+    """``n`` requests of ``chars`` characters, admitted and released: the average size the gate knows."""
+    for _ in range(n):
+        t = adm.admit()
+        t.charge(chars)
+        t.release()
+
+
 def test_adaptive_refuses_past_the_limit_as_over_budget_with_retry_after_from_the_predicted_wait() -> None:
     adm, _ = adaptive(limit=2)
     a, b = adm.admit(), adm.admit()
@@ -301,10 +309,7 @@ def test_a_long_job_rides_in_a_lane_and_short_requests_keep_the_limits_places() 
 
 def test_lanes_are_bounded_by_the_limit_and_a_long_job_beyond_them_counts_by_its_weight() -> None:
     adm, _ = adaptive(limit=1)
-    for _ in range(2):  # sizes: an average of 10 characters
-        t = adm.admit()
-        t.charge(10)
-        t.release()
+    teach_sizes(adm, 2)  # sizes: an average of 10 characters
     lane = adm.admit()
     lane.charge(4000)  # into the one lane: the gate is empty again
     gated = adm.admit()
@@ -348,10 +353,7 @@ def test_an_open_ended_job_rides_in_a_lane_and_is_no_sample() -> None:
 
 def test_a_lane_job_pauses_only_while_short_requests_are_in_flight_and_it_is_ahead_of_real_time() -> None:
     adm, _ = adaptive(limit=2)
-    for _ in range(2):  # sizes: an average of 10 characters
-        t = adm.admit()
-        t.charge(10)
-        t.release()
+    teach_sizes(adm, 2)  # sizes: an average of 10 characters
     long = adm.admit()
     long.charge(4000)
     long.started()
@@ -370,6 +372,38 @@ def test_a_lane_job_pauses_only_while_short_requests_are_in_flight_and_it_is_ahe
     long.release()
 
 
+def test_a_short_request_runs_beside_a_long_job_at_limit_one() -> None:
+    """Through the pool: the long job's lane is a slot beyond the limit, so the short one is not queued
+    behind it (without the lane it would wait for that slot until its queue timeout)."""
+
+    async def main():
+        pool = await started(FakeBehaviour(), workers=2, max_queue=2, admission="adaptive",
+                             admission_budget_s=5.0, queue_timeout_s=2.0)
+        pool.gate.start_at(1)
+        try:
+            adm = pool.gate.admission
+            teach_sizes(adm, 3)  # sizes: an average of 10 characters
+            long_ticket = pool.gate.admit_now()
+            long_ticket.charge(4000)
+            assert long_ticket.in_lane and adm.slot_cap == 2
+            text = TextStream()  # the long job holds its slot until its text comes
+            long_job = await pool.run(long_ticket, SynthesisRequest(text_stream=text, mode="sft",
+                                                                    speaker="fake_female", request_id="long"))
+            async with await synthesize(pool, req("short")) as short_job:
+                assert len([c async for c in short_job]) == 3
+            assert short_job.queue_wait_s < 1.0
+            text.put("At last.")
+            text.end()
+            async with long_job:
+                assert len([c async for c in long_job]) == 3
+            assert_released(pool)
+            assert adm.lanes == 0 and adm.slot_cap == 1
+        finally:
+            await pool.close()
+
+    run(main())
+
+
 def test_a_long_job_yields_its_time_to_a_short_request_and_its_deadline_follows() -> None:
     """Through the pool: a long job in a lane pauses after each piece while a short request is in flight
     (the short one's engine waits on an event here), not before it came nor after it left."""
@@ -381,10 +415,7 @@ def test_a_long_job_yields_its_time_to_a_short_request_and_its_deadline_follows(
         pool.gate.start_at(2)
         try:
             adm = pool.gate.admission
-            for _ in range(3):  # sizes: an average of about 10 characters
-                t = adm.admit()
-                t.charge(10)
-                t.release()
+            teach_sizes(adm, 3)  # sizes: an average of 10 characters
             long_ticket = pool.gate.admit_now()
             long_ticket.charge(4000)
             assert long_ticket.in_lane
