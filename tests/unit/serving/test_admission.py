@@ -16,6 +16,7 @@ from app.serving import (
     Overloaded,
     PermitError,
     QueueTimeout,
+    Ticket,
 )
 from app.serving.admission import Admission, interactive
 from app.serving.admission.limit import AdaptiveLimit
@@ -237,6 +238,14 @@ def teach_sizes(adm: Admission, n: int, chars: int = 10) -> None:
         t.release()
 
 
+def lane_ticket(pool: EnginePool) -> Ticket:
+    """A ticket of the pool's gate charged 4,000 characters: a long job in a lane (the gate knows 10 as average)."""
+    ticket = pool.gate.admit_now()
+    ticket.charge(4000)
+    assert ticket.in_lane
+    return ticket
+
+
 def test_adaptive_refuses_past_the_limit_as_over_budget_with_retry_after_from_the_predicted_wait() -> None:
     adm, _ = adaptive(limit=2)
     a, b = adm.admit(), adm.admit()
@@ -383,9 +392,8 @@ def test_a_short_request_runs_beside_a_long_job_at_limit_one() -> None:
         try:
             adm = pool.gate.admission
             teach_sizes(adm, 3)  # sizes: an average of 10 characters
-            long_ticket = pool.gate.admit_now()
-            long_ticket.charge(4000)
-            assert long_ticket.in_lane and adm.slot_cap == 2
+            long_ticket = lane_ticket(pool)
+            assert adm.slot_cap == 2
             text = TextStream()  # the long job holds its slot until its text comes
             long_job = await pool.run(long_ticket, SynthesisRequest(text_stream=text, mode="sft",
                                                                     speaker="fake_female", request_id="long"))
@@ -406,7 +414,7 @@ def test_a_short_request_runs_beside_a_long_job_at_limit_one() -> None:
 
 def test_a_long_job_yields_its_time_to_a_short_request_and_its_deadline_follows() -> None:
     """Through the pool: a long job in a lane pauses after each piece while a short request is in flight
-    (the short one's engine waits on an event here), not before it came nor after it left."""
+    (here a short ticket admitted and held: in flight, never run), not before it came nor after it left."""
 
     async def main():
         b = FakeBehaviour(chunks=40, chunk_s=1.0, chunk_delay_s=0.02)  # far ahead of real time: may pause
@@ -416,16 +424,11 @@ def test_a_long_job_yields_its_time_to_a_short_request_and_its_deadline_follows(
         try:
             adm = pool.gate.admission
             teach_sizes(adm, 3)  # sizes: an average of 10 characters
-            long_ticket = pool.gate.admit_now()
-            long_ticket.charge(4000)
-            assert long_ticket.in_lane
-            async with await pool.run(long_ticket, req("long")) as alone:
+            async with await pool.run(lane_ticket(pool), req("long")) as alone:
                 assert len([c async for c in alone]) == 40
             assert alone.paused_s == 0.0  # nobody else: full speed
 
-            long_ticket = pool.gate.admit_now()
-            long_ticket.charge(4000)
-            long_job = await pool.run(long_ticket, req("long-2"))
+            long_job = await pool.run(lane_ticket(pool), req("long-2"))
 
             async def read() -> int:
                 async with long_job:
