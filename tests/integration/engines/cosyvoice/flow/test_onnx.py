@@ -284,3 +284,9 @@ def test_engine_on_onnxruntime_speaks_as_torch_does(tiny_models, tmp_path, batch
         a, b = out["torch", stream], out["onnxruntime", stream]
         assert len(a) == len(b) > 0
         assert np.abs(a - b).max() <= max(8, 0.01 * np.abs(a).max())  # int16 PCM: a few LSB of rounding
+
+
+def test_the_session_plans_no_memory_pattern_per_shape(pair):
+    # every request brings new shapes: a pattern per shape grew the arena without bound (docs/memory.md)
+    _, ort_model = pair
+    assert onnx_of(ort_model.flow).session.get_session_options().enable_mem_pattern is False

@@ -161,3 +161,9 @@ def test_the_defaults_stream_with_the_cache_on_onnx_runtime_within_a_sized_budge
     assert [c.shape for c in plain] == [c.shape for c in chunks]
     a, b = np.concatenate(plain[:-1]).astype(float), np.concatenate(chunks[:-1]).astype(float)
     assert np.corrcoef(a, b)[0, 1] > 0.999  # the streamed hops: the same audio within fp16's rounding
+
+
+def test_the_stream_graphs_plan_no_memory_pattern_per_shape(graphs):
+    # each hop's caches grow: a pattern per shape grew the arena without bound (docs/memory.md)
+    for runner in graphs[1].values():
+        assert runner.session.get_session_options().enable_mem_pattern is False
