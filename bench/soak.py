@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import random
@@ -78,18 +79,51 @@ def one_request(http: httpx.Client, ws_url: str, rng: random.Random) -> str:
     return f"{kind}:{r.status_code}"
 
 
-def client(base: str, ws_url: str, seed: int, stop: threading.Event, counts: dict, lock: threading.Lock) -> None:
+class Pause:
+    """Lets the main loop stop the clients between requests: ``rest()`` returns once none is in a request."""
+
+    def __init__(self) -> None:
+        self.cond, self.running, self.busy = threading.Condition(), True, 0
+
+    def enter(self, stop: threading.Event) -> bool:
+        with self.cond:
+            while not self.running and not stop.is_set():
+                self.cond.wait(1.0)
+            self.busy += 1
+            return not stop.is_set()
+
+    def leave(self) -> None:
+        with self.cond:
+            self.busy -= 1
+            self.cond.notify_all()
+
+    def rest(self, timeout: float = 300.0) -> None:
+        with self.cond:
+            self.running = False
+            self.cond.wait_for(lambda: self.busy == 0, timeout)
+
+    def resume(self) -> None:
+        with self.cond:
+            self.running = True
+            self.cond.notify_all()
+
+
+def client(base: str, ws_url: str, seed: int, stop: threading.Event, counts: dict, lock: threading.Lock,
+           pause: Pause) -> None:
     rng = random.Random(seed)
     with httpx.Client(base_url=base, timeout=300) as http:
-        while not stop.is_set():
+        while pause.enter(stop):
             try:
                 outcome = one_request(http, ws_url, rng)
             except Exception as exc:
                 outcome = f"exception:{type(exc).__name__}"
+            finally:
+                pause.leave()
             with lock:
                 counts[outcome] = counts.get(outcome, 0) + 1
             if not outcome.endswith(("200", "ok")):
                 time.sleep(rng.uniform(0.2, 1.0))  # refused (503) or failed: back off as a client would
+        pause.leave()
 
 
 def memory_metrics(base: str) -> tuple[dict[str, float], dict[str, float]]:
@@ -98,6 +132,25 @@ def memory_metrics(base: str) -> tuple[dict[str, float], dict[str, float]]:
     gate = {k: next((v for name, v in samples.items() if name.split("{")[0] == f"tts_admission_{k}"), float("nan"))
             for k in ("limit", "lanes", "load")}
     return {name: value for name, value in samples.items() if name.startswith(METRICS)}, gate
+
+
+def at_rest(pause: Pause, proc: psutil.Process, base: str, rest_s: float, t0: float) -> tuple[float, int, float, float]:
+    """(seconds, RSS, glibc in use, glibc free) read once no request is in flight and ``rest_s`` has passed."""
+    pause.rest()
+    try:
+        time.sleep(rest_s)
+        rss, (sampled, _) = proc.memory_info().rss, memory_metrics(base)
+    finally:
+        pause.resume()
+    heap = {state: sampled.get(f'process_heap_bytes{{state="{state}"}}', float("nan")) for state in ("in_use", "free")}
+    return time.monotonic() - t0, rss, heap["in_use"], heap["free"]
+
+
+def growth(samples: list[tuple[float, float]], warmup_s: float) -> tuple[float, float, float]:
+    """The slope after the warm-up, and over each half of it (the spread), MB per hour."""
+    after = [s for s in samples if s[0] >= warmup_s]
+    half = len(after) // 2
+    return slope_mb_per_h(after), slope_mb_per_h(after[:half]), slope_mb_per_h(after[half:])
 
 
 def slope_mb_per_h(samples: list[tuple[float, int]]) -> float:
@@ -109,12 +162,30 @@ def slope_mb_per_h(samples: list[tuple[float, int]]) -> float:
     return float(np.polyfit(t, rss, 1)[0])
 
 
+def rest_lines(rests: list[tuple[float, int, float, float]], rested: dict, args: argparse.Namespace) -> list[str]:
+    """The readings at rest: with no request in flight, the RSS that stays."""
+    rss, in_use, free = rested["rss"], rested["in_use"], rested["free"]
+    return [
+        (f"At rest (every {args.rest_every:g} min the clients pause; read {args.rest_s:g} s after the last request "
+        f"ended), growth after the warm-up: RSS **{rss[0]:+.1f} MB/h** (halves {rss[1]:+.1f}, {rss[2]:+.1f}); "
+        f"glibc in use {in_use[0]:+.1f} MB/h (halves {in_use[1]:+.1f}, {in_use[2]:+.1f}), free {free[0]:+.1f} MB/h "
+        f"(halves {free[1]:+.1f}, {free[2]:+.1f})."),
+        "",
+        *table(["minute", "RSS at rest (MB)", "glibc in use (MB)", "glibc free (MB)"],
+               [[f"{t / 60:.1f}", f"{r / 2**20:.0f}", f"{u / 2**20:.0f}", f"{f / 2**20:.0f}"] for t, r, u, f in rests]),
+        "",
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = SuiteParser(__doc__, "soak", server=False)
     ap.add_argument("--minutes", type=float, default=70.0)
     ap.add_argument("--warmup", type=float, default=10.0, help="minutes left out of the slope")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--sample-s", type=float, default=30.0)
+    ap.add_argument("--rest-every", type=float, default=5.0,
+                    help="minutes between rests: the clients pause, RSS is read with no request in flight (0: never)")
+    ap.add_argument("--rest-s", type=float, default=15.0, help="seconds of a rest before the reading (trims run every 10)")
     ap.add_argument("--model-dir", help="a model dir (default: the tiny CosyVoice2)")
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server's environment")
     args = ap.parse(argv)
@@ -132,13 +203,14 @@ def main(argv: list[str] | None = None) -> None:
                            files={"audio": ("v.wav", prompt_wav(random.Random(0)), "audio/wav")}, timeout=120)
             r.raise_for_status()
             ready_rss = proc.memory_info().rss
-            stop, lock, counts = threading.Event(), threading.Lock(), {}
-            threads = [threading.Thread(target=client, args=(base, ws_url, i, stop, counts, lock), daemon=True)
+            stop, lock, counts, pause = threading.Event(), threading.Lock(), {}, Pause()
+            threads = [threading.Thread(target=client, args=(base, ws_url, i, stop, counts, lock, pause), daemon=True)
                        for i in range(args.clients)]
             t0 = time.monotonic()
             for t in threads:
                 t.start()
-            samples, mem, limits = [], [], []  # (seconds, RSS); memory metrics; admission limits
+            samples, mem, limits, rests = [], [], [], []  # (seconds, RSS); memory metrics; admission limits; rests
+            next_rest = args.rest_every * 60 if args.rest_every > 0 else float("inf")
             while (elapsed := time.monotonic() - t0) < args.minutes * 60:
                 time.sleep(min(args.sample_s, args.minutes * 60 - elapsed))
                 samples.append((time.monotonic() - t0, proc.memory_info().rss))
@@ -147,13 +219,18 @@ def main(argv: list[str] | None = None) -> None:
                 limits.append(gate["limit"])
                 print(f"{samples[-1][0] / 60:6.1f} min  RSS {samples[-1][1] / 2**20:8.1f} MB  {sum(counts.values())} "
                       f"requests  limit {gate['limit']:g} lanes {gate['lanes']:g} load {gate['load']:.2f}", flush=True)
+                if samples[-1][0] >= next_rest:
+                    rests.append(at_rest(pause, proc, base, args.rest_s, t0))
+                    next_rest += args.rest_every * 60
+                    print(f"{rests[-1][0] / 60:6.1f} min  at rest: RSS {rests[-1][1] / 2**20:.1f} MB, glibc in use "
+                          f"{rests[-1][2] / 2**20:.1f} MB, free {rests[-1][3] / 2**20:.1f} MB", flush=True)
             stop.set()
             for t in threads:
                 t.join(300)
             live = httpx.get(base + "/health/live", timeout=10).status_code
-    after = [s for s in samples if s[0] >= args.warmup * 60]
-    half = len(after) // 2
-    slope, first, second = slope_mb_per_h(after), slope_mb_per_h(after[:half]), slope_mb_per_h(after[half:])
+    slope, first, second = growth(samples, args.warmup * 60)
+    rested = {k: growth([(r[0], r[i]) for r in rests], args.warmup * 60) for k, i in (("rss", 1), ("in_use", 2),
+                                                                                        ("free", 3))}
     by_minute = {int(s // 60): r for s, r in samples}
     shown = sorted(by_minute)[::max(1, len(by_minute) // 12)]
     lines = [
@@ -174,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Growth after the {args.warmup:g}-minute warm-up: **{slope:+.1f} MB/h** (first half {first:+.1f}, second "
         f"half {second:+.1f}).",
         "",
+        *(rest_lines(rests, rested, args) if rests else []),
         "Memory metrics at the end: " + ", ".join(f"`{k}` {v / 2**20:.1f} MB" for k, v in sorted(mem[-1].items()))
         if mem else "",
     ]
