@@ -24,13 +24,13 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from app.serving.admission.permits import PermitError, Ticket, _Permit
+from app.serving.admission.permits import Permit, PermitError, Ticket
 from app.serving.errors import Overloaded
 
 log = logging.getLogger(__name__)
 
 
-class BulkPermit(_Permit):
+class BulkPermit(Permit):
     """A bulk request's permit: who sent it and when it joined the queue (its wait counts from there)."""
 
     __slots__ = ("client", "enqueued_at")
@@ -62,20 +62,20 @@ class BulkAccount:
         await self._idle.wait()
 
     # -- called by Ticket ------------------------------------------------------------------------
-    def _charge(self, permit: _Permit, units: float) -> None:
+    def permit_charged(self, permit: Permit, units: float) -> None:
         pass  # bulk carries no weight in the admission load
 
-    def _open_ended(self, permit: _Permit) -> None:
+    def permit_open_ended(self, permit: Permit) -> None:
         pass  # nor takes a lane: it runs only in the room interactive work leaves
 
-    def lane_pause_s(self, permit: _Permit, worked_s: float, ahead_s: float) -> float:
+    def lane_pause_s(self, permit: Permit, worked_s: float, ahead_s: float) -> float:
         return 0.0  # bulk yields inside the engine (its room), not by pausing
 
-    def _started(self, permit: _Permit) -> None:
+    def permit_started(self, permit: Permit) -> None:
         self.running += 1
         self.starts += 1
 
-    def _give_back(self, permit: _Permit) -> None:
+    def permit_released(self, permit: Permit) -> None:
         self.in_flight -= 1
         if not permit.queued:
             self.running -= 1
@@ -84,7 +84,7 @@ class BulkAccount:
             self._idle.set()
         self._on_release()
 
-    def _misuse(self, what: str, state: str) -> None:
+    def permit_misused(self, what: str, state: str) -> None:
         self.misuses += 1
         log.error("bulk ticket misused: %s on a ticket already %s", what, state, stack_info=True)
         raise PermitError(f"{what}() on a bulk ticket that was already {state}")

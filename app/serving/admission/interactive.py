@@ -40,7 +40,7 @@ from typing import Protocol
 
 from app.serving.admission.limit import AdaptiveLimit, FixedLimit, Limit
 from app.serving.admission.limit.service_time import ServiceTimeEstimator
-from app.serving.admission.permits import PermitError, Ticket, _Permit
+from app.serving.admission.permits import Permit, PermitError, Ticket
 from app.serving.config import PoolConfig
 from app.serving.errors import Overloaded
 from app.serving.observer import PoolObserver
@@ -150,7 +150,7 @@ class Admission:
         self._idle.clear()
         self._note_load()
         self._observer.on_queue_depth(self.queued)
-        return Ticket(_Permit(self))
+        return Ticket(Permit(self))
 
     def _refuse_if_full(self) -> None:
         if not self.ceiling.allows(self.load):
@@ -184,7 +184,7 @@ class Admission:
 
     def observe_latency(self, ticket: Ticket, latency_s: float) -> None:
         """A finished request's latency (queue wait + engine time, without time blocked on its client)."""
-        permit = ticket._permit
+        permit = ticket.permit
         if not permit.sampled or permit.in_lane:  # a lane job did not run in the limit's places
             return
         alone = (permit.first_alone and self.starts == permit.serial  # ran with nothing else running,
@@ -224,7 +224,7 @@ class Admission:
         return True
 
     # -- called by Ticket ------------------------------------------------------------------------
-    def _charge(self, permit: _Permit, units: float) -> None:
+    def permit_charged(self, permit: Permit, units: float) -> None:
         units = max(1.0, float(units))
         mean = self._mean_units = units if self._mean_units is None else self._mean_units + 0.1 * (
             units - self._mean_units)
@@ -238,7 +238,7 @@ class Admission:
         self._note_load()
         self.on_change()
 
-    def _to_lane(self, permit: _Permit) -> None:
+    def _to_lane(self, permit: Permit) -> None:
         """A long job: into a lane beside the limit while fewer than ``limit`` are taken, else it stays
         in the gate (counted by its weight, as any request)."""
         if permit.in_lane or self.lanes >= self.limit:
@@ -249,13 +249,13 @@ class Admission:
         if not permit.queued:
             self.lanes_running += 1
 
-    def _open_ended(self, permit: _Permit) -> None:
+    def permit_open_ended(self, permit: Permit) -> None:
         permit.sampled = False
         self._to_lane(permit)
         self._note_load()
         self.on_change()
 
-    def lane_pause_s(self, permit: _Permit, worked_s: float, ahead_s: float) -> float:
+    def lane_pause_s(self, permit: Permit, worked_s: float, ahead_s: float) -> float:
         """How long a lane job pauses after a piece of work that took ``worked_s``, its audio ``ahead_s``
         seconds ahead of real time: while short requests are in flight (admitted, queued or running, outside
         the lanes) and it is at least ``LANE_LEAD_S`` ahead, long enough that it works ``LANE_SHARE`` of the
@@ -275,7 +275,7 @@ class Admission:
         self.ceiling.note_load(self.load, self.running, self.queued)
         self.limiter.note_load(self.gate_load, self.running - self.lanes_running, self.queued)
 
-    def _started(self, permit: _Permit) -> None:
+    def permit_started(self, permit: Permit) -> None:
         self.starts += 1
         permit.serial = self.starts
         permit.first_alone = self.running == 0 and self.others.running == 0  # before it counts as running
@@ -289,7 +289,7 @@ class Admission:
         self._observer.on_queue_depth(self.queued)
         self._note_load()
 
-    def _give_back(self, permit: _Permit) -> None:
+    def permit_released(self, permit: Permit) -> None:
         self.in_flight -= 1
         self.load = max(0.0, self.load - permit.weight) if self.in_flight else 0.0
         if permit.in_lane:
@@ -306,7 +306,7 @@ class Admission:
             self._idle.set()
         self.on_change()
 
-    def _misuse(self, what: str, state: str) -> None:
+    def permit_misused(self, what: str, state: str) -> None:
         self.misuses += 1
         log.error("admission ticket misused: %s on a ticket already %s", what, state, stack_info=True)
         raise PermitError(f"{what}() on an admission ticket that was already {state}")

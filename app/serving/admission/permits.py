@@ -28,7 +28,7 @@ class PermitError(RuntimeError):
     """A ticket released twice, or moved after it was moved or released: a bug in its holders."""
 
 
-class _Permit:
+class Permit:
     """One admitted request. ``queued`` until its holder gets a slot; ``weight`` in average requests."""
 
     __slots__ = ("admission", "admitted_at", "first_alone", "in_lane", "others_at", "queued", "sampled", "serial",
@@ -51,7 +51,7 @@ class Ticket:
 
     __slots__ = ("_permit", "_state")
 
-    def __init__(self, permit: _Permit) -> None:
+    def __init__(self, permit: Permit) -> None:
         self._permit = permit
         self._state = "held"  # held -> moved | released
 
@@ -59,6 +59,11 @@ class Ticket:
     def held(self) -> bool:
         """This handle holds its permit (it was neither moved on nor released)."""
         return self._state == "held"
+
+    @property
+    def permit(self) -> Permit:
+        """The permit itself, for the admission that issued it (its counts and samples)."""
+        return self._permit
 
     @property
     def admitted_at(self) -> float:
@@ -76,7 +81,7 @@ class Ticket:
     def charge(self, units: float) -> None:
         """Its size, once known (text characters): its weight becomes ``units`` / the average size."""
         self._check("charge")
-        self._permit.admission._charge(self._permit, units)
+        self._permit.admission.permit_charged(self._permit, units)
 
     def exclude(self) -> None:
         """Its latency says nothing about capacity (text arriving over time, other engine work)."""
@@ -86,7 +91,7 @@ class Ticket:
     def open_ended(self) -> None:
         """Its text arrives over time (a WebSocket utterance): no latency sample, and a long job (a lane)."""
         self._check("open_ended")
-        self._permit.admission._open_ended(self._permit)
+        self._permit.admission.permit_open_ended(self._permit)
 
     @property
     def in_lane(self) -> bool:
@@ -111,7 +116,7 @@ class Ticket:
         self._check("start")
         if self._permit.queued:
             self._permit.queued = False
-            self._permit.admission._started(self._permit)
+            self._permit.admission.permit_started(self._permit)
 
     def release(self) -> None:
         """Give the permit back. A moved-from handle: nothing to do. A released one: PermitError."""
@@ -119,8 +124,8 @@ class Ticket:
             return
         self._check("release")
         self._state = "released"
-        self._permit.admission._give_back(self._permit)
+        self._permit.admission.permit_released(self._permit)
 
     def _check(self, what: str) -> None:
         if self._state != "held":
-            self._permit.admission._misuse(what, self._state)
+            self._permit.admission.permit_misused(what, self._state)

@@ -174,7 +174,7 @@ def test_bulk_permits_carry_no_weight_and_no_latency_sample() -> None:
         h = Harness(room=1)
         ticket = await h.queue.wait("x")
         ticket.charge(10_000)  # a long text: nothing to weigh (bulk is not in the admission load)
-        assert ticket._permit.sampled is False  # never a latency sample for the limiter
+        assert ticket.permit.sampled is False  # never a latency sample for the limiter
         ticket.started()
         assert h.account.running == 1
         ticket.release()
