@@ -232,7 +232,10 @@ def main(argv: list[str] | None = None) -> None:
     rested = {k: growth([(r[0], r[i]) for r in rests], args.warmup * 60) for k, i in (("rss", 1), ("in_use", 2),
                                                                                         ("free", 3))}
     by_minute = {int(s // 60): r for s, r in samples}
-    shown = sorted(by_minute)[::max(1, len(by_minute) // 12)]
+    minutes = sorted(by_minute)
+    shown = minutes[::max(1, len(minutes) // 12)]
+    if minutes and shown[-1] != minutes[-1]:
+        shown.append(minutes[-1])  # and the last minute
     lines = [
         f"# Memory soak: {args.minutes:g} min of mixed traffic, {args.clients} clients",
         "",
