@@ -17,7 +17,7 @@ def _setup_logging(level: str) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     from app import heap
 
-    allocator = heap.configure()  # before any thread: the arena cap applies to every thread (app/heap.py)
+    allocator = heap.configure()  # before any thread and torch: the caps apply to every thread (app/heap.py)
     from app.settings import ConfigError, load_settings
 
     server: dict = {}
@@ -52,7 +52,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from app.server import run
 
     # after the checks above, whose refusals are one line each
-    logging.getLogger("cosyserve.heap").info("allocator: %s; heap trimmed every %g s (server.heap_trim_interval_s)",
+    logging.getLogger("cosyserve.heap").info("native memory: %s; heap trimmed every %g s (server.heap_trim_interval_s)",
                                              allocator, settings.server.heap_trim_interval_s)
     run(settings)
     return 0
