@@ -17,7 +17,7 @@ not only the top of each heap.
 torch's CPU convolutions go through oneDNN by way of ideep, which keeps a primitive descriptor per
 input shape in a cache *per thread*, 1,024 entries by default. Every request brings new lengths, so
 each thread that runs a convolution fills its own over hours (44 MB in one thread of tiny HiFT after
-300 lengths; ~0.9 MB per length at full size). :func:`configure` caps it at ``SHAPE_CACHE`` entries
+300 lengths; ~0.8 MB per length at full size). :func:`configure` caps it at ``SHAPE_CACHE`` entries
 (``LRU_CACHE_CAPACITY``, read by torch, so it is set before torch is imported; an operator's own
 value wins). A descriptor is cheap to make again (HiFT at recurring lengths ran as fast with 64 or 1
 entry as with 1,024, docs/memory.md); oneDNN's compiled kernels stay in their own cache, which is
