@@ -1,10 +1,11 @@
-"""Prometheus text -> sample values."""
+"""Prometheus text -> sample values, through prometheus_client's own parser."""
 
 from __future__ import annotations
 
 import math
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def scrape(base: str, labels: bool = False, timeout: float = 10) -> dict[str, float]:
@@ -18,45 +19,18 @@ async def ascrape(client: httpx.AsyncClient) -> dict[str, float]:
 
 
 def parse_samples(text: str, labels: bool = False) -> dict[str, float]:
-    """``{sample name: value summed over its label sets}`` from Prometheus text exposition; ``labels``: one
-    entry per label set instead, named as written (``tts_cache_bytes{tier="memory"}``)."""
+    """``{sample name: value summed over its label sets}``; ``labels``: one entry per label set instead, named as
+    the server writes it (``tts_cache_bytes{tier="memory"}``). NaN samples are left out."""
     out: dict[str, float] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if "{" in line:
-            name, _, rest = line.partition("{")
-            close = _label_end(rest)
-            if close < 0:
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if math.isnan(s.value):
                 continue
-            fields = rest[close + 1 :].split()
-            key = f"{name}{{{rest[:close]}}}" if labels else name
-        else:
-            name, *fields = line.split()
-            key = name
-        if not fields:
-            continue
-        try:
-            value = float(fields[0])
-        except ValueError:
-            continue
-        if math.isnan(value):
-            continue
-        out[key] = out.get(key, 0.0) + value
+            shown = ",".join(f'{k}="{_escaped(v)}"' for k, v in s.labels.items())
+            key = f"{s.name}{{{shown}}}" if labels and shown else s.name
+            out[key] = out.get(key, 0.0) + s.value
     return out
 
 
-def _label_end(rest: str) -> int:
-    """Index of the ``}`` closing a label set (label values may contain escaped quotes and braces)."""
-    quoted = escaped = False
-    for i, ch in enumerate(rest):
-        if escaped:
-            escaped = False
-        elif ch == "\\":
-            escaped = True
-        elif ch == '"':
-            quoted = not quoted
-        elif ch == "}" and not quoted:
-            return i
-    return -1
+def _escaped(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
