@@ -67,13 +67,13 @@ bench: setup
 	$(PY) -m bench serve --scenario run
 	$(PY) -m bench serve --scenario admission --rounds 3
 	$(PY) -m bench cost
-	$(PY) -m bench cost --plan levers
+	$(PY) -m bench cost --plan stream
 
-# what one request costs: fp32 vs bf16, streamed vs whole (~12 min); then the CPU cost levers
-# (int8 LLM, ONNX Runtime flow, flow steps, CFG; ~25 min), full-size and tiny v2
+# what one request costs: fp32 vs bf16, the flow cache (~12 min); then streamed vs whole on the server's
+# defaults (~12 min), full-size and tiny v2
 bench-cost: setup
 	$(PY) -m bench cost
-	$(PY) -m bench cost --plan levers
+	$(PY) -m bench cost --plan stream
 
 # a polite client alone and beside each adversary (issue 36), one server with the defaults; ~7 min on 2
 # idle cores; writes .cache/bench/abuse/ (ABUSE_ARGS: e.g. --phase-s 5 --only dribblers,storm-64)

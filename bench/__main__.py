@@ -1,14 +1,14 @@
 """The benchmarks' one entry point, as ``vllm bench serve|latency|throughput``:
 
     python -m bench serve --scenario SCENARIO [ARGS]   # a server under load (SCENARIO below)
-    python -m bench cost [ARGS]                        # what one request costs (--plan levers: the CPU levers)
+    python -m bench cost [ARGS]                        # what one request costs (--plan stream: streamed vs whole)
     python -m bench gpu [ARGS]                         # the GPU check (make gpu-check; --device cpu --quick)
 
 Scenarios of ``serve``: run (the headline suite, make bench), admission, abuse (make bench-abuse),
-priority (make bench-priority), ws (WebSocket vs POST time to first audio), cache (a Zipf replay,
-the answer cache off and on), soak (memory under mixed traffic), loadtest (locust, make loadtest).
-ARGS go to the scenario or command: ``python -m bench serve --scenario admission --help`` lists
-its own. bench/README.md has them all (and batching, which left the tree after 8bf5a50).
+priority (make bench-priority), ws (WebSocket vs POST time to first audio), soak (memory under
+mixed traffic), loadtest (locust, make loadtest). ARGS go to the scenario or command:
+``python -m bench serve --scenario admission --help`` lists its own. bench/README.md has them all,
+and the suites that left the tree with the commit to run each from.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import importlib
 import sys
 
 SCENARIOS = {"run": "bench.run", "admission": "bench.admission", "abuse": "bench.abuse", "priority": "bench.priority",
-             "ws": "bench.ws_ttfa", "cache": "bench.cache", "soak": "bench.soak", "loadtest": "bench.loadtest"}
+             "ws": "bench.ws_ttfa", "soak": "bench.soak", "loadtest": "bench.loadtest"}
 COMMANDS = {"cost": "bench.cost", "gpu": "bench.gpu_check"}
 
 

@@ -1,9 +1,10 @@
 """What one request costs: CPU seconds, real-time factor, first audio, flow frames, per stage.
 
-    python -m bench cost [--plan levers] [--models tiny --quick] [--merge]   # make bench-cost: both plans
+    python -m bench cost [--plan stream] [--models tiny --quick] [--merge]   # make bench-cost: the cost plan
 
 Each (model, variant) runs in its own subprocess, the engine in-process (no HTTP). Variants,
-cases and outputs: docs/benchmarks/README.md, "Request cost benchmark" and "The CPU cost levers".
+cases and outputs: docs/benchmarks/README.md, "Request cost benchmark" (the CPU cost levers' plan,
+``--plan levers``, left the tree after b664af8).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 from bench.lib.model import ensure_full_model, ensure_model
 from bench.lib.procs import ROOT, THREAD_ENV, logger, python_module, results_dir, shown
-from bench.report import cost_goals, cost_markdown, lever_goals, stream_goals
+from bench.report import cost_goals, cost_markdown, stream_goals
 
 LONG = ("The train to the city leaves at seven every single morning, and the people who ride it read, "
         "sleep or stare at the fields going by.")
@@ -52,14 +53,6 @@ PLAN: dict[tuple[str, str], list[tuple[str, str, bool, int, int]]] = {
 }
 
 
-# --plan levers: the CPU cost levers (docs/cpu.md), short text: c=1 whole and streamed (first audio), c=8 whole
-LEVER_CASES = [("short-whole", SHORT, False, 1, 1), ("short-stream", SHORT, True, 1, 1),
-               ("short-c8", SHORT, False, CONCURRENT, 1)]
-LEVER_VARIANTS = ("fp32", "int8", "ort", "steps5", "nocfg", "int8-ort", "all")
-LEVER_PLAN: dict[tuple[str, str], list[tuple[str, str, bool, int, int]]] = {
-    **{("full", v): LEVER_CASES for v in LEVER_VARIANTS},
-    **{("tiny", v): [(n, t, st, c, 3 if c == 1 else 2) for n, t, st, c, _ in LEVER_CASES] for v in LEVER_VARIANTS},
-}
 # --plan stream: streamed vs whole on the server's engine defaults (flow cache on, issue 48) against the same
 # with the flow cache off (what streams cost before) and with exact fp32 caches; c=1 and c=4, long text
 STREAM_CASES = [("long-whole", LONG, False, 1, 1), ("long-stream", LONG, True, 1, 1),
@@ -69,8 +62,8 @@ STREAM_PLAN: dict[tuple[str, str], list[tuple[str, str, bool, int, int]]] = {
     ("full", "exact"): [STREAM_CASES[1]],
     **{("tiny", v): [(n, t, st, c, 3) for n, t, st, c, _ in STREAM_CASES] for v in ("defaults", "recompute")},
 }
-PLANS = {"cost": PLAN, "levers": LEVER_PLAN, "stream": STREAM_PLAN}
-OUTPUTS = {"cost": "cost", "levers": "cost-cpu", "stream": "cost-stream"}
+PLANS = {"cost": PLAN, "stream": STREAM_PLAN}
+OUTPUTS = {"cost": "cost", "stream": "cost-stream"}
 
 
 def _server(**over: Any) -> dict[str, Any]:
@@ -86,10 +79,6 @@ VARIANTS: dict[str, Any] = {
     "exact": lambda: _server(flow_cache_precision="fp32"),
     "fp32": {}, "bf16": {"dtype": "bf16"},
     "fp32-cache": {"flow_cache": True}, "fp32-cache-voice": {"flow_cache": True, "flow_prompt_cache_mb": 1024},
-    "int8": {"llm_quantization": "int8"}, "ort": {"flow_runtime": "onnxruntime"},
-    "steps5": {"flow_steps": 5}, "nocfg": {"flow_cfg": False},
-    "int8-ort": {"llm_quantization": "int8", "flow_runtime": "onnxruntime"},
-    "all": {"llm_quantization": "int8", "flow_runtime": "onnxruntime", "flow_steps": 5, "flow_cfg": False},
 }
 
 
@@ -261,15 +250,15 @@ def _host() -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--plan", choices=sorted(PLANS), default="cost",
-                    help="cost: fp32/bf16/flow cache (cost.*); levers: the CPU cost levers (cost-cpu.*); "
-                         "stream: streamed vs whole on the server's defaults (cost-stream.*)")
+                    help="cost: fp32/bf16/flow cache (cost.*); stream: streamed vs whole on the server's defaults "
+                         "(cost-stream.*)")
     ap.add_argument("--models", default="full,tiny", help="comma list of full, tiny")
     ap.add_argument("--variants", default=None,
                     help="comma list from VARIANTS (default: the plan's: fp32,bf16,fp32-cache,fp32-cache-voice; "
-                         f"levers: {','.join(LEVER_VARIANTS)})")
+                         "stream: defaults,recompute,exact)")
     ap.add_argument("--cases", default=None, help="comma list: run only these cases (e.g. long-whole,long-stream)")
     ap.add_argument("--merge", action="store_true",
-                    help="update the cost.json (levers: cost-cpu.json) already in --out with the re-run cases")
+                    help="update the plan's JSON (cost.json, cost-stream.json) already in --out with the re-run cases")
     ap.add_argument("--quick", action="store_true", help="one repeat, full size: short c=1 only")
     ap.add_argument("--out", default=str(results_dir("cost")),
                     help="output dir (default .cache/bench/cost, git-ignored; --merge reads the JSON there)")
@@ -318,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                 merged.setdefault(model, {}).setdefault(variant, res)["cases"].update(res["cases"])
         results = merged
     doc = {"commands": commands, "host": host, "results": results,
-           "goals": {"levers": lever_goals, "stream": stream_goals}.get(args.plan, cost_goals)(results)}
+           "goals": (stream_goals if args.plan == "stream" else cost_goals)(results)}
     (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
     (out / f"{name}.md").write_text(cost_markdown(doc, args.plan))
     for g in doc["goals"]:

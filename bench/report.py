@@ -768,10 +768,6 @@ def _cases(res: dict, variant: str) -> dict:
     return res.get(variant, {}).get("cases", {})
 
 
-def _case_ratio(res: dict, v: str, over: str, *, case: str, key: str) -> float | None:
-    return ratio(*(_cases(res, x).get(case, {}).get(key) for x in (v, over)))
-
-
 def cost_goals(results: dict) -> list[str]:
     out = []
     fp32, bf16 = (_cases(results.get("full", {}), v) for v in ("fp32", "bf16"))
@@ -840,60 +836,12 @@ def stream_goals(results: dict) -> list[str]:
     return out
 
 
-def lever_goals(results: dict) -> list[str]:
-    """The issue's goals for the CPU levers (full size), and tiny's no-regression check, from one run."""
-    out = []
-    for model, res in results.items():
-        base = _cases(res, "fp32")
-        if not base:
-            continue
-        cpu1 = partial(_case_ratio, res, "fp32", case="short-whole", key="cpu_s_per_request")  # fp32's over v's
-        wall8 = partial(_case_ratio, res, over="fp32", case="short-c8", key="audio_s_per_wall_s")  # v's over fp32's
-        for variant in res:
-            c = _cases(res, variant)
-            if variant == "fp32" or not c:
-                continue
-            both, parts = [k for k in c if k in base], []
-            if "short-whole" in both:
-                parts.append(f"CPU s/req at c=1 {cpu1(variant):.2f}x lower")
-            if "short-stream" in both:
-                parts.append(f"first audio (c=1 stream) {c['short-stream']['ttfa_s']:.2f} s vs "
-                             f"{base['short-stream']['ttfa_s']:.2f} s")
-            if "short-c8" in both:
-                parts.append(f"audio s per wall s at c=8 {wall8(variant):.2f}x")
-            out.append(f"{model}, {variant} vs fp32: " + "; ".join(parts))
-        if model == "full":
-            for v, target, what in (("int8-ort", 1.4, "int8 + ONNX Runtime"),
-                                    ("ort", 1.2, "exact-only levers (ONNX Runtime)")):
-                if (r := cpu1(v)) is not None:
-                    out.append(f"GOAL full, {what}: CPU s/req at c=1 {r:.2f}x lower (goal >= {target}x): "
-                               f"{_met(r >= target)}")
-            for v in ("int8-ort", "all"):
-                if (r := wall8(v)) is not None:
-                    out.append(f"GOAL full, {v}: audio s per wall s at c=8 {r:.2f}x fp32's (goal >= 1.6x): "
-                               f"{_met(r >= 1.6)}")
-        else:
-            worse = [f"{v} {case} {c['cpu_s_per_request']:.3f} vs {base[case]['cpu_s_per_request']:.3f} CPU s"
-                     for v, r in res.items() if v != "fp32" for case, c in r.get("cases", {}).items()
-                     if case in base and c["cpu_s_per_request"] > 1.05 * base[case]["cpu_s_per_request"]]
-            out.append(f"GOAL {model}: no regression (CPU s/req within 5% of fp32 or lower) in any case: "
-                       + ("met" if not worse else "MISSED: " + "; ".join(worse)))
-    return out
-
-
 COST_TEXT = {  # plan: title, the intro after "a 2 s prompt", the note under the table
     "cost": ("# Request cost: fp32 vs bf16, streamed vs whole", " (50 prompt tokens).",
              "Stage columns: seconds per request (`llm` is wall time from start to last token; it overlaps "
              "flow/HiFT when streaming, and includes waiting for the batch at c=8). `fp32-cache-voice`: the same "
              "requests with a registered voice made from the same prompt, its prompt cache filled by one earlier "
              "stream (a hit). First hop frames: estimator frames computed before the first chunk (c=1 streams)."),
-    "levers": ("# Request cost on a CPU: the cost levers",
-               ", the short text (~38 speech tokens). `fp32`: today's default before this work (torch flow, fp32 "
-               "LLM); `int8`: `engine.llm_quantization: int8`; `ort`: `engine.flow_runtime: onnxruntime`; `steps5`: "
-               "`engine.flow_steps: 5`; `nocfg`: `engine.flow_cfg: false`; `int8-ort`: both; `all`: all four. "
-               "`steps5`, `nocfg` and `all` change the audio (docs/cpu.md).",
-               "Stage columns: seconds per request (`llm` is wall time from start to last token, waiting for the "
-               "batch included). `load s`: engine load, a fresh ONNX export included for `ort` variants."),
 }
 COST_TEXT["stream"] = ("# Streamed vs whole on the server's defaults: the flow cache",
                        " (50 prompt tokens). `defaults`: the engine settings a server starts with (ONNX Runtime flow, "
@@ -903,23 +851,18 @@ COST_TEXT["stream"] = ("# Streamed vs whole on the server's defaults: the flow c
 
 
 def cost_markdown(doc: dict, plan: str = "cost") -> str:
-    """The cost plan's table (fp32 vs bf16, streamed vs whole) or, ``plan`` "levers", the CPU cost levers'."""
-    levers, streams = plan == "levers", plan == "stream"
+    """A plan's table: fp32 vs bf16 and the flow cache (``cost``), or streamed vs whole on the defaults (``stream``)."""
+    streams = plan == "stream"
     title, intro, note = COST_TEXT.get(plan, COST_TEXT["cost"])
     host = ", ".join(f"{k} {v}" for k, v in doc["host"].items())
     cmds = " then ".join(f"`{c}`" for c in doc["commands"])
-    stages = ("llm", "flow", "hift") if levers else ("frontend", "llm", "flow", "hift")
-    header = ["model", "variant" if levers else "dtype (ran)", "case", "c", "CPU s/req", "wall s", "RTF",
-              "audio s / wall s" if levers else "CPU RTF", "TTFA s", "audio s/req", "flow frames/req",
-              *([] if levers else ["first hop frames"]), *stages, *(["load s"] if levers else []),
-              *(["peak RSS MB"] if streams else [])]
-    rows = [[model, variant if levers else f"{variant} ({res['ran']})", name, c["concurrency"],
-             f"{c['cpu_s_per_request']:.2f}", f"{c['wall_s']:.2f}", f"{c['rtf']:.2f}",
-             f"{c['audio_s_per_wall_s']:.3f}" if levers else f"{c['cpu_rtf']:.2f}", f"{c['ttfa_s']:.2f}",
+    stages = ("frontend", "llm", "flow", "hift")
+    header = ["model", "dtype (ran)", "case", "c", "CPU s/req", "wall s", "RTF", "CPU RTF", "TTFA s", "audio s/req",
+              "flow frames/req", "first hop frames", *stages, *(["peak RSS MB"] if streams else [])]
+    rows = [[model, f"{variant} ({res['ran']})", name, c["concurrency"], f"{c['cpu_s_per_request']:.2f}",
+             f"{c['wall_s']:.2f}", f"{c['rtf']:.2f}", f"{c['cpu_rtf']:.2f}", f"{c['ttfa_s']:.2f}",
              f"{c['audio_s_per_request']:.2f}", f"{c['flow_frames_per_request']:.0f}",
-             *([] if levers else [fmt(c.get("first_hop_flow_frames"), 0)]),
-             *(f"{c['stages_s_per_request'].get(k, 0.0):.2f}" for k in stages),
-             *([f"{res.get('load_s', 0):.1f}"] if levers else []),
+             fmt(c.get("first_hop_flow_frames"), 0), *(f"{c['stages_s_per_request'].get(k, 0.0):.2f}" for k in stages),
              *([fmt(c.get("peak_rss_mb"), 0)] if streams else [])]
             for model, by_variant in doc["results"].items() for variant, res in by_variant.items()
             for name, c in res["cases"].items()]

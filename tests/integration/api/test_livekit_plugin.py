@@ -148,15 +148,3 @@ def test_no_server_is_a_livekit_api_connection_error():
     with pytest.raises(lk_agents.APIConnectionError):
         run(main(), timeout=20)
 
-
-def test_the_bench_legs_time_first_audio_through_livekit(server):
-    from bench.lib import clients_ttfa as clients
-
-    pieces = [w if i == 0 else " " + w for i, w in enumerate(WORDS)]
-    rate = 10.0
-    written = (len(pieces) - 1) / rate
-    target = clients.Target(server.base_url)
-    legs = [asyncio.run(leg(target, pieces, rate, 0)) for leg in (clients.livekit_plugin, clients.livekit_openai)]
-    plugin, oai = [(s.ttfa, s.total) for s in legs]
-    assert 0 < plugin[0] < written - 0.5 < plugin[1], plugin  # speaks while the text is written, ends after it
-    assert 0 < oai[0] < oai[1] and oai[1] > written, oai

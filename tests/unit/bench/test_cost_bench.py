@@ -1,41 +1,48 @@
-"""bench/cost.py's levers plan: variants, goal lines and the table (no model runs)."""
+"""bench/cost.py's stream plan: its cases, goal lines and table (no model runs)."""
 
 from __future__ import annotations
 
-from bench.cost import LEVER_PLAN, LEVER_VARIANTS, VARIANTS
+from bench.cost import PLANS, STREAM_PLAN, VARIANTS
 from bench.report import cost_markdown as markdown
-from bench.report import lever_goals
+from bench.report import stream_goals
 
 
-def case(cpu: float, audio_per_wall: float, ttfa: float = 1.0, conc: int = 1) -> dict:
-    return {"concurrency": conc, "cpu_s_per_request": cpu, "wall_s": cpu, "rtf": cpu, "audio_s_per_wall_s": audio_per_wall,
-            "ttfa_s": ttfa, "audio_s_per_request": 1.5, "flow_frames_per_request": 176,
-            "stages_s_per_request": {"llm": 1.0, "flow": 2.0, "hift": 0.1}}
+def case(cpu_rtf: float, flow: float, ttfa: float = 1.0, conc: int = 1, stream: bool = False) -> dict:
+    return {"concurrency": conc, "stream": stream, "cpu_s_per_request": cpu_rtf * 4, "wall_s": 5.0, "rtf": 1.2,
+            "cpu_rtf": cpu_rtf, "audio_s_per_wall_s": 0.8, "ttfa_s": ttfa, "audio_s_per_request": 4.0,
+            "flow_frames_per_request": 176, "first_hop_flow_frames": 100 if stream and conc == 1 else None,
+            "stages_s_per_request": {"frontend": 0.1, "llm": 1.0, "flow": flow, "hift": 0.1}, "peak_rss_mb": 3000}
 
 
-def result(cpu1: float, wall8: float) -> dict:
-    return {"cases": {"short-whole": case(cpu1, 1 / cpu1), "short-stream": case(cpu1, 1 / cpu1, ttfa=cpu1 / 3),
-                      "short-c8": case(cpu1, wall8, conc=8)}, "load_s": 1.0}
+def cases(whole: float, streamed: float, ttfa: float) -> dict:
+    return {"cases": {"long-whole": case(whole, 1.0, ttfa=4.0), "long-stream": case(streamed, 1.4, ttfa, stream=True),
+                      "long-whole-c4": case(whole, 1.0, 5.0, 4), "long-stream-c4": case(streamed * 1.2, 2.0, 6.0, 4,
+                                                                                          True)},
+            "ran": "fp32"}
 
 
-def test_every_lever_variant_has_settings_and_cases_for_both_models():
-    for v in LEVER_VARIANTS:
-        assert v in VARIANTS and ("full", v) in LEVER_PLAN and ("tiny", v) in LEVER_PLAN
-    assert VARIANTS["fp32"] == {}  # today's default: torch flow, fp32 LLM (the adapter's defaults)
-    assert VARIANTS["all"] == {"llm_quantization": "int8", "flow_runtime": "onnxruntime", "flow_steps": 5,
-                               "flow_cfg": False}
+def test_every_stream_variant_has_settings_and_the_plan_is_known():
+    assert {v for _, v in STREAM_PLAN} <= set(VARIANTS) and set(PLANS) == {"cost", "stream"}
+    assert all(m in ("full", "tiny") for m, _ in STREAM_PLAN)
 
 
-def test_goal_lines_say_met_or_missed():
-    full = {"fp32": result(30.0, 0.1), "ort": result(24.0, 0.12), "int8-ort": result(20.0, 0.17),
-            "all": result(10.0, 0.3)}
-    tiny = {"fp32": result(0.50, 3.0), "int8": result(0.60, 3.0)}
-    goals = lever_goals({"full": full, "tiny": tiny})
-    text = "\n".join(goals)
-    assert "GOAL full, int8 + ONNX Runtime: CPU s/req at c=1 1.50x lower (goal >= 1.4x): met" in text
-    assert "GOAL full, exact-only levers (ONNX Runtime): CPU s/req at c=1 1.25x lower (goal >= 1.2x): met" in text
-    assert "GOAL full, int8-ort: audio s per wall s at c=8 1.70x fp32's (goal >= 1.6x): met" in text
-    assert "GOAL tiny: no regression" in text and "MISSED: int8 short-whole 0.600 vs 0.500" in text
-    table = markdown({"commands": ["python -m bench cost --plan levers"], "host": {"cores": 2},
-                      "results": {"full": full}, "goals": goals}, "levers")
-    assert "| full | int8-ort | short-c8 | 8 | 20.00 |" in table and "## Goals" in table
+def test_stream_goals_grade_the_defaults_at_full_size_only():
+    res = {"full": {"defaults": cases(3.0, 3.3, 2.0), "recompute": cases(3.0, 6.0, 2.5)},
+           "tiny": {"defaults": cases(0.1, 0.3, 0.2)}}
+    text = "\n".join(stream_goals(res))
+    assert "full defaults c=1: streamed CPU-s per audio-s / whole = 1.10x (3.30 vs 3.00; goal <= 1.2x: met)" in text
+    assert "flow seconds 1.40x (goal <= 1.5x: met)" in text
+    assert "full defaults c=4: streamed CPU-s per audio-s / whole = 1.32x (3.96 vs 3.00; goal <= 1.2x: MISSED)" in text
+    assert "flow seconds 2.00x (goal <= 1.5x: MISSED)" in text
+    assert "full recompute c=1: streamed CPU-s per audio-s / whole = 2.00x (6.00 vs 3.00; goal <= 1.2x)," in text
+    assert "tiny defaults c=1: streamed CPU-s per audio-s / whole = 3.00x (0.30 vs 0.10; goal <= 1.2x)," in text
+    assert "full: first audio with the flow cache 2.00 s vs without 2.50 s (goal: no later): met" in text
+
+
+def test_the_stream_table_has_peak_rss_and_the_goals():
+    res = {"full": {"defaults": cases(3.0, 3.3, 2.0)}}
+    table = markdown({"commands": ["python -m bench cost --plan stream"], "host": {"cores": 2}, "results": res,
+                      "goals": stream_goals(res)}, "stream")
+    assert table.startswith("# Streamed vs whole on the server's defaults")
+    assert "| full | defaults (fp32) | long-stream | 1 | 13.20 |" in table and "| 3000 |" in table
+    assert "## Goals" in table and "- full defaults c=1" in table
