@@ -13,6 +13,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 import numpy as np
@@ -134,16 +135,43 @@ def memory_metrics(base: str) -> tuple[dict[str, float], dict[str, float]]:
     return {name: value for name, value in samples.items() if name.startswith(METRICS)}, gate
 
 
-def at_rest(pause: Pause, proc: psutil.Process, base: str, rest_s: float, t0: float) -> tuple[float, int, float, float]:
-    """(seconds, RSS, glibc in use, glibc free) read once no request is in flight and ``rest_s`` has passed."""
+class Rest(NamedTuple):
+    """One reading at rest: seconds since the start, RSS, glibc's in-use and free bytes, and the RSS split into
+    anonymous and file-backed pages (``/proc/PID/status``: a jump glibc does not count shows in one of them)."""
+
+    t: float
+    rss: float
+    in_use: float
+    free: float
+    anon: float
+    file: float
+
+
+def rss_split(pid: int) -> tuple[float, float]:
+    """(RssAnon, RssFile + RssShmem) of ``pid`` in bytes; NaN where the kernel does not say."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return float("nan"), float("nan")
+    return parse_status(text)
+
+
+def parse_status(text: str) -> tuple[float, float]:
+    kb = {k: float(v.split()[0]) * 1024 for k, _, v in (ln.partition(":") for ln in text.splitlines())
+          if k in ("RssAnon", "RssFile", "RssShmem")}
+    return kb.get("RssAnon", float("nan")), kb.get("RssFile", float("nan")) + kb.get("RssShmem", 0.0)
+
+
+def at_rest(pause: Pause, proc: psutil.Process, base: str, rest_s: float, t0: float) -> Rest:
+    """A reading once no request is in flight and ``rest_s`` has passed."""
     pause.rest()
     try:
         time.sleep(rest_s)
-        rss, (sampled, _) = proc.memory_info().rss, memory_metrics(base)
+        rss, (anon, file), (sampled, _) = proc.memory_info().rss, rss_split(proc.pid), memory_metrics(base)
     finally:
         pause.resume()
     heap = {state: sampled.get(f'process_heap_bytes{{state="{state}"}}', float("nan")) for state in ("in_use", "free")}
-    return time.monotonic() - t0, rss, heap["in_use"], heap["free"]
+    return Rest(time.monotonic() - t0, rss, heap["in_use"], heap["free"], anon, file)
 
 
 def growth(samples: list[tuple[float, float]], warmup_s: float) -> tuple[float, float, float]:
@@ -155,6 +183,7 @@ def growth(samples: list[tuple[float, float]], warmup_s: float) -> tuple[float, 
 
 def slope_mb_per_h(samples: list[tuple[float, int]]) -> float:
     """Least-squares slope of RSS over time, MB per hour."""
+    samples = [s for s in samples if s[1] == s[1]]  # NaN: not read
     if len(samples) < 3:
         return float("nan")
     t = np.array([s for s, _ in samples]) / 3600.0
@@ -162,17 +191,18 @@ def slope_mb_per_h(samples: list[tuple[float, int]]) -> float:
     return float(np.polyfit(t, rss, 1)[0])
 
 
-def rest_lines(rests: list[tuple[float, int, float, float]], rested: dict, args: argparse.Namespace) -> list[str]:
+def rest_lines(rests: list[Rest], rested: dict, args: argparse.Namespace) -> list[str]:
     """The readings at rest: with no request in flight, the RSS that stays."""
-    rss, in_use, free = rested["rss"], rested["in_use"], rested["free"]
+    rss, in_use, free, anon, file = (rested[k] for k in ("rss", "in_use", "free", "anon", "file"))
     return [
         (f"At rest (every {args.rest_every:g} min the clients pause; read {args.rest_s:g} s after the last request "
         f"ended), growth after the warm-up: RSS **{rss[0]:+.1f} MB/h** (halves {rss[1]:+.1f}, {rss[2]:+.1f}); "
         f"glibc in use {in_use[0]:+.1f} MB/h (halves {in_use[1]:+.1f}, {in_use[2]:+.1f}), free {free[0]:+.1f} MB/h "
-        f"(halves {free[1]:+.1f}, {free[2]:+.1f})."),
+        f"(halves {free[1]:+.1f}, {free[2]:+.1f}); RSS anonymous {anon[0]:+.1f} MB/h, file-backed {file[0]:+.1f} MB/h."),
         "",
-        *table(["minute", "RSS at rest (MB)", "glibc in use (MB)", "glibc free (MB)"],
-               [[f"{t / 60:.1f}", f"{r / 2**20:.0f}", f"{u / 2**20:.0f}", f"{f / 2**20:.0f}"] for t, r, u, f in rests]),
+        *table(["minute", "RSS at rest (MB)", "glibc in use (MB)", "glibc free (MB)", "anonymous (MB)",
+                "file-backed (MB)"],
+               [[f"{r.t / 60:.1f}", *(f"{v / 2**20:.0f}" for v in r[1:])] for r in rests]),
         "",
     ]
 
@@ -222,15 +252,16 @@ def main(argv: list[str] | None = None) -> None:
                 if samples[-1][0] >= next_rest:
                     rests.append(at_rest(pause, proc, base, args.rest_s, t0))
                     next_rest += args.rest_every * 60
-                    print(f"{rests[-1][0] / 60:6.1f} min  at rest: RSS {rests[-1][1] / 2**20:.1f} MB, glibc in use "
-                          f"{rests[-1][2] / 2**20:.1f} MB, free {rests[-1][3] / 2**20:.1f} MB", flush=True)
+                    r = rests[-1]
+                    print(f"{r.t / 60:6.1f} min  at rest: RSS {r.rss / 2**20:.1f} MB (anonymous {r.anon / 2**20:.1f}, "
+                          f"file {r.file / 2**20:.1f}), glibc in use {r.in_use / 2**20:.1f} MB, free "
+                          f"{r.free / 2**20:.1f} MB", flush=True)
             stop.set()
             for t in threads:
                 t.join(300)
             live = httpx.get(base + "/health/live", timeout=10).status_code
     slope, first, second = growth(samples, args.warmup * 60)
-    rested = {k: growth([(r[0], r[i]) for r in rests], args.warmup * 60) for k, i in (("rss", 1), ("in_use", 2),
-                                                                                        ("free", 3))}
+    rested = {k: growth([(r.t, getattr(r, k)) for r in rests], args.warmup * 60) for k in Rest._fields[1:]}
     by_minute = {int(s // 60): r for s, r in samples}
     minutes = sorted(by_minute)
     shown = minutes[::max(1, len(minutes) // 12)]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import math
+import os
 import threading
 import time
 
-from bench.soak import Pause, growth
+from bench.soak import Pause, Rest, growth, parse_status, rest_lines, rss_split
 
 
 def test_a_rest_waits_for_the_request_in_flight_and_holds_back_the_next() -> None:
@@ -53,3 +55,31 @@ def test_growth_is_the_slope_after_the_warmup_and_over_each_half() -> None:
     assert abs(first - 60) < 1 and abs(second - 120) < 1
     assert 60 < whole < 120
     assert all(math.isnan(v) for v in growth(samples[:2], 0))  # too few samples for a slope
+
+
+STATUS = "Name:\tpython\nVmRSS:\t  300 kB\nRssAnon:\t  200 kB\nRssFile:\t   90 kB\nRssShmem:\t   10 kB\n"
+
+
+def test_the_rss_splits_into_anonymous_and_file_backed_pages() -> None:
+    assert parse_status(STATUS) == (200 * 1024, 100 * 1024)  # shared memory counts with the file-backed pages
+    anon, file = parse_status("Name:\tpython\n")  # a kernel that does not say
+    assert math.isnan(anon) and math.isnan(file)
+    anon, file = rss_split(os.getpid())  # this process: it has both, and they make up its RSS
+    with open(f"/proc/{os.getpid()}/status") as f:
+        vmrss = next(float(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmRSS:"))
+    assert anon > 0 and file > 0 and abs(anon + file - vmrss) < 0.1 * vmrss
+
+
+def test_the_rests_table_shows_the_split_and_its_growth() -> None:
+    mb = 2**20
+    rests = [Rest(60.0 * m, 1000 * mb + m * mb, 500 * mb, 200 * mb, 900 * mb + m * mb, 100 * mb) for m in range(0, 70, 5)]
+    rested = {k: growth([(r.t, getattr(r, k)) for r in rests], 600) for k in Rest._fields[1:]}
+    args = argparse.Namespace(rest_every=5.0, rest_s=15.0)
+    text = "\n".join(rest_lines(rests, rested, args))
+    assert "RSS **+60.0 MB/h**" in text and "RSS anonymous +60.0 MB/h, file-backed " in text and "0.0 MB/h." in text
+    assert "| anonymous (MB) | file-backed (MB) |" in text and "| 65.0 | 1065 | 500 | 200 | 965 | 100 |" in text
+
+
+def test_a_slope_leaves_out_readings_that_were_not_taken() -> None:
+    samples = [(3600.0 * h, v) for h, v in ((0, 0.0), (1, float("nan")), (2, 2 * 2**20), (3, 3 * 2**20))]
+    assert abs(growth(samples, 0)[0] - 1.0) < 1e-9
