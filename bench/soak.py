@@ -137,7 +137,7 @@ def memory_metrics(base: str) -> tuple[dict[str, float], dict[str, float]]:
 
 class Rest(NamedTuple):
     """One reading at rest: seconds since the start, RSS, glibc's in-use and free bytes, and the RSS split into
-    anonymous and file-backed pages (``/proc/PID/status``: a jump glibc does not count shows in one of them)."""
+    anonymous and file-backed pages (a jump glibc does not count shows in one of them)."""
 
     t: float
     rss: float
@@ -147,19 +147,12 @@ class Rest(NamedTuple):
     file: float
 
 
-def rss_split(pid: int) -> tuple[float, float]:
-    """(RssAnon, RssFile + RssShmem) of ``pid`` in bytes; NaN where the kernel does not say."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return float("nan"), float("nan")
-    return parse_status(text)
-
-
-def parse_status(text: str) -> tuple[float, float]:
-    kb = {k: float(v.split()[0]) * 1024 for k, _, v in (ln.partition(":") for ln in text.splitlines())
-          if k in ("RssAnon", "RssFile", "RssShmem")}
-    return kb.get("RssAnon", float("nan")), kb.get("RssFile", float("nan")) + kb.get("RssShmem", 0.0)
+def rss_parts(proc: psutil.Process) -> tuple[float, float, float]:
+    """(RSS, its anonymous part, its file-backed and shared part) of one reading; psutil's ``shared`` is the
+    kernel's RssFile + RssShmem (NaN where psutil does not give it)."""
+    mem = proc.memory_info()
+    shared = float(getattr(mem, "shared", float("nan")))
+    return float(mem.rss), mem.rss - shared, shared
 
 
 def at_rest(pause: Pause, proc: psutil.Process, base: str, rest_s: float, t0: float) -> Rest:
@@ -167,7 +160,7 @@ def at_rest(pause: Pause, proc: psutil.Process, base: str, rest_s: float, t0: fl
     pause.rest()
     try:
         time.sleep(rest_s)
-        rss, (anon, file), (sampled, _) = proc.memory_info().rss, rss_split(proc.pid), memory_metrics(base)
+        (rss, anon, file), (sampled, _) = rss_parts(proc), memory_metrics(base)
     finally:
         pause.resume()
     heap = {state: sampled.get(f'process_heap_bytes{{state="{state}"}}', float("nan")) for state in ("in_use", "free")}

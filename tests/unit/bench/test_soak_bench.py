@@ -7,8 +7,11 @@ import math
 import os
 import threading
 import time
+import types
 
-from bench.soak import Pause, Rest, growth, parse_status, rest_lines, rss_split
+import psutil
+
+from bench.soak import Pause, Rest, growth, rest_lines, rss_parts
 
 
 def test_a_rest_waits_for_the_request_in_flight_and_holds_back_the_next() -> None:
@@ -57,17 +60,17 @@ def test_growth_is_the_slope_after_the_warmup_and_over_each_half() -> None:
     assert all(math.isnan(v) for v in growth(samples[:2], 0))  # too few samples for a slope
 
 
-STATUS = "Name:\tpython\nVmRSS:\t  300 kB\nRssAnon:\t  200 kB\nRssFile:\t   90 kB\nRssShmem:\t   10 kB\n"
-
-
 def test_the_rss_splits_into_anonymous_and_file_backed_pages() -> None:
-    assert parse_status(STATUS) == (200 * 1024, 100 * 1024)  # shared memory counts with the file-backed pages
-    anon, file = parse_status("Name:\tpython\n")  # a kernel that does not say
-    assert math.isnan(anon) and math.isnan(file)
-    anon, file = rss_split(os.getpid())  # this process: it has both, and they make up its RSS
+    rss, anon, file = rss_parts(psutil.Process())  # this process: it has both, and they make up its RSS
     with open(f"/proc/{os.getpid()}/status") as f:
-        vmrss = next(float(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmRSS:"))
-    assert anon > 0 and file > 0 and abs(anon + file - vmrss) < 0.1 * vmrss
+        kb = {k: float(v.split()[0]) * 1024 for k, _, v in (ln.partition(":") for ln in f)
+              if k in ("VmRSS", "RssAnon", "RssFile", "RssShmem")}
+    assert anon > 0 and file > 0 and anon + file == rss
+    assert abs(rss - kb["VmRSS"]) < 0.1 * kb["VmRSS"]
+    assert abs(file - kb["RssFile"] - kb["RssShmem"]) < 0.1 * file  # shared memory counts with the file-backed pages
+    no_split = types.SimpleNamespace(memory_info=lambda: types.SimpleNamespace(rss=300.0))  # psutil without it
+    rss, anon, file = rss_parts(no_split)
+    assert rss == 300.0 and math.isnan(anon) and math.isnan(file)
 
 
 def test_the_rests_table_shows_the_split_and_its_growth() -> None:
