@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from bench.lib.model import ensure_model
-from bench.lib.procs import ROOT, cosyserve
+from bench.lib.procs import ROOT, ServerProc
 
 
 def parse_duration(text: str) -> float:
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
               "dev": {"fake_engine": bool(args.fake)},
               "pool": {"workers": args.workers, "max_queue": args.max_queue, "request_timeout_s": 120},
               "voices": {"dir": str(reports / "loadtest-voices")}}
-    server = cosyserve("loadtest-server", config, reports)
+    server = ServerProc("loadtest-server", config, reports)
     csv_prefix = reports / "loadtest"
     spawn = args.spawn_rate or args.users
     print(f"loadtest: starting cosyserve ({'fake engine' if args.fake else engine['model_dir']}) on {server.base_url}",

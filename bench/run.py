@@ -23,7 +23,6 @@ from bench.lib.procs import (
     THREAD_ENV,
     ServerProc,
     SuiteParser,
-    cosyserve,
     logger,
     shown,
     start_run,
@@ -87,7 +86,7 @@ def server(args: argparse.Namespace, model_dir: str, run_dir: Path) -> ServerPro
     config = {"server": {"log_level": "warning", "drain_timeout_s": 10},
               "engine": {"model_dir": model_dir, "torch_threads": 1}, "voices": {"dir": str(run_dir / "voices")},
               "metrics": {"enabled": True}, **({"pool": pool} if pool else {})}
-    return cosyserve("cosyserve", config, run_dir, rss_limit_bytes=int(args.max_rss_gb * 2**30))
+    return ServerProc("cosyserve", config, run_dir, rss_limit_bytes=int(args.max_rss_gb * 2**30))
 
 
 async def bench_system(srv: ServerProc, args: argparse.Namespace) -> dict[str, Any]:
@@ -96,7 +95,7 @@ async def bench_system(srv: ServerProc, args: argparse.Namespace) -> dict[str, A
     warm = await load.fixed_count(url, WORK, 2 * args.workers, args.workers, args.timeout_s)  # not measured
     bad = [r for r in warm if r.kind != "ok"]
     if bad:
-        raise RuntimeError(f"warm-up requests failed: {[(r.kind, r.status) for r in bad]}\n{srv.log_tail()}")
+        raise RuntimeError(f"warm-up requests failed: {[(r.kind, r.status) for r in bad]}\n{srv.log()}")
     for c in args.concurrency:
         if rss.limit_hit:
             break

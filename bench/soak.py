@@ -21,7 +21,7 @@ import psutil
 import soundfile as sf
 from websockets.sync.client import connect
 
-from bench.lib.procs import SuiteParser, cosyserve, machine, tiny_config
+from bench.lib.procs import ServerProc, SuiteParser, machine, tiny_config
 from bench.lib.prom import scrape
 from bench.report import save, table
 
@@ -216,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = tiny_config(tmp)
         if args.model_dir:
             cfg["engine"] = {"model_dir": args.model_dir}
-        srv = cosyserve("soak", cfg, Path(tmp))
+        srv = ServerProc("soak", cfg, Path(tmp))
         srv.env.update(dict(e.split("=", 1) for e in args.env))
         with srv:
             base = srv.base_url

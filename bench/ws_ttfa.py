@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.lib.procs import SuiteParser, cosyserve, machine, tiny_config
+from bench.lib.procs import ServerProc, SuiteParser, machine, tiny_config
 from bench.report import save, table
 
 COMMAND = ".venv/bin/python -m bench serve --scenario ws"
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         cfg = tiny_config(tmp, engine={"torch_threads": 1}, pool={"workers": 2})
-        with cosyserve("ws-ttfa", cfg, Path(tmp)) as srv:
+        with ServerProc("ws-ttfa", cfg, Path(tmp)) as srv:
             base = srv.base_url
             for label, text in TEXTS.items():
                 one(ws, base, text, args.rate, 0)  # warm-up

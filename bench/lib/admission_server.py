@@ -13,7 +13,7 @@ import httpx
 
 from bench.lib import prom
 from bench.lib.load import RequestSpec
-from bench.lib.procs import ServerProc, cosyserve
+from bench.lib.procs import ServerProc
 
 TEXT = "The quick brown fox jumps over the lazy dog near the quiet river bank."
 GAUGES = {"limit": "tts_admission_limit", "load": "tts_admission_load",
@@ -30,7 +30,7 @@ def pool_server(name: str, pool: dict[str, Any], nice: int, model_dir: str, run_
     }
     if pool:
         config["pool"] = pool
-    return cosyserve(name, config, run_dir, nice=nice)
+    return ServerProc(name, config, run_dir, nice=nice)
 
 
 def work(priority: str | None = None) -> RequestSpec:

@@ -1,5 +1,5 @@
-"""Server subprocesses for benchmarks (loopback only): start, wait until ready, sample RSS, and always stop:
-leaving a ``ServerProc``'s ``with`` block kills its whole process group if SIGTERM does not end it in time."""
+"""What every suite shares: its options, run folder and printer, and its server (``ServerProc``: the tests'
+``ServerProcess`` with its RSS sampled; leaving its ``with`` block kills its whole process group)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -18,12 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Self
 
-import httpx
 import psutil
-import yaml
+
+from tests.support.server import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
-HOST = "127.0.0.1"
 
 # One intra-op thread per engine everywhere; the benchmark compares serving designs, not BLAS settings.
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
@@ -105,12 +102,6 @@ def start_run(name: str, args: Any, log: Callable[[str], None], **fields: Any) -
                      "loadavg_start": os.getloadavg(), **fields}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 def tree_rss(proc: psutil.Process) -> int:
     """Resident bytes of a process and all its descendants (0 once it is gone)."""
     total = 0
@@ -157,83 +148,25 @@ class RssSampler:
         return time.monotonic() - self._t0
 
 
-class ServerProc:
-    """A server subprocess (own process group) on a free loopback port, ready once /health/ready answers 200."""
+class ServerProc(ServerProcess):
+    """A suite's server: ``ServerProcess`` (tests/support/server.py) with ``THREAD_ENV``, at ``nice``, its process
+    tree's RSS sampled from ready to stop (``rss``; past ``rss_limit_bytes`` it is killed)."""
 
-    def __init__(self, name: str, argv: list[str], port: int, log_dir: Path, rss_limit_bytes: int = 0) -> None:
-        self.name, self.argv, self.port, self.rss_limit_bytes = name, argv, port, rss_limit_bytes
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_path = log_dir / f"{name}-{port}.log"
-        self.env = {**os.environ, **THREAD_ENV}
-        self.proc: subprocess.Popen | None = None
-        self.rss: RssSampler | None = None
-        self._log = None
+    def __init__(self, name: str, config: dict, run_dir: Path, *, nice: int = 0, rss_limit_bytes: int = 0) -> None:
+        prefix = ["nice", "-n", str(nice)] if nice > 0 and shutil.which("nice") else []
+        super().__init__(run_dir, config, THREAD_ENV, name=name, prefix=prefix)
+        self.rss_limit_bytes, self.rss = rss_limit_bytes, None
 
-    @property
-    def base_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+    def start(self, timeout: float = 300.0) -> Self:
+        super().start(timeout)
+        self.rss = RssSampler(self.proc.pid, limit_bytes=self.rss_limit_bytes)
+        return self
 
-    def start(self, timeout_s: float = 300.0) -> Self:
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.base_url + "/health/ready", timeout=2).status_code == 200:
-                    self.rss = RssSampler(self.proc.pid, limit_bytes=self.rss_limit_bytes)
-                    return self
-            time.sleep(0.25)
-        raise RuntimeError(f"{self.name} not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
-
-    def stop(self, timeout_s: float = 60.0) -> int | None:
-        """SIGTERM, wait, then SIGKILL the process group; idempotent."""
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int | None:
         if self.rss is not None:
             self.rss.stop()
-        if self.proc is None:
-            return None
-        code = self.proc.poll()
-        if code is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.send_signal(signal.SIGTERM)
-                code = self.proc.wait(timeout_s)
-        with contextlib.suppress(ProcessLookupError, PermissionError):  # anything left in its group goes too
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        if code is None:
-            code = self.proc.wait(10)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        return code
-
-    def log_tail(self, n: int = 4000) -> str:
-        with contextlib.suppress(OSError):
-            return self.log_path.read_text(errors="replace")[-n:]
-        return ""
-
-    def __enter__(self) -> Self:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        return super().stop(sig, timeout)
 
 
 def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
-
-
-def cosyserve(name: str, config: dict, run_dir: Path, *, nice: int = 0, rss_limit_bytes: int = 0) -> ServerProc:
-    """``cosyserve serve`` with ``config`` (written to RUN_DIR/NAME.yaml) on a free port, at ``nice``."""
-    path = run_dir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    port = free_port()
-    argv = python_module("app.cli", "serve", "--config", str(path), "--host", HOST, "--port", str(port))
-    if nice > 0 and shutil.which("nice"):
-        argv = ["nice", "-n", str(nice), *argv]  # nice execs the server: its pid is the server's
-    return ServerProc(name, argv, port, run_dir, rss_limit_bytes=rss_limit_bytes)

@@ -1,25 +1,30 @@
-"""A real `cosyserve serve` subprocess for end-to-end tests."""
+"""A real ``cosyserve serve`` subprocess, for end-to-end tests and the benchmarks (bench/lib/procs.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from signal import SIGTERM
+from typing import Self
 
 import httpx
 import yaml
 
 from tests.support.paths import ROOT
 
+HOST = "127.0.0.1"
+
 
 def free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((HOST, 0))
         return s.getsockname()[1]
 
 
@@ -35,41 +40,43 @@ def fake_engine_config(tmp: Path, **pool: object) -> dict:
 
 
 class ServerProcess:
-    """Start ``cosyserve serve`` with a config dict; wait until ready; stop with a signal."""
+    """``cosyserve serve`` with a config dict (written to TMP/NAME.yaml, its log TMP/NAME-PORT.log) on a free
+    loopback port, in its own process group; ready once /health/ready answers 200. ``stop`` signals it and
+    waits, then SIGKILLs its group (nothing it started outlives it); leaving ``with`` stops it. ``prefix``: the
+    command line before Python's (``nice -n 5``: nice execs the server, so its pid is the server's)."""
 
-    def __init__(self, tmp: Path, config: dict, env: dict | None = None) -> None:
-        self.port = free_port()
-        self.tmp = tmp
-        self.config_path = tmp / "config.yaml"
+    def __init__(self, tmp: Path, config: dict, env: dict | None = None, *, name: str = "server",
+                 prefix: Sequence[str] = ()) -> None:
+        self.port, self.tmp, self.name = free_port(), tmp, name
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.config_path = tmp / f"{name}.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
-        self.log_path = tmp / f"server-{self.port}.log"
+        self.log_path = tmp / f"{name}-{self.port}.log"
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.argv = [*prefix, sys.executable, "-m", "app.cli", "serve", "--config", str(self.config_path),
+                     "--host", HOST, "--port", str(self.port)]
         self.proc: subprocess.Popen | None = None
+        self._log = None
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{HOST}:{self.port}"
 
-    def start(self, timeout: float = 180.0) -> ServerProcess:
+    def start(self, timeout: float = 180.0) -> Self:
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "serve", "--config", str(self.config_path), "--host", "127.0.0.1",
-             "--port", str(self.port)],
-            cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-        )
+        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                self._log.close()
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
+                self.stop()
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
+            with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(self.base_url + "/health/ready", timeout=2).status_code == 200:
                     return self
-            except httpx.HTTPError:
-                pass
             time.sleep(0.2)
         self.stop(signal.SIGKILL)
-        raise RuntimeError(f"server not ready after {timeout}s:\n{self.log()}")
+        raise RuntimeError(f"{self.name} not ready after {timeout:.0f}s:\n{self.log()}")
 
     def signal(self, sig: int = signal.SIGTERM) -> None:
         assert self.proc is not None
@@ -80,27 +87,31 @@ class ServerProcess:
         return self.proc.wait(timeout)
 
     def stop(self, sig: int = SIGTERM, timeout: float = 60.0) -> int | None:  # `signal` is a method here
+        """``sig``, up to ``timeout`` s for the server to exit, then SIGKILL to its group; its exit code.
+        Idempotent; a server that exited on its own (or was signalled and waited for) keeps its code."""
         if self.proc is None:
             return None
-        try:
-            if self.proc.poll() is not None:  # it exited on its own (or a test signalled and waited)
-                return self.proc.returncode
+        code = self.proc.poll()
+        if code is None:
             self.proc.send_signal(sig)
-            try:
-                return self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                return self.proc.wait(10)
-        finally:
-            self._log.close()  # on every path: an exited server's log was left open
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = self.proc.wait(timeout)
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # anything left in its group goes too
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        if code is None:
+            code = self.proc.wait(10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return code
 
-    def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-20000:]
-        except OSError:
-            return ""
+    def log(self, n: int = 20000) -> str:
+        """The last ``n`` characters of its log."""
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-n:]
+        return ""
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
