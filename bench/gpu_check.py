@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import platform
-import shutil
 import statistics
 import sys
 import threading
@@ -77,23 +76,16 @@ def model_dir(args: argparse.Namespace) -> tuple[str, float]:
     """The model dir to check and the seconds it took to build (0 when it was there)."""
     if args.model_dir:
         return args.model_dir, 0.0
+    t0 = time.monotonic()
     if args.quick:
         from app.devmodels.tiny import ensure_tiny_model
 
-        t0 = time.monotonic()
         return str(ensure_tiny_model(ROOT / ".cache" / "models", 2)), time.monotonic() - t0
-    from app.devmodels.tiny import build_tiny_model
+    from bench.lib.model import ensure_full_model
 
-    out = ROOT / ".cache" / "gpu_check" / "full2"
-    if (out / "cosyserve_tiny.json").is_file():
-        return str(out), 0.0
-    tmp = out.with_name("full2.building")
-    shutil.rmtree(tmp, ignore_errors=True)
-    say(f"building the full-size random-weight CosyVoice2 dir into {out.relative_to(ROOT)} ...")
-    t0 = time.monotonic()
-    build_tiny_model(tmp, 2, full_size=True)
-    tmp.rename(out)
-    return str(out), time.monotonic() - t0
+    path = ROOT / ".cache" / "gpu_check" / "full2"
+    built = not (path / "cosyserve_tiny.json").is_file()
+    return ensure_full_model(path), time.monotonic() - t0 if built else 0.0
 
 
 @dataclass
@@ -136,8 +128,9 @@ def request(eng: Any, text: str, stream: bool = False, seed: int | None = None) 
 
 
 def llm_input(eng: Any, text: str) -> dict:
-    (model_input,) = list(eng.inputs.for_request(request(eng, text), eng.sample_rate))
-    return model_input
+    from tests.support.llm_reference import llm_inputs
+
+    return llm_inputs(eng, request(eng, text))
 
 
 @contextlib.contextmanager
@@ -155,56 +148,20 @@ def scheduler(lm: Any, greedy: bool, trace: bool = False, probe: Any = None) -> 
         sched.stop()
 
 
-def submit(lm: Any, sched: Any, model_input: dict, **kw: Any) -> Any:
-    import torch
-
-    from app.engines.cosyvoice.device import ready_event
-
-    empty = torch.zeros(1, 0, dtype=torch.int32)
-    with torch.inference_mode():
-        x, lo, hi = lm.prefix(model_input["text"], model_input.get("prompt_text", empty),
-                              model_input.get("llm_prompt_speech_token", empty))
-    return sched.submit(x, lo, hi, ready=ready_event(x.device), **kw)
-
-
 def finish(seqs: list, timeout: float = 300) -> None:
     for seq in seqs:
         seq.wait_for(1 << 30, timeout=timeout)
 
 
 # -- parity ---------------------------------------------------------------------------------------------
-def reference(llm: Any, model_input: dict) -> tuple[list[int], list]:
-    """CosyVoice's own ``llm.inference`` alone, greedy (ranked_greedy): tokens and each step's log-probs."""
-    import torch
-
-    from app.engines.cosyvoice.llm.sampling import ranked_greedy
-
-    steps: list = []
-    hook = llm.llm_decoder.register_forward_hook(lambda m, i, o: steps.append(o.float().log_softmax(-1)[0].cpu()))
-    empty = torch.zeros(1, 0, dtype=torch.int32)
-    saved, llm.sampling = llm.sampling, ranked_greedy()
-    text, prompt = model_input["text"], model_input.get("prompt_text", empty)
-    speech = model_input.get("llm_prompt_speech_token", empty)
-    n = lambda t: torch.tensor([t.shape[1]], dtype=torch.int32)
-    try:
-        with torch.inference_mode():
-            tokens = [int(t) for t in llm.inference(text=text, text_len=n(text), prompt_text=prompt,
-                                                    prompt_text_len=n(prompt), prompt_speech_token=speech,
-                                                    prompt_speech_token_len=n(speech),
-                                                    embedding=model_input.get("llm_embedding", torch.zeros(0, 192)))]
-    finally:
-        hook.remove()
-        llm.sampling = saved
-    return tokens, steps
-
-
 def parity(eng: Any, texts: list[str]) -> dict:
+    """Batched greedy tokens against CosyVoice's own ``llm.inference`` alone (greedy, ranked_greedy)."""
     from app.engines.cosyvoice.llm.forward import BatchedLM
+    from tests.support.llm_reference import reference, submit
 
-    llm = eng.loaded.model.llm
     inputs = [llm_input(eng, t) for t in texts]
-    refs = [reference(llm, mi) for mi in inputs]
-    lm = BatchedLM(llm)
+    refs = [reference(eng, mi, greedy=True) for mi in inputs]
+    lm = BatchedLM(eng.loaded.model.llm)
     with scheduler(lm, greedy=True, trace=True) as sched:
         seqs = [submit(lm, sched, mi) for mi in inputs]
         finish(seqs)
@@ -223,6 +180,7 @@ def seeded(eng: Any, device: Any, texts: list[str], seed: int = 1234) -> dict:
     import torch
 
     from app.engines.cosyvoice.llm.forward import BatchedLM
+    from tests.support.llm_reference import submit
 
     llm = eng.loaded.model.llm
     inputs = [llm_input(eng, t) for t in texts]
@@ -394,6 +352,7 @@ def streaming(eng: Any, concurrency: int, requests: int, left: Callable[[], floa
 def syncs(eng: Any, device: Any) -> dict:
     """Host syncs per decode step of 4 sequences: the CPU proxy, and on CUDA the driver's own count."""
     from app.engines.cosyvoice.llm.forward import BatchedLM
+    from tests.support.llm_reference import submit
     from tests.support.syncs import CudaSyncCounter, HostSyncCounter, summary
 
     out = {}

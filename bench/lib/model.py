@@ -8,6 +8,7 @@ Run as a subprocess by the drivers so that they never import torch themselves.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,13 +26,19 @@ def ensure_model(version: int = 2) -> str:
 
 
 def ensure_full_model(path: str | Path = FULL_DIR) -> str:
-    """Build (once, ~1-3 min, 3.4 GB) or find the full-size random-weight CosyVoice2 dir at ``path``."""
+    """Build (once, ~1-3 min, 3.4 GB) or find the full-size random-weight CosyVoice2 dir at ``path``; built
+    beside it and renamed into place, so a build cut short is never taken for a model."""
     from app.engines.cosyvoice.layout import TINY_MARKER
 
-    if not (Path(path) / TINY_MARKER).is_file():
+    path = Path(path)
+    if not (path / TINY_MARKER).is_file():
         print(f"building the full-size random-weight CosyVoice2 dir into {shown(path)} (~1-3 min, 3.4 GB)", flush=True)
-        subprocess.run(python_module("app.cli", "make-tiny-model", "--version", "2", "--full-size", str(path)),
+        building = path.with_name(path.name + ".building")
+        shutil.rmtree(building, ignore_errors=True)
+        subprocess.run(python_module("app.cli", "make-tiny-model", "--version", "2", "--full-size", str(building)),
                        cwd=ROOT, check=True, env={**os.environ, **THREAD_ENV})
+        shutil.rmtree(path, ignore_errors=True)
+        building.rename(path)
     return str(path)
 
 

@@ -1,7 +1,7 @@
 """CosyVoice's own LLM decoding as the reference, and our batched scheduler over the same weights: the
 tests that compare the two token for token (in-process, and in a subprocess on an upstream checkout).
 
-Imports torch: import it after ``pytest.importorskip("torch")``.
+Imports torch: import it after ``pytest.importorskip("torch")``. The GPU check (bench/gpu_check.py) uses it too.
 """
 
 from __future__ import annotations
@@ -16,14 +16,20 @@ def llm_inputs(engine, req: SynthesisRequest) -> dict:
     return model_input
 
 
-def reference(engine, model_input: dict) -> tuple[list[int], list]:
-    """CosyVoice's own llm.inference alone: its tokens and every step's log-probs."""
+def reference(engine, model_input: dict, greedy: bool = False) -> tuple[list[int], list]:
+    """CosyVoice's own llm.inference alone: its tokens and every step's log-probs (fp32, on the CPU);
+    ``greedy``: with ranked greedy decoding in place of the LLM's own sampling for the call."""
+    from app.engines.cosyvoice.llm.sampling import ranked_greedy
+
     llm = engine.loaded.model.llm
     steps: list = []
-    hook = llm.llm_decoder.register_forward_hook(lambda m, i, o: steps.append(o.log_softmax(-1)[0].clone()))
+    hook = llm.llm_decoder.register_forward_hook(lambda m, i, o: steps.append(o.float().log_softmax(-1)[0].cpu()))
     empty = torch.zeros(1, 0, dtype=torch.int32)
     prompt_text = model_input.get("prompt_text", empty)
     speech = model_input.get("llm_prompt_speech_token", empty)
+    saved = llm.sampling
+    if greedy:
+        llm.sampling = ranked_greedy()
     try:
         with torch.inference_mode():
             tokens = [int(t) for t in llm.inference(
@@ -33,6 +39,7 @@ def reference(engine, model_input: dict) -> tuple[list[int], list]:
                 embedding=model_input.get("llm_embedding", torch.zeros(0, 192)))]
     finally:
         hook.remove()
+        llm.sampling = saved
     return tokens, steps
 
 
@@ -49,8 +56,11 @@ def make_scheduler(engine, greedy: bool = True, max_batch_size: int = 16, observ
 
 
 def submit(lm, sched, model_input: dict, **kw):
+    """``model_input``'s prefix into ``sched`` (on a CUDA device, with the event its prefill waits for)."""
+    from app.engines.cosyvoice.device import ready_event
+
     empty = torch.zeros(1, 0, dtype=torch.int32)
     with torch.inference_mode():
         x, lo, hi = lm.prefix(model_input["text"], model_input.get("prompt_text", empty),
                               model_input.get("llm_prompt_speech_token", empty))
-    return sched.submit(x, lo, hi, **kw)
+    return sched.submit(x, lo, hi, ready=ready_event(x.device), **kw)
