@@ -67,13 +67,10 @@ bench: setup
 	$(PY) -m bench serve --scenario run
 	$(PY) -m bench serve --scenario admission --rounds 3
 	$(PY) -m bench cost
-	$(PY) -m bench cost --plan stream
 
-# what one request costs: fp32 vs bf16, the flow cache (~12 min); then streamed vs whole on the server's
-# defaults (~12 min), full-size and tiny v2
+# what a request costs streamed against whole on the server's defaults, full-size and tiny v2 (~15 min)
 bench-cost: setup
 	$(PY) -m bench cost
-	$(PY) -m bench cost --plan stream
 
 # a polite client alone and beside each adversary (issue 36), one server with the defaults; ~7 min on 2
 # idle cores; writes .cache/bench/abuse/ (ABUSE_ARGS: e.g. --phase-s 5 --only dribblers,storm-64)

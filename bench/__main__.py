@@ -1,7 +1,7 @@
 """The benchmarks' one entry point, as ``vllm bench serve|latency|throughput``:
 
     python -m bench serve --scenario SCENARIO [ARGS]   # a server under load (SCENARIO below)
-    python -m bench cost [ARGS]                        # what one request costs (--plan stream: streamed vs whole)
+    python -m bench cost [ARGS]                        # what a request costs, streamed vs whole
     python -m bench gpu [ARGS]                         # the GPU check (make gpu-check; --device cpu --quick)
 
 Scenarios of ``serve``: run (the headline suite, make bench), admission, abuse (make bench-abuse),

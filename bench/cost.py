@@ -1,10 +1,11 @@
-"""What one request costs: CPU seconds, real-time factor, first audio, flow frames, per stage.
+"""What a request costs, streamed against whole, on the server's engine defaults (issue 48): CPU seconds,
+real-time factor, first audio, flow frames, per stage, peak RSS.
 
-    python -m bench cost [--plan stream] [--models tiny --quick] [--merge]   # make bench-cost: the cost plan
+    python -m bench cost [--models full|tiny] [--variants defaults,recompute,exact,bf16] [--quick] [--merge]
 
 Each (model, variant) runs in its own subprocess, the engine in-process (no HTTP). Variants,
-cases and outputs: docs/benchmarks/README.md, "Request cost benchmark" (the CPU cost levers' plan,
-``--plan levers``, left the tree after b664af8).
+cases and outputs: docs/benchmarks/README.md, "Request cost benchmark" (the plans of fp32 vs bf16,
+the opt-in flow cache and a voice's prompt cache left the tree after 778acfc; the CPU levers' after b664af8).
 """
 
 from __future__ import annotations
@@ -26,60 +27,24 @@ from typing import Any
 
 from bench.lib.model import ensure_full_model, ensure_model
 from bench.lib.procs import ROOT, THREAD_ENV, logger, python_module, results_dir, shown
-from bench.report import cost_goals, cost_markdown, stream_goals
+from bench.report import cost_markdown, stream_goals
 
 LONG = ("The train to the city leaves at seven every single morning, and the people who ride it read, "
         "sleep or stare at the fields going by.")
-SHORT = "The train to the city leaves at seven every single morning."
 PROMPT_TEXT = "hello there, this is my voice"
-CONCURRENT = 8
 
-# (model, variant) -> cases: (name, text, stream, concurrency, repeats); variant: dtype, "-cache": engine.flow_cache
-PLAN: dict[tuple[str, str], list[tuple[str, str, bool, int, int]]] = {
-    ("full", "fp32"): [("long-whole", LONG, False, 1, 1), ("long-stream", LONG, True, 1, 1),
-                       ("short-whole", SHORT, False, 1, 1), ("short-c8", SHORT, False, CONCURRENT, 1)],
-    # c=8 left out at full size: where bf16 is emulated (no avx512_bf16/AMX) it alone would take ~5 min
-    ("full", "bf16"): [("short-whole", SHORT, False, 1, 1)],
-    ("full", "fp32-cache"): [("long-stream", LONG, True, 1, 1)],
-    ("full", "fp32-cache-voice"): [("long-stream", LONG, True, 1, 1)],
-    ("tiny", "fp32-cache"): [("long-stream", LONG, True, 1, 3), ("short-c8-stream", SHORT, True, CONCURRENT, 2)],
-    ("tiny", "fp32-cache-voice"): [("long-stream", LONG, True, 1, 3),
-                                   ("short-c8-stream", SHORT, True, CONCURRENT, 2)],
-    ("tiny", "fp32"): [("long-whole", LONG, False, 1, 3), ("long-stream", LONG, True, 1, 3),
-                       ("short-whole", SHORT, False, 1, 3), ("short-c8", SHORT, False, CONCURRENT, 2),
-                       ("short-c8-stream", SHORT, True, CONCURRENT, 2)],
-    ("tiny", "bf16"): [("long-whole", LONG, False, 1, 1), ("long-stream", LONG, True, 1, 1),
-                       ("short-whole", SHORT, False, 1, 1), ("short-c8", SHORT, False, CONCURRENT, 1)],
-}
+# Streamed vs whole (issue 48): long text, c=1 and c=4; each case (name, text, stream, concurrency)
+CASES = [("long-whole", LONG, False, 1), ("long-stream", LONG, True, 1),
+         ("long-whole-c4", LONG, False, 4), ("long-stream-c4", LONG, True, 4)]
+REPEATS = {"full": 1, "tiny": 3}  # each case this often; the least disturbed run is kept
+ONLY = {"exact": ["long-stream"]}  # variants that run some cases only
+OUTPUT = "cost-stream"
 
 
-# --plan stream: streamed vs whole on the server's engine defaults (flow cache on, issue 48) against the same
-# with the flow cache off (what streams cost before) and with exact fp32 caches; c=1 and c=4, long text
-STREAM_CASES = [("long-whole", LONG, False, 1, 1), ("long-stream", LONG, True, 1, 1),
-                ("long-whole-c4", LONG, False, 4, 1), ("long-stream-c4", LONG, True, 4, 1)]
-STREAM_PLAN: dict[tuple[str, str], list[tuple[str, str, bool, int, int]]] = {
-    ("full", "defaults"): STREAM_CASES, ("full", "recompute"): STREAM_CASES,
-    ("full", "exact"): [STREAM_CASES[1]],
-    **{("tiny", v): [(n, t, st, c, 3) for n, t, st, c, _ in STREAM_CASES] for v in ("defaults", "recompute")},
-}
-PLANS = {"cost": PLAN, "stream": STREAM_PLAN}
-OUTPUTS = {"cost": "cost", "stream": "cost-stream"}
-
-
-def _server(**over: Any) -> dict[str, Any]:
-    """The server's engine settings and ``over``, read in the worker (the driver imports no app code)."""
-    from app.settings.runtime import server_engine
-
-    return server_engine(**over)
-
-
-# variant -> engine settings (over runtime.BARE_ENGINE); "-voice": requests use a registered voice
-VARIANTS: dict[str, Any] = {
-    "defaults": lambda: _server(), "recompute": lambda: _server(flow_cache=False),
-    "exact": lambda: _server(flow_cache_precision="fp32"),
-    "fp32": {}, "bf16": {"dtype": "bf16"},
-    "fp32-cache": {"flow_cache": True}, "fp32-cache-voice": {"flow_cache": True, "flow_prompt_cache_mb": 1024},
-}
+# variant -> the engine settings it runs with: the server's defaults, or those with a change
+VARIANTS: dict[str, dict[str, Any]] = {"defaults": {}, "recompute": {"flow_cache": False},
+                                       "exact": {"flow_cache_precision": "fp32"}, "bf16": {"dtype": "bf16"}}
+DEFAULT_VARIANTS = "defaults,recompute,exact"
 
 
 log = logger("cost")
@@ -126,12 +91,12 @@ def _prompt() -> Any:
     return PromptAudio(wav.astype(np.float32), 16000)
 
 
-def _one(engine: Any, text: str, stream: bool, voice: Any = None, counter: FrameCounter | None = None) -> dict:
-    """One request: with the prompt audio, or with ``voice`` (registered from the same prompt)."""
+def _one(engine: Any, text: str, stream: bool, counter: FrameCounter | None = None) -> dict:
+    """One zero-shot request with the 2 s prompt."""
     from app.engines.base import SynthesisRequest
 
-    prompt = {"voice": voice} if voice is not None else {"prompt_text": PROMPT_TEXT, "prompt_audio": _prompt()}
-    req = SynthesisRequest(text=text, mode="zero_shot", stream=stream, seed=7, **prompt)
+    req = SynthesisRequest(text=text, mode="zero_shot", stream=stream, seed=7, prompt_text=PROMPT_TEXT,
+                           prompt_audio=_prompt())
     t0 = time.perf_counter()
     first = first_frames = None
     samples = 0
@@ -144,15 +109,14 @@ def _one(engine: Any, text: str, stream: bool, voice: Any = None, counter: Frame
             "first_frames": first_frames, "stages": req.timings.snapshot()}
 
 
-def run_case(engine: Any, counter: FrameCounter, text: str, stream: bool, concurrency: int,
-             voice: Any = None) -> dict:
+def run_case(engine: Any, counter: FrameCounter, text: str, stream: bool, concurrency: int) -> dict:
     counter.take()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if concurrency == 1:
-        runs = [_one(engine, text, stream, voice, counter)]
+        runs = [_one(engine, text, stream, counter)]
     else:
         with ThreadPoolExecutor(concurrency) as pool:
-            runs = list(pool.map(lambda _: _one(engine, text, stream, voice), range(concurrency)))
+            runs = list(pool.map(lambda _: _one(engine, text, stream), range(concurrency)))
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     audio = sum(r["audio_s"] for r in runs)
     stages: dict[str, float] = {}
@@ -170,46 +134,33 @@ def run_case(engine: Any, counter: FrameCounter, text: str, stream: bool, concur
             "stages_s_per_request": stages, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | None = None,
-           plan: str = "cost") -> dict:
-    """One (model, variant) in this process, with the variant's engine settings (``VARIANTS``);
-    ``-voice`` variants use a registered voice whose prompt flow state is cached."""
+def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | None = None) -> dict:
+    """One (model, variant) in this process: the server's engine settings with the variant's (``VARIANTS``)."""
     import tempfile
 
     import torch
 
     from app.engines.cosyvoice.engine import CosyVoiceEngine
-    from app.settings.runtime import engine_config_of
+    from app.settings.runtime import engine_config_of, server_engine
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     onnx_dir = tempfile.mkdtemp(prefix="cosyserve-bench-onnx-")  # a fresh export: load_s includes it
-    settings = VARIANTS[variant]
     engine = CosyVoiceEngine(engine_config_of(model_dir, torch_threads=1, batching=True, max_batch_size=16,
-                                              onnx_cache_dir=onnx_dir,
-                                              **(settings() if callable(settings) else settings)))
+                                              onnx_cache_dir=onnx_dir, **server_engine(**VARIANTS[variant])))
     engine.load()
     load_s = time.perf_counter() - t0
     runner = engine.runner  # None: the engine runs unbatched
     counter = FrameCounter(engine.loaded.model.flow, getattr(runner, "flow_runtime", None))
-    held, budget, pc = [0], getattr(runner, "flow_budget", None), getattr(runner, "prompt_cache", None)
+    held, budget = [0], getattr(runner, "flow_budget", None)
     if budget is not None:  # the flow cache's peak bytes (all streams)
         budget.on_usage = lambda used, _max, _n: held.__setitem__(0, max(held[0], used))
     _one(engine, "Hello.", False)  # warm-up: first-call kernel setup, the prompt's features (cached)
-    voice, voice_fill = None, None
-    if variant.endswith("-voice"):
-        voice = engine.compute_voice(PROMPT_TEXT, _prompt())
-        voice_fill = run_case(engine, counter, SHORT, True, 1, voice)  # the miss: fills the voice's prompt cache
-        log(f"{model} {variant} voice-miss (short stream): cpu {voice_fill['cpu_s_per_request']:.2f} s, "
-            f"flow frames {voice_fill['flow_frames_per_request']:.0f}, "
-            f"first hop {voice_fill['first_hop_flow_frames']:.0f}")
     cases = {}
-    for name, text, stream, conc, reps in PLANS[plan][(model, variant)]:
-        if quick and (conc > 1 or name.startswith("long")) and model == "full":
+    for name, text, stream, conc in CASES:
+        if name not in ONLY.get(variant, [name]) or (only and name not in only.split(",")):
             continue
-        if only and name not in only.split(","):
-            continue
-        results = [run_case(engine, counter, text, stream, conc, voice) for _ in range(1 if quick else reps)]
+        results = [run_case(engine, counter, text, stream, conc) for _ in range(1 if quick else REPEATS[model])]
         best = min(results, key=lambda r: r["cpu_s_per_request"])  # least disturbed run
         best["repeats"] = len(results)
         cases[name] = best
@@ -224,8 +175,6 @@ def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | No
         out["flow_cache_budget"] = {"max_mb": budget.max_bytes / 2**20, "peak_mb": held[0] / 2**20,
                                     "recomputed": budget.recomputed,
                                     "runtime": "onnxruntime" if runner.flow_runtime is not None else "torch"}
-    if pc is not None:
-        out["voice_cache"] = {"hits": pc.hits, "misses": pc.misses, "bytes": pc.bytes, "fill": voice_fill}
     engine.close()
     shutil.rmtree(onnx_dir, ignore_errors=True)
     return out
@@ -249,56 +198,50 @@ def _host() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--plan", choices=sorted(PLANS), default="cost",
-                    help="cost: fp32/bf16/flow cache (cost.*); stream: streamed vs whole on the server's defaults "
-                         "(cost-stream.*)")
     ap.add_argument("--models", default="full,tiny", help="comma list of full, tiny")
-    ap.add_argument("--variants", default=None,
-                    help="comma list from VARIANTS (default: the plan's: fp32,bf16,fp32-cache,fp32-cache-voice; "
-                         "stream: defaults,recompute,exact)")
+    ap.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"comma list of {', '.join(VARIANTS)}")
     ap.add_argument("--cases", default=None, help="comma list: run only these cases (e.g. long-whole,long-stream)")
     ap.add_argument("--merge", action="store_true",
-                    help="update the plan's JSON (cost.json, cost-stream.json) already in --out with the re-run cases")
-    ap.add_argument("--quick", action="store_true", help="one repeat, full size: short c=1 only")
+                    help=f"update the {OUTPUT}.json already in --out with the re-run cases")
+    ap.add_argument("--quick", action="store_true", help="one repeat, c=1 only (a smoke run: --models tiny)")
     ap.add_argument("--out", default=str(results_dir("cost")),
                     help="output dir (default .cache/bench/cost, git-ignored; --merge reads the JSON there)")
-    ap.add_argument("--worker-timeout-s", type=float, default=900.0, help="most seconds per (model, dtype) run")
-    ap.add_argument("--worker", nargs=3, metavar=("MODEL_DIR", "MODEL", "DTYPE"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker-timeout-s", type=float, default=900.0, help="most seconds per (model, variant) run")
+    ap.add_argument("--worker", nargs=3, metavar=("MODEL_DIR", "MODEL", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    cases = args.cases or (",".join(n for n, _, _, c in CASES if c == 1) if args.quick else None)
     if args.worker:
-        print("RESULT " + json.dumps(worker(*args.worker, quick=args.quick, only=args.cases, plan=args.plan)),
-              flush=True)
+        print("RESULT " + json.dumps(worker(*args.worker, quick=args.quick, only=cases)), flush=True)
         return 0
-    plan, name = PLANS[args.plan], OUTPUTS[args.plan]
-    variants = args.variants or ",".join(dict.fromkeys(v for _, v in plan))  # the plan's, in its order
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:
+        ap.error(f"unknown variant(s) {', '.join(sorted(unknown))}; known: {', '.join(VARIANTS)}")
     results: dict[str, dict] = {}
     host = _host()
     log(f"host {host}")
     for model in args.models.split(","):
         model_dir = ensure_full_model() if model == "full" else ensure_model(2)
-        for dtype in variants.split(","):
-            if (model, dtype) not in plan:
-                continue
-            log(f"{model} {dtype}: {shown(model_dir)}")
-            cmd = python_module("bench", "cost", "--plan", args.plan, "--worker", model_dir, model, dtype)
+        for variant in args.variants.split(","):
+            log(f"{model} {variant}: {shown(model_dir)}")
+            cmd = python_module("bench", "cost", "--worker", model_dir, model, variant)
             cmd += (["--quick"] if args.quick else []) + (["--cases", args.cases] if args.cases else [])
             try:
                 proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, **THREAD_ENV}, stdout=subprocess.PIPE,
                                       text=True, check=False, timeout=args.worker_timeout_s)
             except subprocess.TimeoutExpired:
-                log(f"{model} {dtype} ran past {args.worker_timeout_s} s: left out")
+                log(f"{model} {variant} ran past {args.worker_timeout_s} s: left out")
                 continue
             line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if proc.returncode != 0 or line is None:
-                log(f"{model} {dtype} failed (exit {proc.returncode})")
+                log(f"{model} {variant} failed (exit {proc.returncode})")
                 continue
-            results.setdefault(model, {})[dtype] = json.loads(line[len("RESULT "):])
+            results.setdefault(model, {})[variant] = json.loads(line[len("RESULT "):])
     command = " ".join(["python -m bench cost", *(argv if argv is not None else sys.argv[1:])])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     commands = [command]
-    if args.merge and (out / f"{name}.json").is_file():
-        old = json.loads((out / f"{name}.json").read_text())
+    if args.merge and (out / f"{OUTPUT}.json").is_file():
+        old = json.loads((out / f"{OUTPUT}.json").read_text())
         commands = [*old["commands"], command]
         merged = old["results"]
         for model, by_variant in results.items():
@@ -306,11 +249,10 @@ def main(argv: list[str] | None = None) -> int:
                 # a variant run before: its cases updated (a new one: itself, unchanged)
                 merged.setdefault(model, {}).setdefault(variant, res)["cases"].update(res["cases"])
         results = merged
-    doc = {"commands": commands, "host": host, "results": results,
-           "goals": (stream_goals if args.plan == "stream" else cost_goals)(results)}
-    (out / f"{name}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out / f"{name}.md").write_text(cost_markdown(doc, args.plan))
+    doc = {"commands": commands, "host": host, "results": results, "goals": stream_goals(results)}
+    (out / f"{OUTPUT}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    (out / f"{OUTPUT}.md").write_text(cost_markdown(doc))
     for g in doc["goals"]:
         log(g)
-    log(f"wrote {shown(str(out / f'{name}.json'))}, {name}.md")
+    log(f"wrote {shown(str(out / f'{OUTPUT}.json'))}, {OUTPUT}.md")
     return 0

@@ -768,41 +768,6 @@ def _cases(res: dict, variant: str) -> dict:
     return res.get(variant, {}).get("cases", {})
 
 
-def cost_goals(results: dict) -> list[str]:
-    out = []
-    fp32, bf16 = (_cases(results.get("full", {}), v) for v in ("fp32", "bf16"))
-    for case, what, target in (("short-whole", "at c=1", 1.35),
-                               ("short-c8", "per request at c=8 (batched LLM)", None)):
-        if case in fp32 and case in bf16:
-            r = ratio(fp32[case]["cpu_s_per_request"], bf16[case]["cpu_s_per_request"])
-            out.append(f"bf16 CPU time {what}: fp32/bf16 = {r:.2f}x"
-                       + ("" if target is None else f" (goal >= {target}x): {_met(r >= target)}"))
-    for model, res in results.items():
-        cases, cached = _cases(res, "fp32"), _cases(res, "fp32-cache")
-        whole = cases.get("long-whole")
-        for label, c in (("recomputing", cases.get("long-stream")), ("flow_cache", cached.get("long-stream"))):
-            if whole is None or c is None:
-                continue
-            r = ratio(c["flow_frames_per_request"], whole["flow_frames_per_request"])
-            out.append(f"{model}, {label}: streamed flow frames / unstreamed = {r:.2f}x (goal <= 1.3x): "
-                       f"{_met(r <= 1.3)}; flow {c['stages_s_per_request'].get('flow', 0):.2f} s vs "
-                       f"{whole['stages_s_per_request'].get('flow', 0):.2f} s unstreamed; CPU "
-                       f"{c['cpu_s_per_request']:.2f} s vs {whole['cpu_s_per_request']:.2f} s")
-            out.append(f"{model}, {label}: time to first audio streamed {c['ttfa_s']:.2f} s (whole answer: "
-                       f"{whole['ttfa_s']:.2f} s)")
-        voiced, c = _cases(res, "fp32-cache-voice").get("long-stream"), cached.get("long-stream")
-        if voiced is not None and c is not None:
-            out.append(f"{model}: registered voice's prompt cache hit vs flow_cache alone: flow frames/request "
-                       f"{voiced['flow_frames_per_request']:.0f} vs {c['flow_frames_per_request']:.0f}, first hop "
-                       f"{voiced.get('first_hop_flow_frames') or 0:.0f} vs {c.get('first_hop_flow_frames') or 0:.0f} "
-                       f"frames, CPU {voiced['cpu_s_per_request']:.2f} s vs {c['cpu_s_per_request']:.2f} s, time to "
-                       f"first audio {voiced['ttfa_s']:.2f} s vs {c['ttfa_s']:.2f} s")
-        if "long-stream" in cases and c is not None:
-            out.append(f"{model}: time to first audio, flow_cache vs recomputing: {c['ttfa_s']:.2f} s "
-                       f"vs {cases['long-stream']['ttfa_s']:.2f} s")
-    return out
-
-
 def stream_goals(results: dict) -> list[str]:
     """Issue 48's goals: streamed vs whole on the server's defaults (flow cache on) and with it off, same run."""
     out = []
@@ -836,39 +801,29 @@ def stream_goals(results: dict) -> list[str]:
     return out
 
 
-COST_TEXT = {  # plan: title, the intro after "a 2 s prompt", the note under the table
-    "cost": ("# Request cost: fp32 vs bf16, streamed vs whole", " (50 prompt tokens).",
-             "Stage columns: seconds per request (`llm` is wall time from start to last token; it overlaps "
-             "flow/HiFT when streaming, and includes waiting for the batch at c=8). `fp32-cache-voice`: the same "
-             "requests with a registered voice made from the same prompt, its prompt cache filled by one earlier "
-             "stream (a hit). First hop frames: estimator frames computed before the first chunk (c=1 streams)."),
-}
-COST_TEXT["stream"] = ("# Streamed vs whole on the server's defaults: the flow cache",
-                       " (50 prompt tokens). `defaults`: the engine settings a server starts with (ONNX Runtime flow, "
-                       "flow cache on, fp16 caches, budget sized at load); `recompute`: the same with "
-                       "`engine.flow_cache: false` (streams before this work); `exact`: "
-                       "`engine.flow_cache_precision: fp32`.", COST_TEXT["cost"][2])
-
-
-def cost_markdown(doc: dict, plan: str = "cost") -> str:
-    """A plan's table: fp32 vs bf16 and the flow cache (``cost``), or streamed vs whole on the defaults (``stream``)."""
-    streams = plan == "stream"
-    title, intro, note = COST_TEXT.get(plan, COST_TEXT["cost"])
+def cost_markdown(doc: dict) -> str:
+    """Streamed vs whole on the defaults: the cases' table and the goals."""
     host = ", ".join(f"{k} {v}" for k, v in doc["host"].items())
     cmds = " then ".join(f"`{c}`" for c in doc["commands"])
     stages = ("frontend", "llm", "flow", "hift")
-    header = ["model", "dtype (ran)", "case", "c", "CPU s/req", "wall s", "RTF", "CPU RTF", "TTFA s", "audio s/req",
-              "flow frames/req", "first hop frames", *stages, *(["peak RSS MB"] if streams else [])]
+    header = ["model", "variant (ran)", "case", "c", "CPU s/req", "wall s", "RTF", "CPU RTF", "TTFA s", "audio s/req",
+              "flow frames/req", "first hop frames", *stages, "peak RSS MB"]
     rows = [[model, f"{variant} ({res['ran']})", name, c["concurrency"], f"{c['cpu_s_per_request']:.2f}",
              f"{c['wall_s']:.2f}", f"{c['rtf']:.2f}", f"{c['cpu_rtf']:.2f}", f"{c['ttfa_s']:.2f}",
              f"{c['audio_s_per_request']:.2f}", f"{c['flow_frames_per_request']:.0f}",
              fmt(c.get("first_hop_flow_frames"), 0), *(f"{c['stages_s_per_request'].get(k, 0.0):.2f}" for k in stages),
-             *([fmt(c.get("peak_rss_mb"), 0)] if streams else [])]
+             fmt(c.get("peak_rss_mb"), 0)]
             for model, by_variant in doc["results"].items() for variant, res in by_variant.items()
             for name, c in res["cases"].items()]
-    lines = [title, "", f"Commands: {cmds}. Host: {host}. One torch thread, batched engine path, zero-shot with a "
-             f"2 s prompt{intro}", "", *table(header, rows), "", note, "", "## Goals", "",
-             *(f"- {g}" for g in doc["goals"])]
+    lines = ["# Streamed vs whole on the server's defaults: the flow cache", "",
+             f"Commands: {cmds}. Host: {host}. One torch thread, batched engine path, zero-shot with a 2 s prompt "
+             "(50 prompt tokens). `defaults`: the engine settings a server starts with (ONNX Runtime flow, flow cache "
+             "on, fp16 caches, budget sized at load); `recompute`: the same with `engine.flow_cache: false`; `exact`: "
+             "`engine.flow_cache_precision: fp32`; `bf16`: `engine.dtype: bf16`.", "", *table(header, rows), "",
+             "Stage columns: seconds per request, wall time (`llm` runs from start to last token and overlaps flow and "
+             "HiFT when streaming; at c=4 each includes waiting for the cores). First hop frames: estimator frames "
+             "computed before the first chunk (c=1 streams). Peak RSS: the worker's so far (one variant a process, "
+             "cases in the order shown).", "", "## Goals", "", *(f"- {g}" for g in doc["goals"])]
     return "\n".join(lines) + "\n"
 
 

@@ -7,7 +7,8 @@ or will be slow:
 * ``auto``: fp32 everywhere. On a CPU bf16 is only a gain with native bf16 units
   (``avx512_bf16`` / AMX); measured on an AVX2-only EPYC a bf16 Linear is ~5x and a
   bf16 Conv1d ~23-26x slower than fp32 (study ``bench/studies/2026-12-01-bf16-ops/`` at commit 3873904,
-  removed from the tree since). Choose bf16 yourself on a host where ``python -m bench cost`` shows it pays.
+  removed from the tree since). Choose bf16 yourself on a host where
+  ``python -m bench cost --variants defaults,bf16`` shows it pays.
 * ``bf16``: the stages in ``engine.dtype_stages`` (default LLM and flow) keep their
   weights in bf16 (autocast would cast the weights on every call, measured slower);
   on a CPU without native bf16 a warning says it is emulated and slow.

@@ -1,8 +1,10 @@
-"""bench/cost.py's stream plan: its cases, goal lines and table (no model runs)."""
+"""bench/cost.py: its cases and variants, goal lines and table (no model runs)."""
 
 from __future__ import annotations
 
-from bench.cost import PLANS, STREAM_PLAN, VARIANTS
+import pytest
+
+from bench.cost import CASES, DEFAULT_VARIANTS, ONLY, VARIANTS, main
 from bench.report import cost_markdown as markdown
 from bench.report import stream_goals
 
@@ -21,9 +23,16 @@ def cases(whole: float, streamed: float, ttfa: float) -> dict:
             "ran": "fp32"}
 
 
-def test_every_stream_variant_has_settings_and_the_plan_is_known():
-    assert {v for _, v in STREAM_PLAN} <= set(VARIANTS) and set(PLANS) == {"cost", "stream"}
-    assert all(m in ("full", "tiny") for m, _ in STREAM_PLAN)
+def test_the_default_variants_are_known_and_each_restriction_names_real_cases():
+    assert set(DEFAULT_VARIANTS.split(",")) <= set(VARIANTS) and VARIANTS["defaults"] == {}
+    assert all(set(names) <= {n for n, *_ in CASES} for names in ONLY.values())
+    assert {(stream, c) for _, _, stream, c in CASES} == {(False, 1), (True, 1), (False, 4), (True, 4)}
+
+
+def test_an_unknown_variant_is_refused_before_anything_runs(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--variants", "defaults,fp64"])
+    assert exc.value.code == 2 and "unknown variant(s) fp64" in capsys.readouterr().err
 
 
 def test_stream_goals_grade_the_defaults_at_full_size_only():
@@ -41,8 +50,8 @@ def test_stream_goals_grade_the_defaults_at_full_size_only():
 
 def test_the_stream_table_has_peak_rss_and_the_goals():
     res = {"full": {"defaults": cases(3.0, 3.3, 2.0)}}
-    table = markdown({"commands": ["python -m bench cost --plan stream"], "host": {"cores": 2}, "results": res,
-                      "goals": stream_goals(res)}, "stream")
+    table = markdown({"commands": ["python -m bench cost"], "host": {"cores": 2}, "results": res,
+                      "goals": stream_goals(res)})
     assert table.startswith("# Streamed vs whole on the server's defaults")
     assert "| full | defaults (fp32) | long-stream | 1 | 13.20 |" in table and "| 3000 |" in table
     assert "## Goals" in table and "- full defaults c=1" in table
