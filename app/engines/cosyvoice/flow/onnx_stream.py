@@ -32,6 +32,7 @@ from app.engines.cosyvoice.flow.onnx import (
     as_array,
     load_graph,
     open_session,
+    run_options,
     trace,
     weights_key,
 )
@@ -161,7 +162,7 @@ class StreamEstimator:
                 else:
                     feed[self.names[i]] = np.ascontiguousarray(cached[part].numpy())
                 i += 1
-        out = self.session.run(None, feed)
+        out = self.session.run(None, feed, run_options())
         n_conv, n_attn = len(self.convs), len(self.attns)
         for j, m in enumerate(self.convs):
             stream.conv[(step, id(m))] = torch.from_numpy(out[1 + j])
