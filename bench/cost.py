@@ -158,7 +158,7 @@ def worker(model_dir: str, model: str, variant: str, quick: bool, only: str | No
     _one(engine, "Hello.", False)  # warm-up: first-call kernel setup, the prompt's features (cached)
     cases = {}
     for name, text, stream, conc in CASES:
-        if name not in ONLY.get(variant, [name]) or (only and name not in only.split(",")):
+        if name not in ONLY.get(variant, [name]) or (only and name not in only.split(",")) or (quick and conc > 1):
             continue
         results = [run_case(engine, counter, text, stream, conc) for _ in range(1 if quick else REPEATS[model])]
         best = min(results, key=lambda r: r["cpu_s_per_request"])  # least disturbed run
@@ -209,9 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker-timeout-s", type=float, default=900.0, help="most seconds per (model, variant) run")
     ap.add_argument("--worker", nargs=3, metavar=("MODEL_DIR", "MODEL", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    cases = args.cases or (",".join(n for n, _, _, c in CASES if c == 1) if args.quick else None)
     if args.worker:
-        print("RESULT " + json.dumps(worker(*args.worker, quick=args.quick, only=cases)), flush=True)
+        print("RESULT " + json.dumps(worker(*args.worker, quick=args.quick, only=args.cases)), flush=True)
         return 0
     unknown = set(args.variants.split(",")) - set(VARIANTS)
     if unknown:

@@ -81,10 +81,11 @@ def model_dir(args: argparse.Namespace) -> tuple[str, float]:
         from app.devmodels.tiny import ensure_tiny_model
 
         return str(ensure_tiny_model(ROOT / ".cache" / "models", 2)), time.monotonic() - t0
+    from app.engines.cosyvoice.layout import TINY_MARKER
     from bench.lib.model import ensure_full_model
 
     path = ROOT / ".cache" / "gpu_check" / "full2"
-    built = not (path / "cosyserve_tiny.json").is_file()
+    built = not (path / TINY_MARKER).is_file()
     return ensure_full_model(path), time.monotonic() - t0 if built else 0.0
 
 
